@@ -1,0 +1,94 @@
+// Helpers shared by the CPU kernels: argument checks with the op's name, blocked parallel loops over
+// flat elements (converted to the op's math type in an L1-sized buffer), and a deterministic column reduction.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/vec_math.h"
+
+namespace fused {
+
+constexpr int64_t kBlock = 1024;  // elements per buffer: 4-8 KB, stays in L1
+
+// ---- conversion between storage and math types ----
+template <typename scalar_t, typename T> inline void load_block(const scalar_t* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, T>) std::copy(src, src + n, dst);
+  else at::vec::convert(src, dst, n);
+}
+template <typename T, typename scalar_t> inline void store_block(const T* src, scalar_t* dst, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, T>) std::copy(src, src + n, dst);
+  else at::vec::convert(src, dst, n);
+}
+
+// buf[k] = f(buf[k]) with f taking and returning Vectorized<T>.
+template <typename T, typename F> inline void vec_map(T* buf, int64_t n, const F& f) {
+  using V = Vec<T>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) f(V::loadu(buf + i)).store(buf + i);
+  if (i < n) f(V::loadu(buf + i, n - i)).store(buf + i, n - i);
+}
+// a[k] = f(a[k], b[k]).
+template <typename T, typename F> inline void vec_map2(T* a, const T* b, int64_t n, const F& f) {
+  using V = Vec<T>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i), V::loadu(b + i)).store(a + i);
+  if (i < n) f(V::loadu(a + i, n - i), V::loadu(b + i, n - i)).store(a + i, n - i);
+}
+
+// Applies f(dst + k, row_vec + j, len) over a flat block that starts at column col0 of rows of width C,
+// one contiguous segment per row piece, so vector code runs along the columns.
+template <typename F> inline void for_row_segments(int64_t len, int64_t C, int64_t col0, const F& f) {
+  int64_t k = 0, j = col0;
+  while (k < len) {
+    int64_t seg = std::min(len - k, C - j);
+    f(k, j, seg);
+    k += seg;
+    j = 0;
+  }
+}
+
+// Parallel loop over [0, n) in blocks of at most kBlock elements: body(start, len).
+template <typename F> inline void parallel_blocks(int64_t n, const F& body) {
+  at::parallel_for(0, n, 16 * kBlock, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; i += kBlock) body(i, std::min(kBlock, end - i));
+  });
+}
+
+// Like parallel_blocks, and also sums the per-element values body leaves in `buf` over rows of width C into
+// out[C]. Rows are cut into chunks fixed by (n, C) alone, partial sums land in fixed slots and are added in a
+// fixed order: the result does not depend on the thread count (deterministic, no atomics).
+template <typename T, typename F>
+inline void parallel_blocks_column_sum(int64_t n, int64_t C, T* out, const F& body) {
+  const int64_t rows = n / C;
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (32 * kBlock) / C);
+  const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<T> partial(chunks * C, T(0));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    T buf[kBlock];
+    for (int64_t c = c0; c < c1; ++c) {
+      T* acc = partial.data() + c * C;
+      const int64_t end = std::min(rows, (c + 1) * rows_per_chunk) * C;
+      for (int64_t i = c * rows_per_chunk * C; i < end; i += kBlock) {
+        const int64_t len = std::min(kBlock, end - i);
+        body(i, len, buf);
+        for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
+          vec_map2(acc + j, buf + k, seg, [](auto a, auto b) { return a + b; });
+        });
+      }
+    }
+  });
+  at::parallel_for(0, C, 256, [&](int64_t j0, int64_t j1) {
+    std::fill(out + j0, out + j1, T(0));
+    for (int64_t c = 0; c < chunks; ++c)
+      vec_map2(out + j0, partial.data() + c * C + j0, j1 - j0, [](auto a, auto b) { return a + b; });
+  });
+}
+
+}  // namespace fused

@@ -1,0 +1,134 @@
+// Forward and derivative of every activation and unary_chain op, written once over a value type V.
+// V is a scalar (float/double, CUDA and host) or at::vec::Vectorized<T> (CPU); the primitives p_* are
+// declared for both before this header is included (scalar_math.h, vec_math.h).
+#pragma once
+#include "common/op_codes.h"
+
+namespace fused {
+
+template <typename V> FUSED_HD V p_sigmoid(V x) { return p_recip(V(1) + p_exp(-x)); }
+
+// ---- activations: y = f(x) and f'(x) ----
+template <Act A, typename V> FUSED_HD V act_fwd(V x) {
+  if constexpr (A == Act::identity) return x;
+  if constexpr (A == Act::relu) return p_relu(x);
+  if constexpr (A == Act::gelu) return V(0.5) * x * (V(1) + p_erf(x * V(0.70710678118654752440)));
+  if constexpr (A == Act::gelu_tanh) {
+    V inner = V(0.79788456080286535588) * (x + V(0.044715) * x * x * x);
+    return V(0.5) * x * (V(1) + p_tanh(inner));
+  }
+  if constexpr (A == Act::silu) return x * p_sigmoid(x);
+  if constexpr (A == Act::sigmoid) return p_sigmoid(x);
+  if constexpr (A == Act::tanh) return p_tanh(x);
+}
+
+template <Act A, typename V> FUSED_HD V act_grad(V x) {
+  if constexpr (A == Act::identity) return V(1);
+  if constexpr (A == Act::relu) return p_where_pos(x, V(1));
+  if constexpr (A == Act::gelu) {
+    V cdf = V(0.5) * (V(1) + p_erf(x * V(0.70710678118654752440)));
+    V pdf = p_exp(V(-0.5) * x * x) * V(0.39894228040143267794);
+    return cdf + x * pdf;
+  }
+  if constexpr (A == Act::gelu_tanh) {
+    V x2 = x * x;
+    V t = p_tanh(V(0.79788456080286535588) * (x + V(0.044715) * x2 * x));
+    V dinner = V(0.79788456080286535588) * (V(1) + V(3 * 0.044715) * x2);
+    return V(0.5) * (V(1) + t) + V(0.5) * x * (V(1) - t * t) * dinner;
+  }
+  if constexpr (A == Act::silu) {
+    V s = p_sigmoid(x);
+    return s * (V(1) + x * (V(1) - s));
+  }
+  if constexpr (A == Act::sigmoid) {
+    V s = p_sigmoid(x);
+    return s * (V(1) - s);
+  }
+  if constexpr (A == Act::tanh) {
+    V t = p_tanh(x);
+    return V(1) - t * t;
+  }
+}
+
+// ---- unary_chain ops: y = f(x; s) and df/dx ----
+template <UnaryOp O, typename V> FUSED_HD V unary_fwd(V x, V s) {
+  if constexpr (O == UnaryOp::neg) return -x;
+  if constexpr (O == UnaryOp::abs) return p_abs(x);
+  if constexpr (O == UnaryOp::square) return x * x;
+  if constexpr (O == UnaryOp::sqrt) return p_sqrt(x);
+  if constexpr (O == UnaryOp::rsqrt) return p_rsqrt(x);
+  if constexpr (O == UnaryOp::exp) return p_exp(x);
+  if constexpr (O == UnaryOp::log) return p_log(x);
+  if constexpr (O == UnaryOp::sin) return p_sin(x);
+  if constexpr (O == UnaryOp::cos) return p_cos(x);
+  if constexpr (O == UnaryOp::tanh) return p_tanh(x);
+  if constexpr (O == UnaryOp::sigmoid) return p_sigmoid(x);
+  if constexpr (O == UnaryOp::relu) return p_relu(x);
+  if constexpr (O == UnaryOp::gelu) return act_fwd<Act::gelu>(x);
+  if constexpr (O == UnaryOp::gelu_tanh) return act_fwd<Act::gelu_tanh>(x);
+  if constexpr (O == UnaryOp::silu) return act_fwd<Act::silu>(x);
+  if constexpr (O == UnaryOp::reciprocal) return p_recip(x);
+  if constexpr (O == UnaryOp::add) return x + s;
+  if constexpr (O == UnaryOp::mul) return x * s;
+  if constexpr (O == UnaryOp::pow) return p_pow(x, s);
+  if constexpr (O == UnaryOp::clamp_min) return p_clamp_min(x, s);
+  if constexpr (O == UnaryOp::clamp_max) return p_clamp_max(x, s);
+}
+
+// Derivatives follow eager's backward formulas (abs: sign, 0 at 0; clamp passes the gradient at the bound;
+// pow with exponent 0: gradient 0).
+template <UnaryOp O, typename V> FUSED_HD V unary_grad(V x, V s) {
+  if constexpr (O == UnaryOp::neg) return V(-1);
+  if constexpr (O == UnaryOp::abs) return p_sign(x);
+  if constexpr (O == UnaryOp::square) return V(2) * x;
+  if constexpr (O == UnaryOp::sqrt) return V(0.5) * p_rsqrt(x);
+  if constexpr (O == UnaryOp::rsqrt) return V(-0.5) * p_rsqrt(x) * p_recip(x);
+  if constexpr (O == UnaryOp::exp) return p_exp(x);
+  if constexpr (O == UnaryOp::log) return p_recip(x);
+  if constexpr (O == UnaryOp::sin) return p_cos(x);
+  if constexpr (O == UnaryOp::cos) return -p_sin(x);
+  if constexpr (O == UnaryOp::tanh) return act_grad<Act::tanh>(x);
+  if constexpr (O == UnaryOp::sigmoid) return act_grad<Act::sigmoid>(x);
+  if constexpr (O == UnaryOp::relu) return act_grad<Act::relu>(x);
+  if constexpr (O == UnaryOp::gelu) return act_grad<Act::gelu>(x);
+  if constexpr (O == UnaryOp::gelu_tanh) return act_grad<Act::gelu_tanh>(x);
+  if constexpr (O == UnaryOp::silu) return act_grad<Act::silu>(x);
+  if constexpr (O == UnaryOp::reciprocal) {
+    V r = p_recip(x);
+    return -(r * r);
+  }
+  if constexpr (O == UnaryOp::add) return V(1);
+  if constexpr (O == UnaryOp::mul) return s;
+  if constexpr (O == UnaryOp::pow) return s * p_pow(x, s - V(1));  // callers zero it when s == 0
+  if constexpr (O == UnaryOp::clamp_min) return p_where_ge(x, s, V(1));
+  if constexpr (O == UnaryOp::clamp_max) return p_where_ge(s, x, V(1));
+}
+
+// Runtime switch over the chain ops: the body is instantiated once per op with `fn` given the op as a type.
+template <typename T, T v> struct Tag { static constexpr T value = v; };
+
+template <typename Fn> FUSED_HD auto visit_unary(UnaryOp op, Fn&& fn) {
+  switch (op) {
+#define FUSED_CASE(name) case UnaryOp::name: return fn(Tag<UnaryOp, UnaryOp::name>{});
+    FUSED_CASE(neg) FUSED_CASE(abs) FUSED_CASE(square) FUSED_CASE(sqrt) FUSED_CASE(rsqrt) FUSED_CASE(exp)
+    FUSED_CASE(log) FUSED_CASE(sin) FUSED_CASE(cos) FUSED_CASE(tanh) FUSED_CASE(sigmoid) FUSED_CASE(relu)
+    FUSED_CASE(gelu) FUSED_CASE(gelu_tanh) FUSED_CASE(silu) FUSED_CASE(reciprocal) FUSED_CASE(add)
+    FUSED_CASE(mul) FUSED_CASE(pow) FUSED_CASE(clamp_min)
+#undef FUSED_CASE
+    default: return fn(Tag<UnaryOp, UnaryOp::clamp_max>{});
+  }
+}
+
+template <typename Fn> FUSED_HD auto visit_act(Act act, Fn&& fn) {
+  switch (act) {
+    case Act::relu: return fn(Tag<Act, Act::relu>{});
+    case Act::gelu: return fn(Tag<Act, Act::gelu>{});
+    case Act::gelu_tanh: return fn(Tag<Act, Act::gelu_tanh>{});
+    case Act::silu: return fn(Tag<Act, Act::silu>{});
+    case Act::sigmoid: return fn(Tag<Act, Act::sigmoid>{});
+    case Act::tanh: return fn(Tag<Act, Act::tanh>{});
+    default: return fn(Tag<Act, Act::identity>{});
+  }
+}
+
+}  // namespace fused

@@ -1,0 +1,38 @@
+// Scalar primitives for pointwise_math.h (CUDA device code and host code), float and double.
+#pragma once
+#include <cmath>
+#include "common/philox.h"  // FUSED_HD
+
+namespace fused {
+FUSED_HD float p_exp(float x) { return expf(x); }
+FUSED_HD float p_log(float x) { return logf(x); }
+FUSED_HD float p_erf(float x) { return erff(x); }
+FUSED_HD float p_tanh(float x) { return tanhf(x); }
+FUSED_HD float p_sin(float x) { return sinf(x); }
+FUSED_HD float p_cos(float x) { return cosf(x); }
+FUSED_HD float p_sqrt(float x) { return sqrtf(x); }
+FUSED_HD float p_rsqrt(float x) { return 1.0f / sqrtf(x); }
+FUSED_HD float p_recip(float x) { return 1.0f / x; }
+FUSED_HD float p_abs(float x) { return fabsf(x); }
+FUSED_HD float p_pow(float x, float s) { return powf(x, s); }
+FUSED_HD double p_exp(double x) { return ::exp(x); }
+FUSED_HD double p_log(double x) { return ::log(x); }
+FUSED_HD double p_erf(double x) { return ::erf(x); }
+FUSED_HD double p_tanh(double x) { return ::tanh(x); }
+FUSED_HD double p_sin(double x) { return ::sin(x); }
+FUSED_HD double p_cos(double x) { return ::cos(x); }
+FUSED_HD double p_sqrt(double x) { return ::sqrt(x); }
+FUSED_HD double p_rsqrt(double x) { return 1.0 / ::sqrt(x); }
+FUSED_HD double p_recip(double x) { return 1.0 / x; }
+FUSED_HD double p_abs(double x) { return ::fabs(x); }
+FUSED_HD double p_pow(double x, double s) { return ::pow(x, s); }
+
+template <typename T> FUSED_HD T p_relu(T x) { return x < T(0) ? T(0) : x; }
+template <typename T> FUSED_HD T p_where_pos(T x, T v) { return x > T(0) ? v : T(0); }
+template <typename T> FUSED_HD T p_where_ge(T x, T s, T v) { return x >= s ? v : T(0); }
+template <typename T> FUSED_HD T p_sign(T x) { return T(x > T(0)) - T(x < T(0)); }
+template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s ? s : x; }
+template <typename T> FUSED_HD T p_clamp_max(T x, T s) { return x > s ? s : x; }
+}  // namespace fused
+
+#include "common/pointwise_math.h"

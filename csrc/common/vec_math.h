@@ -1,0 +1,31 @@
+// CPU primitives for pointwise_math.h over at::vec::Vectorized<T> (AVX2 / AVX-512 / scalar fallback).
+#pragma once
+#include <ATen/cpu/vec/vec.h>
+#include "common/philox.h"  // FUSED_HD
+
+namespace fused {
+template <typename T> using Vec = at::vec::Vectorized<T>;
+
+template <typename T> inline Vec<T> p_exp(Vec<T> x) { return x.exp(); }
+template <typename T> inline Vec<T> p_log(Vec<T> x) { return x.log(); }
+template <typename T> inline Vec<T> p_erf(Vec<T> x) { return x.erf(); }
+template <typename T> inline Vec<T> p_tanh(Vec<T> x) { return x.tanh(); }
+template <typename T> inline Vec<T> p_sin(Vec<T> x) { return x.sin(); }
+template <typename T> inline Vec<T> p_cos(Vec<T> x) { return x.cos(); }
+template <typename T> inline Vec<T> p_sqrt(Vec<T> x) { return x.sqrt(); }
+template <typename T> inline Vec<T> p_rsqrt(Vec<T> x) { return Vec<T>(1) / x.sqrt(); }
+template <typename T> inline Vec<T> p_recip(Vec<T> x) { return Vec<T>(1) / x; }
+template <typename T> inline Vec<T> p_abs(Vec<T> x) { return x.abs(); }
+template <typename T> inline Vec<T> p_pow(Vec<T> x, Vec<T> s) { return x.pow(s); }
+// NaN-propagating max(x, 0), like eager relu.
+template <typename T> inline Vec<T> p_relu(Vec<T> x) { return Vec<T>::blendv(x, Vec<T>(0), x < Vec<T>(0)); }
+template <typename T> inline Vec<T> p_where_pos(Vec<T> x, Vec<T> v) { return v & (x > Vec<T>(0)); }
+template <typename T> inline Vec<T> p_where_ge(Vec<T> x, Vec<T> s, Vec<T> v) { return v & (x >= s); }
+template <typename T> inline Vec<T> p_sign(Vec<T> x) {
+  return (Vec<T>(1) & (x > Vec<T>(0))) - (Vec<T>(1) & (x < Vec<T>(0)));
+}
+template <typename T> inline Vec<T> p_clamp_min(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x < s); }
+template <typename T> inline Vec<T> p_clamp_max(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x > s); }
+}  // namespace fused
+
+#include "common/pointwise_math.h"

@@ -1,0 +1,396 @@
+// CPU kernels of the fused elementwise family: one pass over memory, math in float (double for double)
+// on L1-sized blocks with at::vec, parallel over blocks with at::parallel_for.
+#include <torch/library.h>
+
+#include "common/cpu_utils.h"
+#include "common/philox.h"
+
+namespace fused {
+namespace {
+
+#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
+
+// bias converted once to the math type.
+template <typename T, typename scalar_t> std::vector<T> bias_in_math_type(const at::Tensor& bias) {
+  std::vector<T> out(bias.numel());
+  load_block(bias.data_ptr<scalar_t>(), out.data(), bias.numel());
+  return out;
+}
+
+template <typename T> inline void add_bias(T* buf, int64_t len, const T* bias, int64_t C, int64_t col0) {
+  for_row_segments(len, C, col0, [&](int64_t k, int64_t j, int64_t seg) {
+    vec_map2(buf + k, bias + j, seg, [](auto a, auto b) { return a + b; });
+  });
+}
+
+at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in, c10::string_view act) {
+  const Act a = parse_act("bias_act", act);
+  check_floating("bias_act", "x", x_in);
+  if (bias_in) check_bias("bias_act", x_in, *bias_in);
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  FUSED_DISPATCH_FLOATING(x.scalar_type(), "bias_act", [&] {
+    using T = at::opmath_type<scalar_t>;
+    std::vector<T> bias;
+    if (bias_in) bias = bias_in_math_type<T, scalar_t>(bias_in->contiguous());
+    const int64_t C = bias_in ? x.size(-1) : 1;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    visit_act(a, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      parallel_blocks(n, [&](int64_t i, int64_t len) {
+        T buf[kBlock];
+        load_block(xp + i, buf, len);
+        if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
+        vec_map(buf, len, [](auto v) { return act_fwd<A>(v); });
+        store_block(buf, yp + i, len);
+      });
+    });
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                         const std::optional<at::Tensor>& bias_in,
+                                                         c10::string_view act) {
+  const Act a = parse_act("bias_act_backward", act);
+  check_like("bias_act_backward", "grad", grad_in, "x", x_in);
+  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.bias_act_backward: grad shape ", grad_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  if (bias_in) check_bias("bias_act_backward", x_in, *bias_in);
+  at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
+  at::Tensor grad_x = at::empty_like(x);
+  at::Tensor grad_bias = bias_in ? at::empty_like(*bias_in) : at::empty({0}, x.options());
+  const int64_t n = x.numel();
+  if (n == 0) {
+    grad_bias.zero_();
+    return {grad_x, grad_bias};
+  }
+  FUSED_DISPATCH_FLOATING(x.scalar_type(), "bias_act_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    std::vector<T> bias;
+    if (bias_in) bias = bias_in_math_type<T, scalar_t>(bias_in->contiguous());
+    const int64_t C = bias_in ? x.size(-1) : 1;
+    const scalar_t *xp = x.data_ptr<scalar_t>(), *gp = grad.data_ptr<scalar_t>();
+    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    visit_act(a, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      // grad_x = grad * act'(x + bias), left in buf (math type) for the bias reduction.
+      auto body = [&](int64_t i, int64_t len, T* buf) {
+        T gbuf[kBlock];
+        load_block(xp + i, buf, len);
+        load_block(gp + i, gbuf, len);
+        if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
+        vec_map2(buf, gbuf, len, [](auto v, auto g) { return g * act_grad<A>(v); });
+        store_block(buf, gxp + i, len);
+      };
+      if (bias.empty()) {
+        parallel_blocks(n, [&](int64_t i, int64_t len) {
+          T buf[kBlock];
+          body(i, len, buf);
+        });
+      } else {
+        std::vector<T> sums(C);
+        parallel_blocks_column_sum(n, C, sums.data(), body);
+        store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
+      }
+    });
+  });
+  return {grad_x, grad_bias};
+}
+
+// ---- glu: act(gate) * up ----
+
+// A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
+// not allow it. This reads the two halves of a chunked [.., 2C] tensor in place.
+struct Rows {
+  at::Tensor t;
+  int64_t rows, cols, stride;
+};
+Rows as_rows(const at::Tensor& t_in) {
+  at::Tensor t = t_in;
+  const int64_t cols = t.dim() ? t.size(-1) : 1;
+  const int64_t rows = cols ? t.numel() / cols : 0;
+  bool ok = t.dim() <= 1 || t.stride(-1) == 1;
+  int64_t stride = t.dim() >= 2 ? t.stride(-2) : cols;
+  int64_t expected = stride;
+  for (int64_t d = t.dim() - 2; ok && d >= 0; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) ok = false;
+    expected *= t.size(d);
+  }
+  if (t.dim() == 1 && t.stride(0) != 1) ok = false;
+  if (!ok || stride < cols) {
+    t = t.contiguous();
+    stride = cols;
+  }
+  if (t.dim() >= 2 && t.size(-2) == 1 && ok) stride = std::max(stride, cols);
+  return {t, rows, cols, stride};
+}
+
+void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating(op, "gate", gate);
+  check_like(op, "up", up, "gate", gate);
+  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
+              gate.sizes(), " and ", up.sizes());
+}
+
+// Runs body(row, col0, len) over every row in column blocks, parallel over rows.
+template <typename F> void parallel_rows(int64_t rows, int64_t cols, const F& body) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kBlock / std::max<int64_t>(cols, 1)),
+                   [&](int64_t r0, int64_t r1) {
+                     for (int64_t r = r0; r < r1; ++r)
+                       for (int64_t c = 0; c < cols; c += kBlock) body(r, c, std::min(kBlock, cols - c));
+                   });
+}
+
+at::Tensor glu_cpu(const at::Tensor& gate_in, const at::Tensor& up_in, c10::string_view act) {
+  const Act a = parse_act("glu", act);
+  check_glu("glu", gate_in, up_in);
+  Rows g = as_rows(gate_in), u = as_rows(up_in);
+  at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
+  if (y.numel() == 0) return y;
+  FUSED_DISPATCH_FLOATING(y.scalar_type(), "glu", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t *gp = g.t.data_ptr<scalar_t>(), *up = u.t.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    visit_act(a, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      parallel_rows(g.rows, g.cols, [&](int64_t r, int64_t c, int64_t len) {
+        T gb[kBlock], ub[kBlock];
+        load_block(gp + r * g.stride + c, gb, len);
+        load_block(up + r * u.stride + c, ub, len);
+        vec_map2(gb, ub, len, [](auto x, auto v) { return act_fwd<A>(x) * v; });
+        store_block(gb, yp + r * g.cols + c, len);
+      });
+    });
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, const at::Tensor& gate_in,
+                                                    const at::Tensor& up_in, c10::string_view act) {
+  const Act a = parse_act("glu_backward", act);
+  check_glu("glu_backward", gate_in, up_in);
+  check_like("glu_backward", "grad", grad_in, "gate", gate_in);
+  TORCH_CHECK(grad_in.sizes() == gate_in.sizes(), "fused.glu_backward: grad shape ", grad_in.sizes(),
+              " does not match gate shape ", gate_in.sizes());
+  Rows g = as_rows(gate_in), u = as_rows(up_in);
+  at::Tensor grad = grad_in.contiguous();
+  at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
+  at::Tensor grad_up = at::empty(gate_in.sizes(), gate_in.options());
+  if (grad.numel() == 0) return {grad_gate, grad_up};
+  FUSED_DISPATCH_FLOATING(grad.scalar_type(), "glu_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t *gp = g.t.data_ptr<scalar_t>(), *up = u.t.data_ptr<scalar_t>(), *dp = grad.data_ptr<scalar_t>();
+    scalar_t *dgp = grad_gate.data_ptr<scalar_t>(), *dup = grad_up.data_ptr<scalar_t>();
+    visit_act(a, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      parallel_rows(g.rows, g.cols, [&](int64_t r, int64_t c, int64_t len) {
+        T gb[kBlock], ub[kBlock], db[kBlock], tmp[kBlock];
+        load_block(gp + r * g.stride + c, gb, len);
+        load_block(up + r * u.stride + c, ub, len);
+        load_block(dp + r * g.cols + c, db, len);
+        std::copy(gb, gb + len, tmp);
+        vec_map2(tmp, db, len, [](auto x, auto d) { return d * act_fwd<A>(x); });  // grad_up
+        store_block(tmp, dup + r * g.cols + c, len);
+        vec_map2(db, ub, len, [](auto d, auto v) { return d * v; });
+        vec_map2(gb, db, len, [](auto x, auto dv) { return dv * act_grad<A>(x); });  // grad_gate
+        store_block(gb, dgp + r * g.cols + c, len);
+      });
+    });
+  });
+  return {grad_gate, grad_up};
+}
+
+// ---- bias_dropout_add: residual + dropout(x + bias) ----
+
+// keep[k] = scale or 0 for elements [i, i + len), from the Philox stream of `seed`.
+template <typename T> void dropout_scale_block(T* keep, int64_t i, int64_t len, uint64_t seed, uint64_t threshold,
+                                               T scale) {
+  int64_t k = 0;
+  while (k < len) {
+    const int64_t e = i + k;
+    Philox4 r = philox4x32_10(static_cast<uint64_t>(e) >> 2, seed);
+    for (int w = static_cast<int>(e & 3); w < 4 && k < len; ++w, ++k)
+      keep[k] = static_cast<uint64_t>(r.v[w]) >= threshold ? scale : T(0);
+  }
+}
+
+uint64_t seed_value(const char* op, const at::Tensor& seed) {
+  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, "fused.", op,
+              ": seed must be a CPU int64 tensor with one element");
+  return static_cast<uint64_t>(seed.item<int64_t>());
+}
+
+void check_p(const char* op, double p) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
+}
+
+at::Tensor bias_dropout_add_seeded_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in,
+                                       const at::Tensor& residual_in, double p, const at::Tensor& seed_t) {
+  const char* op = "bias_dropout_add";
+  check_floating(op, "x", x_in);
+  if (bias_in) check_bias(op, x_in, *bias_in);
+  check_like(op, "residual", residual_in, "x", x_in);
+  TORCH_CHECK(residual_in.sizes() == x_in.sizes(), "fused.bias_dropout_add: residual shape ", residual_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  check_p(op, p);
+  const uint64_t seed = seed_value(op, seed_t);
+  at::Tensor x = x_in.contiguous(), res = residual_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  const uint64_t threshold = dropout_threshold(p);
+  FUSED_DISPATCH_FLOATING(x.scalar_type(), "bias_dropout_add", [&] {
+    using T = at::opmath_type<scalar_t>;
+    std::vector<T> bias;
+    if (bias_in) bias = bias_in_math_type<T, scalar_t>(bias_in->contiguous());
+    const int64_t C = bias_in ? x.size(-1) : 1;
+    const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
+    const scalar_t *xp = x.data_ptr<scalar_t>(), *rp = res.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    parallel_blocks(n, [&](int64_t i, int64_t len) {
+      T buf[kBlock], keep[kBlock], rb[kBlock];
+      load_block(xp + i, buf, len);
+      load_block(rp + i, rb, len);
+      if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
+      dropout_scale_block(keep, i, len, seed, threshold, scale);
+      vec_map2(buf, keep, len, [](auto v, auto s) { return v * s; });
+      vec_map2(buf, rb, len, [](auto v, auto r) { return r + v; });
+      store_block(buf, yp + i, len);
+    });
+  });
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_in, double p, const at::Tensor& seed_t,
+                                                        bool bias_grad) {
+  const char* op = "dropout_backward";
+  check_floating(op, "grad", grad_in);
+  check_p(op, p);
+  const uint64_t seed = seed_value(op, seed_t);
+  at::Tensor grad = grad_in.contiguous();
+  at::Tensor grad_x = at::empty_like(grad);
+  const int64_t C = bias_grad ? grad.size(-1) : 0;
+  at::Tensor grad_bias = at::zeros({C}, grad.options());
+  const int64_t n = grad.numel();
+  if (n == 0) return {grad_x, grad_bias};
+  const uint64_t threshold = dropout_threshold(p);
+  FUSED_DISPATCH_FLOATING(grad.scalar_type(), "dropout_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
+    const scalar_t* gp = grad.data_ptr<scalar_t>();
+    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    auto body = [&](int64_t i, int64_t len, T* buf) {
+      T keep[kBlock];
+      load_block(gp + i, buf, len);
+      dropout_scale_block(keep, i, len, seed, threshold, scale);
+      vec_map2(buf, keep, len, [](auto g, auto s) { return g * s; });
+      store_block(buf, gxp + i, len);
+    };
+    if (!bias_grad) {
+      parallel_blocks(n, [&](int64_t i, int64_t len) {
+        T buf[kBlock];
+        body(i, len, buf);
+      });
+    } else {
+      std::vector<T> sums(C);
+      parallel_blocks_column_sum(n, C, sums.data(), body);
+      store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
+    }
+  });
+  return {grad_x, grad_bias};
+}
+
+// ---- unary_chain ----
+
+std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, c10::ArrayRef<c10::string_view> ops) {
+  std::vector<std::pair<UnaryOp, double>> chain;
+  for (auto s : ops) chain.push_back(parse_unary(op, s));
+  return chain;
+}
+
+template <typename T> void apply_op(T* buf, int64_t len, UnaryOp op, double s) {
+  visit_unary(op, [&](auto tag) {
+    constexpr UnaryOp O = decltype(tag)::value;
+    const Vec<T> sv(static_cast<T>(s));
+    vec_map(buf, len, [&](auto v) { return unary_fwd<O>(v, sv); });
+  });
+}
+
+at::Tensor unary_chain_cpu(const at::Tensor& x_in, c10::ArrayRef<c10::string_view> ops) {
+  auto chain = parse_chain("unary_chain", ops);
+  check_floating("unary_chain", "x", x_in);
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  FUSED_DISPATCH_FLOATING(x.scalar_type(), "unary_chain", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    parallel_blocks(n, [&](int64_t i, int64_t len) {
+      T buf[kBlock];
+      load_block(xp + i, buf, len);
+      for (auto [op, s] : chain) apply_op(buf, len, op, s);
+      store_block(buf, yp + i, len);
+    });
+  });
+  return y;
+}
+
+// d chain / dx = product of each op's derivative at its input, recomputing the chain in the same pass.
+at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                    c10::ArrayRef<c10::string_view> ops) {
+  auto chain = parse_chain("unary_chain_backward", ops);
+  check_floating("unary_chain_backward", "x", x_in);
+  check_like("unary_chain_backward", "grad", grad_in, "x", x_in);
+  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.unary_chain_backward: grad shape ", grad_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
+  at::Tensor gx = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return gx;
+  FUSED_DISPATCH_FLOATING(x.scalar_type(), "unary_chain_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const scalar_t *xp = x.data_ptr<scalar_t>(), *gp = grad.data_ptr<scalar_t>();
+    scalar_t* gxp = gx.data_ptr<scalar_t>();
+    parallel_blocks(n, [&](int64_t i, int64_t len) {
+      T buf[kBlock], g[kBlock];
+      load_block(xp + i, buf, len);
+      load_block(gp + i, g, len);
+      for (auto [op, s] : chain) {
+        visit_unary(op, [&](auto tag) {
+          constexpr UnaryOp O = decltype(tag)::value;
+          const Vec<T> sv(static_cast<T>(s));
+          if (O == UnaryOp::pow && s == 0.0) {
+            std::fill(g, g + len, T(0));
+          } else {
+            vec_map2(g, buf, len, [&](auto gv, auto v) { return gv * unary_grad<O>(v, sv); });
+          }
+          vec_map(buf, len, [&](auto v) { return unary_fwd<O>(v, sv); });
+        });
+      }
+      store_block(g, gxp + i, len);
+    });
+  });
+  return gx;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("bias_act", &bias_act_cpu);
+  m.impl("bias_act_backward", &bias_act_backward_cpu);
+  m.impl("glu", &glu_cpu);
+  m.impl("glu_backward", &glu_backward_cpu);
+  m.impl("bias_dropout_add_seeded", &bias_dropout_add_seeded_cpu);
+  m.impl("dropout_backward", &dropout_backward_cpu);
+  m.impl("unary_chain", &unary_chain_cpu);
+  m.impl("unary_chain_backward", &unary_chain_backward_cpu);
+}
+
+}  // namespace fused

@@ -1,0 +1,11 @@
+"""fused: fused CPU, CUDA C++ and Triton kernels for PyTorch, registered as torch.ops.fused.*."""
+from fused import _ext  # noqa: F401  loads fused._C: schemas and C++ kernels
+from fused._backend import get_backend, set_backend
+from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "bias_act", "glu", "bias_dropout_add", "unary_chain",
+    "set_backend", "get_backend",
+]

@@ -1,0 +1,94 @@
+"""Which GPU implementation runs each op: the CUDA C++ kernel or the Triton kernel.
+
+`fused.set_backend("auto" | "cuda" | "triton")` or the environment variable FUSED_BACKEND choose. "auto" takes,
+per op, the implementation listed in AUTO_PREFERENCE (filled from GPU benchmarks), else the CUDA C++ kernel
+when it was compiled, else Triton. CPU tensors always run the C++ CPU kernels.
+"""
+import functools
+import importlib
+import os
+
+import torch
+
+BACKENDS = ("auto", "cuda", "triton")
+
+# op -> "cuda" or "triton": the faster one where a GPU benchmark measured both. Empty until GPU figures exist.
+AUTO_PREFERENCE: dict = {}
+
+# op -> {"cuda": internal op name or None, "triton": "module:launcher" or None}; fused.info lists it.
+GPU_KERNELS: dict = {}
+
+_backend = None
+
+
+def _check_backend(name):
+    if name not in BACKENDS:
+        raise ValueError(f"fused.set_backend: unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Selects the GPU implementation for every op: "auto", "cuda" (CUDA C++) or "triton"."""
+    global _backend
+    _backend = _check_backend(name)
+
+
+def get_backend() -> str:
+    if _backend is None:
+        return _check_backend(os.environ.get("FUSED_BACKEND", "auto"))
+    return _backend
+
+
+@functools.lru_cache(None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def cuda_kernel_compiled(internal_op: str) -> bool:
+    """True when fused._C was built with CUDA and registered a CUDA kernel for fused::<internal_op>."""
+    return hasattr(torch.ops.fused, internal_op) and torch._C._dispatch_has_kernel_for_dispatch_key(
+        f"fused::{internal_op}", "CUDA"
+    )
+
+
+def choose(op: str) -> str:
+    """"cuda" or "triton": the implementation that runs `op` on a CUDA tensor now."""
+    kernels = GPU_KERNELS.get(op, {})
+    has_cuda = kernels.get("cuda") is not None and cuda_kernel_compiled(kernels["cuda"])
+    has_triton = kernels.get("triton") is not None and triton_available()
+    backend = get_backend()
+    if backend == "auto":
+        preferred = AUTO_PREFERENCE.get(op)
+        if preferred == "triton" and has_triton or preferred == "cuda" and has_cuda:
+            return preferred
+        backend = "cuda" if has_cuda else "triton"
+    if backend == "cuda" and not has_cuda:
+        raise RuntimeError(f"fused.{op}: backend 'cuda' was asked for, but fused._C has no CUDA kernel for it "
+                           "(built without CUDA?); use set_backend('triton') or 'auto'")
+    if backend == "triton" and not has_triton:
+        raise RuntimeError(f"fused.{op}: backend 'triton' was asked for, but triton is not installed")
+    return backend
+
+
+def triton_launcher(path: str):
+    """The launcher "package.module:function", imported on first use so that `import fused` needs no triton."""
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def register_gpu(op: str, cuda_op: str = None, triton: str = None, public_op: str = None):
+    """Registers the CUDA-device kernel of fused::<public_op or op>: each call goes to the CUDA C++ op
+    fused::<cuda_op> or to the Triton launcher at `triton` ("module:function"), per `choose(op)`.
+    Both take the op's own arguments."""
+    GPU_KERNELS[op] = {"cuda": cuda_op, "triton": triton}
+
+    def cuda_kernel(*args):
+        if choose(op) == "cuda":
+            return getattr(torch.ops.fused, cuda_op)(*args)
+        return triton_launcher(triton)(*args)
+
+    torch.library.register_kernel(f"fused::{public_op or op}", "cuda", cuda_kernel)

@@ -1,0 +1,173 @@
+"""Registration of the fused elementwise ops: fake kernels (torch.compile), autograd (backward made of
+fused ops), and the CUDA-device routing between the CUDA C++ and Triton kernels."""
+import torch
+
+from fused import _checks
+from fused._backend import register_gpu
+from fused._codes import parse_op
+
+TRITON = "fused.elementwise.triton_kernels"
+
+
+# ---- checks shared by the fake kernels and the public wrappers ----
+def check_bias_act(op, x, bias, act):
+    _checks.check_act(op, act)
+    _checks.check_floating(op, "x", x)
+    if bias is not None:
+        _checks.check_bias(op, x, bias)
+
+
+def check_glu(op, gate, up, act):
+    _checks.check_act(op, act)
+    _checks.check_floating(op, "gate", gate)
+    _checks.check_like(op, "up", up, "gate", gate)
+    _checks.check_same_shape(op, "up", up, "gate", gate)
+
+
+def check_bias_dropout_add(op, x, bias, residual, p):
+    _checks.check_floating(op, "x", x)
+    if bias is not None:
+        _checks.check_bias(op, x, bias)
+    _checks.check_like(op, "residual", residual, "x", x)
+    _checks.check_same_shape(op, "residual", residual, "x", x)
+    if not 0.0 <= p <= 1.0:
+        raise RuntimeError(f"fused.{op}: p must be in [0, 1], got {p}")
+
+
+def check_unary_chain(op, x, ops):
+    _checks.check_floating(op, "x", x)
+    for spec in ops:
+        parse_op(op, spec)
+
+
+def _empty_like(t):
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+# ---- fake kernels ----
+@torch.library.register_fake("fused::bias_act")
+def _(x, bias=None, act="gelu"):
+    check_bias_act("bias_act", x, bias, act)
+    return _empty_like(x)
+
+
+@torch.library.register_fake("fused::bias_act_backward")
+def _(grad, x, bias, act):
+    check_bias_act("bias_act_backward", x, bias, act)
+    return _empty_like(x), _empty_like(bias) if bias is not None else x.new_empty(0)
+
+
+@torch.library.register_fake("fused::glu")
+def _(gate, up, act="silu"):
+    check_glu("glu", gate, up, act)
+    return _empty_like(gate)
+
+
+@torch.library.register_fake("fused::glu_backward")
+def _(grad, gate, up, act):
+    check_glu("glu_backward", gate, up, act)
+    return _empty_like(gate), _empty_like(gate)
+
+
+@torch.library.register_fake("fused::bias_dropout_add_seeded")
+def _(x, bias, residual, p, seed):
+    check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
+    return _empty_like(x)
+
+
+@torch.library.register_fake("fused::dropout_backward")
+def _(grad, p, seed, bias_grad):
+    return _empty_like(grad), grad.new_empty(grad.shape[-1] if bias_grad else 0)
+
+
+@torch.library.register_fake("fused::unary_chain")
+def _(x, ops):
+    check_unary_chain("unary_chain", x, ops)
+    return _empty_like(x)
+
+
+@torch.library.register_fake("fused::unary_chain_backward")
+def _(grad, x, ops):
+    check_unary_chain("unary_chain_backward", x, ops)
+    return _empty_like(x)
+
+
+# ---- autograd ----
+def _bias_act_setup(ctx, inputs, output):
+    x, bias, act = inputs
+    ctx.save_for_backward(x, bias)
+    ctx.act = act
+
+
+def _bias_act_backward(ctx, grad):
+    x, bias = ctx.saved_tensors
+    grad_x, grad_bias = torch.ops.fused.bias_act_backward(grad, x, bias, ctx.act)
+    return grad_x, grad_bias if bias is not None else None, None
+
+
+torch.library.register_autograd("fused::bias_act", _bias_act_backward, setup_context=_bias_act_setup)
+
+
+def _glu_setup(ctx, inputs, output):
+    gate, up, act = inputs
+    ctx.save_for_backward(gate, up)
+    ctx.act = act
+
+
+def _glu_backward(ctx, grad):
+    gate, up = ctx.saved_tensors
+    grad_gate, grad_up = torch.ops.fused.glu_backward(grad, gate, up, ctx.act)
+    return grad_gate, grad_up, None
+
+
+torch.library.register_autograd("fused::glu", _glu_backward, setup_context=_glu_setup)
+
+
+def _dropout_setup(ctx, inputs, output):
+    x, bias, residual, p, seed = inputs
+    ctx.save_for_backward(seed)
+    ctx.p = p
+    ctx.has_bias = bias is not None
+
+
+def _dropout_backward(ctx, grad):
+    (seed,) = ctx.saved_tensors
+    grad_x, grad_bias = torch.ops.fused.dropout_backward(grad, ctx.p, seed, ctx.has_bias)
+    return grad_x, grad_bias if ctx.has_bias else None, grad, None, None
+
+
+torch.library.register_autograd("fused::bias_dropout_add_seeded", _dropout_backward, setup_context=_dropout_setup)
+
+
+def _unary_chain_setup(ctx, inputs, output):
+    x, ops = inputs
+    ctx.save_for_backward(x)
+    ctx.ops = ops
+
+
+def _unary_chain_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.fused.unary_chain_backward(grad, x, ctx.ops), None
+
+
+torch.library.register_autograd("fused::unary_chain", _unary_chain_backward, setup_context=_unary_chain_setup)
+
+
+# ---- bias_dropout_add: a composite that draws the seed, so the seeded op stays a pure function ----
+def _bias_dropout_add(x, bias, residual, p=0.1, training=True):
+    check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
+    if training and p > 0:
+        seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)  # torch's default CPU generator
+    else:
+        p, seed = 0.0, torch.zeros((), dtype=torch.int64)
+    return torch.ops.fused.bias_dropout_add_seeded(x, bias, residual, p, seed)
+
+
+_lib = torch.library.Library("fused", "IMPL")
+_lib.impl("bias_dropout_add", _bias_dropout_add, "CompositeImplicitAutograd")
+
+
+# ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----
+for _op in ("bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward",
+            "unary_chain", "unary_chain_backward"):
+    register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}")

@@ -1,0 +1,105 @@
+"""The shared test harness: devices, dtypes and backends to parametrise over, float64 accuracy checks that
+compare our error with eager PyTorch's, and helpers for opcheck, torch.compile and bad-input checks.
+Every op family's tests use it."""
+import contextlib
+
+import pytest
+import torch
+
+import fused
+from fused._backend import triton_available
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_TRITON = triton_available()
+FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+ALL_DTYPES = FLOAT_DTYPES + [torch.float64]
+
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
+requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+
+def device_backends():
+    """(device, backend) pairs: the CPU kernel always; on a GPU each compiled GPU backend."""
+    pairs = [pytest.param("cpu", None, id="cpu")]
+    if HAS_CUDA:
+        pairs.append(pytest.param("cuda", "cuda", id="cuda-cuda"))
+        if HAS_TRITON:
+            pairs.append(pytest.param("cuda", "triton", id="cuda-triton"))
+    return pairs
+
+
+@contextlib.contextmanager
+def backend(name):
+    """Runs the block with fused.set_backend(name) (None: leave as is)."""
+    old = fused.get_backend()
+    if name is not None:
+        fused.set_backend(name)
+    try:
+        yield
+    finally:
+        fused.set_backend(old)
+
+
+# Tolerances for parity with the reference in the same dtype (rtol, atol).
+TOLERANCES = {
+    torch.float64: (1e-10, 1e-12),
+    torch.float32: (2e-5, 2e-6),
+    torch.float16: (2e-3, 2e-3),
+    torch.bfloat16: (1.6e-2, 1e-2),
+}
+
+
+def assert_close(actual, expected, dtype=None, scale=1.0):
+    rtol, atol = TOLERANCES[dtype or expected.dtype]
+    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol * scale, atol=atol * scale,
+                               equal_nan=True)
+
+
+def rel_error(out, ref64):
+    """||out - ref|| / ||ref|| in float64 over the finite entries of ref; non-finite entries must match."""
+    out = out.detach().to(torch.float64).cpu()
+    ref64 = ref64.detach().to(torch.float64).cpu()
+    finite = torch.isfinite(ref64)
+    assert torch.equal(torch.isnan(out[~finite]), torch.isnan(ref64[~finite])), "NaN pattern differs"
+    assert torch.equal(out[~finite & ~torch.isnan(ref64)], ref64[~finite & ~torch.isnan(ref64)]), "inf differs"
+    diff = (out[finite] - ref64[finite]).norm()
+    return (diff / ref64[finite].norm().clamp_min(1e-300)).item()
+
+
+def assert_accuracy(ours, eager, ref64, slack=2.0, floor=None):
+    """Our error against float64 is no worse than eager PyTorch's error on the same inputs, times `slack`.
+    `floor`: an absolute error allowed regardless (default: a few ulps of the dtype), for when eager is exact."""
+    if floor is None:
+        floor = 4 * torch.finfo(ours.dtype).eps if ours.dtype != torch.float64 else 1e-14
+    ours_err, eager_err = rel_error(ours, ref64), rel_error(eager, ref64)
+    assert ours_err <= slack * eager_err + floor, (
+        f"error vs float64 {ours_err:.3e} exceeds {slack} x eager's {eager_err:.3e} (+{floor:.1e})")
+
+
+def make(shape, dtype=torch.float32, device="cpu", low=-3.0, high=3.0, requires_grad=False, seed=None):
+    """Random values in [low, high) drawn in float64, then cast (so all dtypes see the same numbers)."""
+    g = torch.Generator().manual_seed(hash((tuple(shape), seed)) % (2**31) if seed is None else seed)
+    t = (torch.rand(shape, generator=g, dtype=torch.float64) * (high - low) + low).to(dtype).to(device)
+    return t.requires_grad_(requires_grad)
+
+
+def noncontiguous(t):
+    """The same values as t, in a non-contiguous (strided) tensor."""
+    big = torch.empty(t.shape + (2,), dtype=t.dtype, device=t.device)
+    big[..., 0] = t.detach()
+    return big[..., 0].requires_grad_(t.requires_grad)
+
+
+def raises(match):
+    """pytest.raises for the errors our ops give (RuntimeError, TypeError or ValueError), matching `match`."""
+    return pytest.raises((RuntimeError, TypeError, ValueError), match=match)
+
+
+def check_compile(fn, *args):
+    """torch.compile(fullgraph=True) of fn gives the same result as eager fn."""
+    torch._dynamo.reset()
+    expected = fn(*args)
+    got = torch.compile(fn, fullgraph=True)(*args)
+    for e, g in zip(expected if isinstance(expected, tuple) else (expected,),
+                    got if isinstance(got, tuple) else (got,)):
+        torch.testing.assert_close(g, e, equal_nan=True)
