@@ -9,3 +9,15 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import pytest  # noqa: E402
+
+from tests.harness import backend, device_backends  # noqa: E402
+
+
+@pytest.fixture(params=[p.values for p in device_backends()], ids=[p.id for p in device_backends()])
+def dev(request):
+    """The device to test on, with the GPU backend selected: "cpu", then "cuda" once per compiled backend."""
+    device, name = request.param
+    with backend(name):
+        yield device

@@ -50,7 +50,14 @@ TOLERANCES = {
 
 
 def assert_close(actual, expected, dtype=None, scale=1.0):
-    rtol, atol = TOLERANCES[dtype or expected.dtype]
+    """Parity in the dtype of `actual` (or `dtype`). In 16-bit, eager and a kernel that computes in fp32 round
+    at different points, so each may be an ulp of the largest output away: atol grows with that ulp."""
+    dtype = dtype or actual.dtype
+    rtol, atol = TOLERANCES[dtype]
+    if dtype in (torch.float16, torch.bfloat16) and expected.numel():
+        finite = expected[torch.isfinite(expected)]
+        if finite.numel():
+            atol = max(atol, 2 * torch.finfo(dtype).eps * finite.abs().max().item())
     torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol * scale, atol=atol * scale,
                                equal_nan=True)
 

@@ -307,9 +307,9 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
 
 // ---- unary_chain ----
 
-std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, c10::ArrayRef<c10::string_view> ops) {
+std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, const std::vector<std::string>& ops) {
   std::vector<std::pair<UnaryOp, double>> chain;
-  for (auto s : ops) chain.push_back(parse_unary(op, s));
+  for (const auto& s : ops) chain.push_back(parse_unary(op, s));
   return chain;
 }
 
@@ -321,7 +321,7 @@ template <typename T> void apply_op(T* buf, int64_t len, UnaryOp op, double s) {
   });
 }
 
-at::Tensor unary_chain_cpu(const at::Tensor& x_in, c10::ArrayRef<c10::string_view> ops) {
+at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string>& ops) {
   auto chain = parse_chain("unary_chain", ops);
   check_floating("unary_chain", "x", x_in);
   at::Tensor x = x_in.contiguous();
@@ -344,7 +344,7 @@ at::Tensor unary_chain_cpu(const at::Tensor& x_in, c10::ArrayRef<c10::string_vie
 
 // d chain / dx = product of each op's derivative at its input, recomputing the chain in the same pass.
 at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
-                                    c10::ArrayRef<c10::string_view> ops) {
+                                    const std::vector<std::string>& ops) {
   auto chain = parse_chain("unary_chain_backward", ops);
   check_floating("unary_chain_backward", "x", x_in);
   check_like("unary_chain_backward", "grad", grad_in, "x", x_in);

@@ -1,0 +1,297 @@
+"""Parity, accuracy, gradients, compile and bad-input tests of the fused elementwise family (CPU kernels, and
+the CUDA backends when a GPU is present). The Triton launchers have their own file under the interpreter."""
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import fused
+from fused.elementwise import reference as ref
+from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, check_compile, make, noncontiguous, raises
+
+ACTS = list(ref.ACT_FNS)
+CHAINS = [
+    ["square"] * 10,
+    ["cos", "cos"],
+    [("mul", 0.5), "tanh", ("add", 1.0)],
+    ["sigmoid", "log", "neg", "exp", ("pow", 3.0), "sqrt", "rsqrt", "reciprocal"],
+    ["abs", ("clamp_min", 0.25), ("clamp_max", 2.0), "relu", "gelu", "gelu_tanh", "silu", "sin", ("pow", 0.0)],
+]
+
+
+# ---------------------------------------------------------------- bias_act
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_bias_act_matches_reference(dev, act, dtype):
+    x = make((3, 5, 131), dtype, dev)
+    b = make((131,), dtype, dev)
+    out = fused.bias_act(x, b, act)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert_close(out, ref.bias_act(x, b, act))
+    assert_accuracy(out, ref.bias_act(x, b, act), ref.bias_act(x.double(), b.double(), act))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_bias_act_gradients_against_float64(dev, act, dtype):
+    x = make((7, 33), dtype, dev, requires_grad=True)
+    b = make((33,), dtype, dev, requires_grad=True)
+    g = make((7, 33), dtype, dev, seed=1)
+    gx, gb = torch.autograd.grad(fused.bias_act(x, b, act), (x, b), g)
+    ex, eb = torch.autograd.grad(ref.bias_act(x, b, act), (x, b), g)
+    x64, b64 = x.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    rx, rb = torch.autograd.grad(ref.bias_act(x64, b64, act), (x64, b64), g.double())
+    assert_accuracy(gx, ex, rx)
+    assert_accuracy(gb, eb, rb)
+
+
+def test_bias_act_without_bias_and_large(dev):
+    x = make((4096, 1027), torch.float32, dev)
+    assert_close(fused.bias_act(x, None, "silu"), ref.bias_act(x, None, "silu"))
+    x = make((), torch.float32, dev)
+    assert_close(fused.bias_act(x, None, "tanh"), torch.tanh(x))
+
+
+def test_bias_act_large_bias_gradient_is_deterministic(dev):
+    x = make((3000, 257), torch.float32, dev, requires_grad=True)
+    b = make((257,), torch.float32, dev, requires_grad=True)
+    g = make((3000, 257), torch.float32, dev, seed=2)
+    first = torch.autograd.grad(fused.bias_act(x, b, "gelu"), b, g)[0]
+    for _ in range(3):
+        assert torch.equal(torch.autograd.grad(fused.bias_act(x, b, "gelu"), b, g)[0], first)
+    b64 = b.detach().double().requires_grad_()
+    expected = torch.autograd.grad(ref.bias_act(x.double(), b64, "gelu"), b64, g.double())[0]
+    assert_close(first, expected, scale=10)
+
+
+def test_bias_act_noncontiguous_and_empty(dev):
+    x = noncontiguous(make((6, 40), torch.float32, dev, requires_grad=True))
+    b = noncontiguous(make((40,), torch.float32, dev, requires_grad=True))
+    assert not x.is_contiguous()
+    out = fused.bias_act(x, b, "gelu_tanh")
+    assert_close(out, ref.bias_act(x, b, "gelu_tanh"))
+    gx, gb = torch.autograd.grad(out.sum(), (x, b))
+    ex, eb = torch.autograd.grad(ref.bias_act(x, b, "gelu_tanh").sum(), (x, b))
+    assert_close(gx, ex)
+    assert_close(gb, eb, scale=4)
+    e = torch.empty(0, 5, device=dev, requires_grad=True)
+    eb = torch.zeros(5, device=dev, requires_grad=True)
+    out = fused.bias_act(e, eb, "relu")
+    assert out.shape == (0, 5)
+    gx, gb = torch.autograd.grad(out.sum(), (e, eb))
+    assert gx.shape == (0, 5) and torch.equal(gb, torch.zeros(5, device=dev))
+
+
+def test_bias_act_nan_inf_propagate_like_eager(dev):
+    x = torch.tensor([[float("nan"), float("inf"), -float("inf"), 0.0, 1.0]], device=dev)
+    for act in ACTS:
+        expected = ref.bias_act(x, None, act)
+        if act == "gelu":  # eager's CPU gelu gives NaN at +inf; the limit (and eager on CUDA) is +inf
+            expected[0, 1] = float("inf")
+        torch.testing.assert_close(fused.bias_act(x, None, act), expected, equal_nan=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(0, 9), cols=st.integers(1, 300), act=st.sampled_from(ACTS),
+       transpose=st.booleans(), scale=st.sampled_from([1e-3, 1.0, 30.0]))
+def test_bias_act_hypothesis_cpu(rows, cols, act, transpose, scale):
+    x = make((cols, rows) if transpose else (rows, cols), seed=rows * 1000 + cols) * scale
+    x = x.t() if transpose else x
+    b = make((x.shape[-1],), seed=cols) * scale
+    assert_close(fused.bias_act(x, b, act), ref.bias_act(x, b, act))
+
+
+def test_bias_act_gradcheck_opcheck_compile():
+    x = make((3, 5, 11), torch.float64, requires_grad=True)
+    b = make((11,), torch.float64, requires_grad=True)
+    for act in ACTS:
+        assert torch.autograd.gradcheck(lambda x, b: fused.bias_act(x, b, act), (x, b))
+    torch.library.opcheck(torch.ops.fused.bias_act.default, (x.float().detach(), b.float().detach(), "silu"))
+    torch.library.opcheck(torch.ops.fused.bias_act.default, (x.detach(), None, "gelu"))
+    torch.library.opcheck(torch.ops.fused.bias_act_backward.default, (x.detach(), x.detach(), b.detach(), "gelu"))
+    check_compile(lambda x, b: fused.bias_act(x, b, "gelu"), x.detach().float(), b.detach().float())
+
+
+def test_bias_act_errors():
+    x = make((4, 8))
+    with raises(r"fused\.bias_act: unknown act 'swish'"):
+        fused.bias_act(x, None, "swish")
+    with raises(r"fused\.bias_act: bias must be 1-D with x.size\(-1\) entries"):
+        fused.bias_act(x, make((7,)))
+    with raises(r"fused\.bias_act: bias has dtype torch.float64 but x has dtype torch.float32"):
+        fused.bias_act(x, make((8,), torch.float64))
+    with raises(r"fused\.bias_act: x must be a floating-point tensor"):
+        fused.bias_act(torch.ones(4, 8, dtype=torch.int32))
+    with raises(r"fused\.bias_act: x must be a floating-point tensor"):
+        torch.ops.fused.bias_act(torch.ones(4, 8, dtype=torch.int64), None, "relu")
+    if torch.cuda.is_available():
+        with raises(r"fused\.bias_act: bias is on cuda:0 but x is on cpu"):
+            fused.bias_act(x, make((8,), device="cuda"))
+
+
+# ---------------------------------------------------------------- glu
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu", "sigmoid"])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_glu_on_chunked_halves(dev, act, dtype):
+    h = make((3, 5, 262), dtype, dev, requires_grad=True)
+    gate, up = h.chunk(2, dim=-1)  # non-contiguous halves, read in place
+    out = fused.glu(gate, up, act)
+    assert_close(out, ref.glu(gate, up, act))
+    assert_accuracy(out, ref.glu(gate, up, act), ref.glu(gate.double(), up.double(), act))
+    g = make(out.shape, dtype, dev, seed=3)
+    (gh,) = torch.autograd.grad(out, h, g)
+    (eh,) = torch.autograd.grad(ref.glu(gate, up, act), h, g)
+    h64 = h.detach().double().requires_grad_()
+    (rh,) = torch.autograd.grad(ref.glu(*h64.chunk(2, -1), act), h64, g.double())
+    assert_accuracy(gh, eh, rh)
+
+
+def test_glu_strided_layouts_and_empty(dev):
+    gate = make((40, 9), torch.float32, dev).t()  # column-major: must be copied, never mis-read
+    up = make((9, 40), torch.float32, dev)
+    assert_close(fused.glu(gate, up), ref.glu(gate, up))
+    big = make((2, 3, 4, 20), torch.float32, dev)
+    assert_close(fused.glu(big[:, 1, :, :10], big[:, 2, :, 10:]), ref.glu(big[:, 1, :, :10], big[:, 2, :, 10:]))
+    e = torch.empty(0, 4, device=dev)
+    assert fused.glu(e, e).shape == (0, 4)
+
+
+def test_glu_gradcheck_opcheck_compile_errors():
+    h = make((3, 14), torch.float64, requires_grad=True)
+    for act in ACTS:
+        assert torch.autograd.gradcheck(lambda h: fused.glu(*h.chunk(2, -1), act), (h,))
+    gate, up = make((4, 6)), make((4, 6), seed=5)
+    torch.library.opcheck(torch.ops.fused.glu.default, (gate, up, "gelu"))
+    check_compile(lambda a, b: fused.glu(a, b, "silu"), gate, up)
+    with raises(r"fused\.glu: gate and up must have the same shape"):
+        fused.glu(gate, make((4, 5)))
+    with raises(r"fused\.glu: unknown act 'swiglu'"):
+        fused.glu(gate, up, "swiglu")
+    with raises(r"fused\.glu: up has dtype torch.float16 but gate has dtype torch.float32"):
+        fused.glu(gate, up.half())
+
+
+# ---------------------------------------------------------------- bias_dropout_add
+def _seeded(seed):
+    torch.manual_seed(seed)
+    return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64).item()
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 1.0])
+def test_bias_dropout_add_mask_and_values(dev, dtype, p):
+    x, r = make((3, 5, 131), dtype, dev), make((3, 5, 131), dtype, dev, seed=7)
+    b = make((131,), dtype, dev)
+    torch.manual_seed(123)
+    out = fused.bias_dropout_add(x, b, r, p)
+    expected = ref.bias_dropout_add(x, b, r, p, seed=_seeded(123))
+    assert_close(out, expected)
+
+
+def test_bias_dropout_add_reproducible_statistics_and_eval(dev):
+    x = make((256, 1000), torch.float32, dev)
+    r = torch.zeros_like(x)
+    torch.manual_seed(0)
+    a = fused.bias_dropout_add(x, None, r, 0.3)
+    torch.manual_seed(0)
+    assert torch.equal(a, fused.bias_dropout_add(x, None, r, 0.3))
+    assert not torch.equal(a, fused.bias_dropout_add(x, None, r, 0.3))  # next draw, new mask
+    kept = (a != 0).double().mean().item()
+    assert abs(kept - 0.7) < 0.005  # 256k draws: 5 sigma ~ 0.0045
+    b = make((1000,), torch.float32, dev)
+    assert_close(fused.bias_dropout_add(x, b, x, 0.3, training=False), x + b + x)
+
+
+def test_bias_dropout_add_backward_regenerates_mask(dev):
+    x = make((33, 70), torch.float32, dev, requires_grad=True)
+    b = make((70,), torch.float32, dev, requires_grad=True)
+    r = make((33, 70), torch.float32, dev, requires_grad=True)
+    g = make((33, 70), torch.float32, dev, seed=9)
+    torch.manual_seed(5)
+    out = fused.bias_dropout_add(x, b, r, 0.25)
+    gx, gb, gr = torch.autograd.grad(out, (x, b, r), g)
+    keep = ref.dropout_keep_mask(_seeded(5), x.shape, 0.25).to(dev)
+    assert_close(gx, torch.where(keep, g / 0.75, 0.0))
+    assert_close(gb, torch.where(keep, g / 0.75, 0.0).sum(0), scale=4)
+    assert torch.equal(gr, g)
+
+
+def test_bias_dropout_add_gradcheck_opcheck_compile_errors():
+    x = make((4, 6), torch.float64, requires_grad=True)
+    b = make((6,), torch.float64, requires_grad=True)
+    r = make((4, 6), torch.float64, requires_grad=True)
+    seed = torch.tensor(1234)
+    assert torch.autograd.gradcheck(
+        lambda x, b, r: torch.ops.fused.bias_dropout_add_seeded(x, b, r, 0.4, seed), (x, b, r))
+    torch.library.opcheck(torch.ops.fused.bias_dropout_add_seeded.default,
+                          (x.detach(), b.detach(), r.detach(), 0.4, seed))
+
+    # Inductor draws the seed with its own RNG unless told to fall back to eager's.
+    xf, bf, rf = x.detach().float(), b.detach().float(), r.detach().float()
+    with torch._inductor.config.patch(fallback_random=True):
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda x, b, r: fused.bias_dropout_add(x, b, r, 0.5), fullgraph=True)
+        torch.manual_seed(3)
+        got = compiled(xf, bf, rf)
+    torch.manual_seed(3)
+    torch.testing.assert_close(got, fused.bias_dropout_add(xf, bf, rf, 0.5))
+    with raises(r"fused\.bias_dropout_add: p must be in \[0, 1\]"):
+        fused.bias_dropout_add(xf, bf, rf, 1.5)
+    with raises(r"fused\.bias_dropout_add: residual shape"):
+        fused.bias_dropout_add(xf, bf, rf[:2])
+
+
+# ---------------------------------------------------------------- unary_chain
+@pytest.mark.parametrize("chain", CHAINS, ids=lambda c: "-".join(o if isinstance(o, str) else o[0] for o in c))
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_unary_chain_matches_reference(dev, chain, dtype):
+    low, high = (0.99, 1.01) if chain == ["square"] * 10 else (0.5, 1.5)  # x ** 1024 stays finite
+    x = make((3, 5, 131), dtype, dev, low=low, high=high)
+    out = fused.unary_chain(x, chain)
+    eager = ref.unary_chain(x, chain)
+    assert_accuracy(out, eager, ref.unary_chain(x.double(), chain), slack=2.0)
+    xg = x.detach().requires_grad_()
+    g = make(x.shape, dtype, dev, seed=4)
+    (gx,) = torch.autograd.grad(fused.unary_chain(xg, chain), xg, g)
+    (ex,) = torch.autograd.grad(ref.unary_chain(xg, chain), xg, g)
+    x64 = x.detach().double().requires_grad_()
+    (rx,) = torch.autograd.grad(ref.unary_chain(x64, chain), x64, g.double())
+    assert_accuracy(gx, ex, rx, slack=2.0)
+
+
+def test_unary_chain_long_noncontiguous_empty(dev):
+    x = noncontiguous(make((50, 30), torch.float32, dev, low=-1, high=1))
+    chain = [("mul", 0.9), "sin"] * 40  # 80 ops
+    assert_close(fused.unary_chain(x, chain), ref.unary_chain(x, chain), scale=4)
+    assert fused.unary_chain(torch.empty(0, 3, device=dev), ["exp"]).shape == (0, 3)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -1.0], device=dev)
+    for chain in (["exp"], ["log"], ["sqrt"], ["reciprocal"], [("clamp_min", 0.0)], ["relu", "tanh"]):
+        torch.testing.assert_close(fused.unary_chain(special, chain), ref.unary_chain(special, chain),
+                                   equal_nan=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(0, 3000), chain=st.lists(st.sampled_from(
+    ["neg", "abs", "square", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", ("mul", 0.75), ("add", -0.5),
+     ("clamp_min", -1.0), ("clamp_max", 1.0)]), min_size=1, max_size=12))
+def test_unary_chain_hypothesis_cpu(n, chain):
+    x = make((n,), seed=n, low=-2, high=2)
+    assert_close(fused.unary_chain(x, chain), ref.unary_chain(x, chain), scale=4)
+
+
+def test_unary_chain_gradcheck_opcheck_compile_errors():
+    x = make((4, 7), torch.float64, low=0.5, high=2.0, requires_grad=True)
+    for chain in CHAINS:
+        assert torch.autograd.gradcheck(lambda x: fused.unary_chain(x, chain), (x,))
+    xf = x.detach().float()
+    torch.library.opcheck(torch.ops.fused.unary_chain.default, (xf, ["cos", "mul:0.5"]))
+    check_compile(lambda x: fused.unary_chain(x, [("mul", 0.5), "tanh", ("add", 1.0)]), xf)
+    with raises(r"fused\.unary_chain: unknown op 'cosh'"):
+        fused.unary_chain(xf, ["cos", "cosh"])
+    with raises(r"fused\.unary_chain: op 'mul' needs a scalar"):
+        fused.unary_chain(xf, ["mul"])
+    with raises(r"fused\.unary_chain: op 'exp' takes no scalar"):
+        fused.unary_chain(xf, [("exp", 2.0)])
+    with raises(r"fused\.unary_chain: ops must be a sequence"):
+        fused.unary_chain(xf, "exp")
+    with raises(r"fused\.unary_chain: unknown op 'cosh'"):
+        torch.ops.fused.unary_chain(xf, ["cosh"])
