@@ -1,0 +1,84 @@
+"""Benchmark cases of the fused elementwise family: bias+GELU, SwiGLU, ten x*x, cos(cos(x)), on 8M elements,
+forward and forward+backward, against eager, torch.compile and each of our backends."""
+import torch
+
+import fused
+from fused.elementwise import reference as ref
+
+
+def ours(device):
+    """Our implementations on this device: label -> backend to select (None: CPU kernels)."""
+    if device == "cpu":
+        return {"fused": None}
+    labels = {}
+    for backend in ("cuda", "triton"):
+        try:
+            fused.set_backend(backend)
+            fused.bias_act(torch.ones(8, device=device), None, "relu")
+            labels[f"fused[{backend}]"] = backend
+        except RuntimeError:
+            pass
+        finally:
+            fused.set_backend("auto")
+    return labels
+
+
+def with_backend(backend, fn):
+    if backend is None:
+        return fn
+
+    def run():
+        fused.set_backend(backend)
+        try:
+            return fn()
+        finally:
+            fused.set_backend("auto")
+    return run
+
+
+def forward_and_backward(fn, inputs, grad):
+    def run():
+        out = fn(*inputs)
+        return torch.autograd.grad(out, inputs, grad)
+    return run
+
+
+def make_cases(device, quick, name, fn_ref, fn_ours, inputs, out_numel, fwd_bytes, bwd_bytes):
+    """Forward and forward+backward cases for one op: fn_ref is the eager reference (also compiled)."""
+    compiled = torch.compile(fn_ref)
+    cases = []
+    impls = {"eager": lambda: fn_ref(*inputs), "torch.compile": lambda: compiled(*inputs)}
+    for label, backend in ours(device).items():
+        impls[label] = with_backend(backend, lambda: fn_ours(*inputs))
+    cases.append({"name": f"{name} fwd", "bytes": fwd_bytes, "impls": impls})
+    grad_inputs = [t.detach().requires_grad_() for t in inputs]
+    grad = torch.randn(out_numel, device=device, dtype=inputs[0].dtype).view(fn_ref(*inputs).shape)
+    impls = {"eager": forward_and_backward(fn_ref, grad_inputs, grad),
+             "torch.compile": forward_and_backward(compiled, grad_inputs, grad)}
+    for label, backend in ours(device).items():
+        impls[label] = with_backend(backend, forward_and_backward(fn_ours, grad_inputs, grad))
+    cases.append({"name": f"{name} fwd+bwd", "bytes": fwd_bytes + bwd_bytes, "impls": impls})
+    return cases
+
+
+def cases(device, quick):
+    rows, cols = (256, 1024) if quick else (8192, 1024)  # 8M elements
+    dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.bfloat16]
+    out = []
+    for dtype in dtypes:
+        size = torch.finfo(dtype).bits // 8
+        n = rows * cols
+        tag = f"{rows}x{cols} {str(dtype)[6:]}"
+        x = torch.randn(rows, cols, device=device, dtype=dtype)
+        b = torch.randn(cols, device=device, dtype=dtype)
+        out += make_cases(device, quick, f"bias+gelu {tag}", lambda x, b: ref.bias_act(x, b, "gelu"),
+                          lambda x, b: fused.bias_act(x, b, "gelu"), [x, b], n,
+                          2 * n * size, 3 * n * size)
+        h = torch.randn(rows, 2 * cols, device=device, dtype=dtype)
+        gate, up = h[:, :cols], h[:, cols:]
+        out += make_cases(device, quick, f"swiglu {tag}", lambda g, u: ref.glu(g, u, "silu"),
+                          lambda g, u: fused.glu(g, u, "silu"), [gate, up], n, 3 * n * size, 5 * n * size)
+        for chain, label in ((["square"] * 10, "ten x*x"), (["cos", "cos"], "cos(cos(x))")):
+            out += make_cases(device, quick, f"{label} {tag}", lambda x, c=chain: ref.unary_chain(x, c),
+                              lambda x, c=chain: fused.unary_chain(x, c), [x], n, 2 * n * size, 3 * n * size)
+    return out

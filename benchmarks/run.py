@@ -1,0 +1,138 @@
+"""The benchmark suite: every benchmarks/bench_<family>.py case, each implementation timed on one device.
+Writes a markdown table, JSON and a PNG chart to benchmarks/results/, named by device and date.
+
+    python -m benchmarks.run [--device cpu|cuda] [--only elementwise,distance] [--quick] [--out DIR]
+"""
+import argparse
+import datetime
+import importlib
+import json
+import os
+import pkgutil
+import re
+
+import torch
+
+from benchmarks.timing import device_name, median_ms, peak_memory_mb
+
+OURS = ("fused", "fused[cuda]", "fused[triton]")
+
+
+def discover(only):
+    names = sorted(m.name for m in pkgutil.iter_modules([os.path.dirname(__file__)]) if m.name.startswith("bench_"))
+    return [importlib.import_module(f"benchmarks.{n}") for n in names if not only or n[len("bench_"):] in only]
+
+
+def measure(case, device, min_run_time):
+    rows = []
+    for label, fn in case["impls"].items():
+        try:
+            ms = median_ms(fn, device, min_run_time)
+            mem = peak_memory_mb(fn, device)
+            rows.append({"impl": label, "ms": ms, "peak_mb": mem, "error": None})
+        except Exception as e:  # an alternative that fails (OOM, unsupported) is reported, not fatal
+            rows.append({"impl": label, "ms": None, "peak_mb": None, "error": f"{type(e).__name__}: {e}"[:200]})
+    eager = next((r["ms"] for r in rows if r["impl"] == "eager" and r["ms"]), None)
+    alternatives = [r["ms"] for r in rows if r["impl"] not in OURS and r["ms"]]
+    best_alt = min(alternatives) if alternatives else None
+    for r in rows:
+        if r["ms"]:
+            if case.get("bytes"):
+                r["GB/s"] = case["bytes"] / r["ms"] / 1e6
+            if case.get("flops"):
+                r["TFLOP/s"] = case["flops"] / r["ms"] / 1e9
+            r["vs_eager"] = eager / r["ms"] if eager else None
+            r["vs_best_alt"] = best_alt / r["ms"] if best_alt and r["impl"] in OURS else None
+    return rows
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def markdown(results, header):
+    lines = [header, "", "| case | impl | median ms | GB/s | TFLOP/s | peak MB | vs eager | vs best alternative |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for case in results:
+        for r in case["rows"]:
+            if r["error"]:
+                lines.append(f"| {case['name']} | {r['impl']} | failed: {r['error'][:60]} | | | | | |")
+                continue
+            lines.append(
+                f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r.get('GB/s'), '.1f')} | "
+                f"{fmt(r.get('TFLOP/s'), '.2f')} | {fmt(r['peak_mb'], '.1f')} | {fmt(r.get('vs_eager'), '.2f')}x | "
+                f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |")
+    return "\n".join(lines) + "\n"
+
+
+def chart(results, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c["name"] for c in results]
+    impls = sorted({r["impl"] for c in results for r in c["rows"]}, key=lambda s: (s in OURS, s))
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(names) * max(1, len(impls)) / 2 + 2))
+    height = 0.8 / max(1, len(impls))
+    for k, impl in enumerate(impls):
+        speed = []
+        for c in results:
+            eager = next((r["ms"] for r in c["rows"] if r["impl"] == "eager" and r["ms"]), None)
+            r = next((r for r in c["rows"] if r["impl"] == impl and r["ms"]), None)
+            speed.append(eager / r["ms"] if eager and r else 0)
+        ax.barh([i + k * height for i in range(len(names))], speed, height, label=impl)
+    ax.set_yticks([i + 0.4 - height / 2 for i in range(len(names))], names, fontsize=7)
+    ax.axvline(1.0, color="k", lw=0.8)
+    ax.set_xlabel("speedup over eager (higher is better)")
+    ax.set_title(title, fontsize=9)
+    ax.invert_yaxis()
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    p.add_argument("--only", default="", help="comma-separated families (elementwise, linear, distance, optim)")
+    p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
+    p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    args = p.parse_args(argv)
+    if args.device == "cpu":
+        torch.set_num_threads(args.threads)
+    import fused  # noqa: F401
+
+    from rich.progress import Progress
+
+    modules = discover([s for s in args.only.split(",") if s])
+    results = []
+    with Progress() as progress:
+        cases = [c for m in modules for c in m.cases(args.device, args.quick)]
+        task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
+        for case in cases:
+            progress.update(task, description=case["name"])
+            results.append({"name": case["name"], "bytes": case.get("bytes"), "flops": case.get("flops"),
+                            "rows": measure(case, args.device, 0.05 if args.quick else 0.5)})
+            progress.advance(task)
+            del case["impls"]
+    date = datetime.date.today().isoformat()
+    name = device_name(args.device)
+    header = (f"## Benchmarks on {name} ({date}; torch {torch.__version__}, fused backend "
+              f"{fused.get_backend()}{', quick' if args.quick else ''})")
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() + ("-quick" if args.quick else "")
+    os.makedirs(args.out, exist_ok=True)
+    base = os.path.join(args.out, f"{slug}")
+    table = markdown(results, header)
+    with open(base + ".md", "w") as f:
+        f.write(table)
+    with open(base + ".json", "w") as f:
+        json.dump({"device": name, "date": date, "torch": torch.__version__, "results": results}, f, indent=1)
+    chart(results, base + ".png", header[3:])
+    print(table)
+    print(f"wrote {base}.md, .json, .png")
+
+
+if __name__ == "__main__":
+    main()

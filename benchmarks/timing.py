@@ -1,0 +1,46 @@
+"""Timing and memory measurement: torch.utils.benchmark on CPU, triton.testing.do_bench (CUDA events, L2
+flushed between runs) on GPU; medians everywhere."""
+import gc
+
+import torch
+
+
+def median_ms(fn, device: str, min_run_time: float = 0.5) -> float:
+    if device == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    from torch.utils import benchmark
+
+    fn()  # warm-up: compilation, allocator, caches
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
+    return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+def peak_memory_mb(fn, device: str):
+    """Peak device memory one call allocates beyond what was live before it (CUDA only; None on CPU, where
+    torch's allocator keeps no such statistic)."""
+    if device != "cuda":
+        return None
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def device_name(device: str) -> str:
+    if device == "cuda":
+        return torch.cuda.get_device_name()
+    name = "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name}, {torch.get_num_threads()} threads"

@@ -1,0 +1,52 @@
+"""python -m fused.info: version, device, compiled backends, and every op with the kernels it has."""
+import platform
+
+import torch
+
+import fused
+from fused._backend import GPU_KERNELS, cuda_kernel_compiled, triton_available
+
+
+def op_names():
+    names = sorted(n[len("fused::"):] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused::"))
+    return [n for n in names if not n.startswith("cuda_")]
+
+
+def kernels(op):
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    cpu = "C++" if has(f"fused::{op}", "CPU") else "composite" if has(
+        f"fused::{op}", "CompositeImplicitAutograd") else "-"
+    gpu = GPU_KERNELS.get(op, {})
+    cuda = "CUDA C++" if gpu.get("cuda") and cuda_kernel_compiled(gpu["cuda"]) else "-"
+    triton = "Triton" if gpu.get("triton") and triton_available() else "-"
+    return cpu, cuda, triton
+
+
+def report() -> str:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "not installed"
+    cuda_built = any(cuda_kernel_compiled(k["cuda"]) for k in GPU_KERNELS.values() if k.get("cuda"))
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or 'cpu'})"
+    lines = [
+        f"fused {fused.__version__}",
+        f"torch {torch.__version__} (CUDA {torch.version.cuda or 'none'}), triton {triton_version}, "
+        f"Python {platform.python_version()}",
+        f"device: {device}",
+        f"compiled: CPU C++ yes, CUDA C++ {'yes' if cuda_built else 'no'}; Triton "
+        f"{'available' if triton_version != 'not installed' else 'not available'}",
+        f"GPU backend: {fused.get_backend()}",
+        "",
+        f"{'op':32} {'cpu':10} {'cuda':10} {'triton':8}",
+    ]
+    for op in op_names():
+        cpu, cuda, triton_k = kernels(op)
+        lines.append(f"{op:32} {cpu:10} {cuda:10} {triton_k:8}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())

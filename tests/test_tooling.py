@@ -1,0 +1,58 @@
+"""fused.info, set_backend, and a smoke run of every benchmark case (each implementation once, small shapes),
+so that the benchmark suite cannot rot unnoticed."""
+import importlib
+import pkgutil
+
+import pytest
+import torch
+
+import fused
+import benchmarks
+from fused.info import report
+from tests.harness import raises
+
+PUBLIC_OPS = ["bias_act", "glu", "bias_dropout_add", "unary_chain"]
+
+
+def test_info_lists_every_public_op_with_its_kernels():
+    text = report()
+    assert f"fused {fused.__version__}" in text and f"torch {torch.__version__}" in text
+    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[7:] if line.strip()}
+    for op in PUBLIC_OPS:
+        assert op in rows, op
+        assert rows[op][0] in ("C++", "composite")
+    assert not any(name.startswith("cuda_") for name in rows)
+
+
+def test_set_backend_validates_and_env_default(monkeypatch):
+    with raises(r"fused.set_backend: unknown backend 'cudnn'"):
+        fused.set_backend("cudnn")
+    monkeypatch.setattr(fused._backend, "_backend", None)
+    monkeypatch.setenv("FUSED_BACKEND", "triton")
+    assert fused.get_backend() == "triton"
+    fused.set_backend("auto")
+    assert fused.get_backend() == "auto"
+
+
+def test_meta_tensors_get_shapes_from_the_fake_kernels():
+    x = torch.empty(2, 3, 8, device="meta")
+    assert fused.bias_act(x, torch.empty(8, device="meta")).shape == (2, 3, 8)
+    assert fused.glu(x, x).shape == (2, 3, 8)
+    assert fused.unary_chain(x, ["exp", ("mul", 2.0)]).device.type == "meta"
+    with raises(r"fused\.bias_act: bias must be 1-D"):
+        fused.bias_act(x, torch.empty(3, device="meta"))
+
+
+BENCH_MODULES = sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if m.name.startswith("bench_"))
+
+
+@pytest.mark.parametrize("name", BENCH_MODULES)
+def test_benchmark_cases_run(name):
+    module = importlib.import_module(f"benchmarks.{name}")
+    cases = module.cases("cpu", quick=True)
+    assert cases
+    for case in cases:
+        assert case["name"] and case["impls"] and "eager" in case["impls"]
+        for label, fn in case["impls"].items():
+            if label != "torch.compile":  # compiling every case here would take minutes; run.py times it
+                fn()
