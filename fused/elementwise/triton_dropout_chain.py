@@ -8,7 +8,7 @@ from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.elementwise.triton_math import (BIAS_GRAD_PROGRAMS, BLOCK, CHAIN_SLOTS, NONE, NUM_WARPS, flat_offsets,
                                            keep_scale_at, keep_scale_block, math_dtype, math_torch_dtype, needs_i64,
-                                           rows_cols, tile, tile_index, to_out,
+                                           on_device_of, rows_cols, scalar_in, tile, tile_index, to_out,
                                            unary_fwd, unary_grad_step)
 
 
@@ -42,7 +42,7 @@ def _dropout_kernel(x_ptr, b_ptr, res_ptr, y_ptr, n, cols, seed, threshold, scal
     if HAS_BIAS:
         h += tl.load(b_ptr + offs % cols, mask=mask).to(MATH)
     start = tl.program_id(0).to(tl.int64) * BLOCK
-    h = h * keep_scale_block(start, BLOCK, seed, threshold, tl.full((), scale, MATH))
+    h = h * keep_scale_block(start, BLOCK, seed, threshold, scalar_in(scale, MATH))
     if HAS_RESIDUAL:
         h = tl.load(res_ptr + offs, mask=mask).to(MATH) + h
     tl.store(y_ptr + offs, to_out(h, y_ptr.dtype.element_ty), mask=mask)
@@ -55,7 +55,7 @@ def _dropout_bias_grad_kernel(g_ptr, gx_ptr, partial_ptr, rows, cols, rows_per_c
     """grad_x = grad * mask * scale over one chunk of rows, and the chunk's column sums into partial[chunk, :].
     Tiles are not aligned to the mask's 4-element groups, so each element runs its own Philox call."""
     chunk = tl.program_id(0)
-    sc = tl.full((), scale, MATH)
+    sc = scalar_in(scale, MATH)
     acc = tl.zeros((BLOCK_R, BLOCK_C), MATH)
     for R0 in range(chunk * rows_per_chunk, tl.minimum((chunk + 1) * rows_per_chunk, rows), BLOCK_R):
         r, c, mask = tile_index(R0, rows, BLOCK_R, cols, BLOCK_C, I64)
@@ -80,6 +80,7 @@ def _launch_dropout(x, bias, residual, p, seed):
     return y
 
 
+@on_device_of
 def bias_dropout_add_seeded(x, bias, residual, p, seed):
     _ops.check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
     seed = _seed_value("bias_dropout_add", seed)
@@ -95,6 +96,7 @@ def bias_grad_chunks(rows, col_blocks, block_r):
     return triton.cdiv(rows, rows_per_chunk), rows_per_chunk
 
 
+@on_device_of
 def dropout_backward(grad, p, seed, bias_grad):
     _ops._checks.check_floating("dropout_backward", "grad", grad)
     _check_p("dropout_backward", p)
@@ -120,7 +122,7 @@ def dropout_backward(grad, p, seed, bias_grad):
 # ---- unary_chain: up to CHAIN_SLOTS ops per pass, each slot's op a constexpr (straight-line code) ----
 @triton.jit
 def _chain_step(x, g, OP: tl.constexpr, s, GRAD: tl.constexpr, MATH: tl.constexpr):
-    sv = tl.full((), s, MATH)
+    sv = scalar_in(s, MATH)
     if GRAD:
         g = unary_grad_step(g, x, OP, sv)
     return unary_fwd(x, OP, sv), g
@@ -184,6 +186,7 @@ def _launch_chain(x, g, y, gy, part, math):
                                             I64=needs_i64(n + BLOCK), num_warps=NUM_WARPS)
 
 
+@on_device_of
 def unary_chain(x, ops):
     """Chains longer than CHAIN_SLOTS run as several passes over an intermediate in the math type (one extra
     read and write of it per pass), so the result rounds to the input dtype only once, as in one pass."""
@@ -201,6 +204,7 @@ def unary_chain(x, ops):
     return y
 
 
+@on_device_of
 def unary_chain_backward(grad, x, ops):
     """Each pass continues the chain from the values and gradient the previous pass left in math-type buffers
     (long chains: two extra tensors read and written per extra pass); the gradient is multiplied op by op in

@@ -15,7 +15,7 @@ from fused.elementwise import ops as _ops
 from fused.elementwise.triton_dropout_chain import (bias_dropout_add_seeded, bias_grad_chunks, dropout_backward,
                                                     unary_chain, unary_chain_backward)
 from fused.elementwise.triton_math import (NUM_WARPS, act_fwd, act_grad, math_dtype, math_torch_dtype, needs_i64,
-                                           rows_cols, tile, tile_index, to_out)
+                                           on_device_of, rows_cols, tile, tile_index, to_out)
 
 
 # ---- bias_act ----
@@ -52,6 +52,7 @@ def _bias_act_backward_kernel(g_ptr, x_ptr, b_ptr, gx_ptr, partial_ptr, rows, co
         tl.store(partial_ptr + chunk * cols + c, tl.sum(acc, axis=0), mask=c < cols)
 
 
+@on_device_of
 def bias_act(x, bias=None, act="gelu"):
     _ops.check_bias_act("bias_act", x, bias, act)
     x = x.contiguous()
@@ -67,6 +68,7 @@ def bias_act(x, bias=None, act="gelu"):
     return y
 
 
+@on_device_of
 def bias_act_backward(grad, x, bias, act):
     _ops.check_bias_act("bias_act_backward", x, bias, act)
     _ops._checks.check_like("bias_act_backward", "grad", grad, "x", x)
@@ -149,11 +151,13 @@ def _launch_glu(gate, up, grad, act, backward):
     return (y, grad_up) if backward else y
 
 
+@on_device_of
 def glu(gate, up, act="silu"):
     _ops.check_glu("glu", gate, up, act)
     return _launch_glu(gate, up, None, act, backward=False)
 
 
+@on_device_of
 def glu_backward(grad, gate, up, act):
     _ops.check_glu("glu_backward", gate, up, act)
     _ops._checks.check_like("glu_backward", "grad", grad, "gate", gate)

@@ -6,6 +6,7 @@ On a GPU the transcendental functions come from libdevice (IEEE-accurate, unlike
 the approximate PTX instructions). Triton's interpreter cannot call libdevice, so under TRITON_INTERPRET=1 the
 same functions come from tl.math, with tanh and pow (absent from tl.math) computed in float64.
 """
+import functools
 import os
 
 import torch
@@ -64,6 +65,24 @@ def tile_index(R0, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.constexpr, I64
         r = r.to(tl.int64)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     return r[:, None], c[None, :], (r[:, None] < rows) & (c[None, :] < cols)
+
+
+def on_device_of(launcher):
+    """Runs the launcher with its first tensor's CUDA device current (a no-op for CPU tensors)."""
+    @functools.wraps(launcher)
+    def wrapper(first, *args):
+        with torch.cuda.device_of(first):
+            return launcher(first, *args)
+    return wrapper
+
+
+@triton.jit
+def scalar_in(s, MATH: tl.constexpr):
+    """A float64 kernel argument as a scalar of the math type (the interpreter passes it as a Python float)."""
+    if INTERPRET:
+        return tl.full((), s, MATH)
+    else:
+        return s.to(MATH)
 
 
 @triton.jit
@@ -148,13 +167,13 @@ def _tanh(x):
 @triton.jit
 def _pow(x, s):
     if INTERPRET:
-        # float64: |x|^s = exp2(s log2|x|); negative x only for integer s (sign by parity), NaN otherwise.
+        # float64: |x|^s = exp2(s log2|x|); negative x: sign by parity for integer s, NaN otherwise (but -inf).
         w = x.to(tl.float64)
         e = s.to(tl.float64)
         mag = tl.exp2(e * tl.log2(tl.abs(w)))
         is_int = tl.floor(e) == e
         odd = is_int & (tl.floor(e * 0.5) != e * 0.5)
-        neg = tl.where(is_int, tl.where(odd, -mag, mag), float("nan"))
+        neg = tl.where(is_int, tl.where(odd, -mag, mag), tl.where(w == float("-inf"), mag, float("nan")))
         y = tl.where(w < 0.0, neg, mag)
         return tl.where(e == 0.0, 1.0, y).to(x.dtype)
     else:
