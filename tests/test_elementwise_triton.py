@@ -232,7 +232,7 @@ def test_nan_inf_propagate_as_cpu(dtype):
     for act in ACTS:
         assert_close(tk.bias_act(dev(x), dev(bias), act).cpu(), cpu_op("bias_act", x, bias, act))
         assert_close(tk.bias_act_backward(dev(up), dev(x), None, act)[0].cpu(),
-              cpu_op("bias_act_backward", up, x, None, act)[0])
+                     cpu_op("bias_act_backward", up, x, None, act)[0])
         assert_close(tk.glu(dev(x), dev(up), act).cpu(), cpu_op("glu", x, up, act))
     equal(tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(up), 0.3, seed),
           cpu_op("bias_dropout_add_seeded", x, bias, up, 0.3, seed))
