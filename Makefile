@@ -20,7 +20,7 @@ bench: setup
 
 # Compiles every CUDA source with nvcc (sm_90, compile only) when nvcc is present, GPU or not.
 cuda-check:
-	@if command -v nvcc >/dev/null 2>&1; then bash tools/check_cuda.sh; else echo "nvcc not found: CUDA compile check skipped"; fi
+	@if command -v nvcc >/dev/null 2>&1; then PYTHON=$(PYTHON) bash tools/check_cuda.sh; else echo "nvcc not found: CUDA compile check skipped"; fi
 
 clean:
 	rm -rf build *.egg-info fused/_C*.so

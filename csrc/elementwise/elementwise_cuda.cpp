@@ -1,0 +1,297 @@
+// CUDA binding of the fused elementwise family: internal ops fused::cuda_<op> with the arguments and returns
+// of the public and backward ops (fused/elementwise/ops.py routes CUDA tensors to them), the same argument
+// checks as the CPU kernels, and launches of the torch-free kernels in elementwise_kernels.cu on the current
+// stream. Built only when torch has CUDA.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <tuple>
+#include <vector>
+
+#include "common/checks.h"
+#include "common/philox.h"
+#include "elementwise/elementwise_kernels.h"
+
+namespace fused {
+namespace {
+
+void check_cuda(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_cuda(), "fused.", op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
+}
+
+cuda::DType dtype_of(const char* op, const char* name, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return cuda::DType::f32;
+    case at::kHalf: return cuda::DType::f16;
+    case at::kBFloat16: return cuda::DType::bf16;
+    case at::kDouble: return cuda::DType::f64;
+    default:
+      TORCH_CHECK(false, "fused.", op, ": ", name, " has dtype ", t.scalar_type(),
+                  "; expected float32, float16, bfloat16 or float64");
+  }
+}
+
+void check_launch(const char* op, cudaError_t err) {
+  TORCH_CHECK(err == cudaSuccess, "fused.", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
+}
+
+cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+const void* data_or_null(const std::optional<at::Tensor>& t) { return t ? t->data_ptr() : nullptr; }
+
+// Partial column sums of the bias gradients: float (double for double), chunks x C.
+at::Tensor column_sum_workspace(const at::Tensor& like, int64_t rows, int64_t C) {
+  const auto dtype = like.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  return at::empty({cuda::column_sum_workspace(rows, C)}, like.options().dtype(dtype));
+}
+
+// ---- bias_act ----
+
+at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in, c10::string_view act) {
+  const char* op = "bias_act";
+  const Act a = parse_act(op, act);
+  check_floating(op, "x", x_in);
+  check_cuda(op, "x", x_in);
+  if (bias_in) check_bias(op, x_in, *bias_in);
+  const auto dtype = dtype_of(op, "x", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous();
+  std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  check_launch(op, cuda::bias_act(dtype, a, x.data_ptr(), data_or_null(bias), y.data_ptr(), n,
+                                  bias ? x.size(-1) : 1, current_stream()));
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                                          const std::optional<at::Tensor>& bias_in,
+                                                          c10::string_view act) {
+  const char* op = "bias_act_backward";
+  const Act a = parse_act(op, act);
+  check_like(op, "grad", grad_in, "x", x_in);
+  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.bias_act_backward: grad shape ", grad_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  if (bias_in) check_bias(op, x_in, *bias_in);
+  check_cuda(op, "x", x_in);
+  const auto dtype = dtype_of(op, "x", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
+  std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
+  at::Tensor grad_x = at::empty_like(x);
+  at::Tensor grad_bias = bias ? at::empty_like(*bias) : at::empty({0}, x.options());
+  const int64_t n = x.numel();
+  if (n == 0) {
+    grad_bias.zero_();
+    return {grad_x, grad_bias};
+  }
+  const int64_t C = bias ? x.size(-1) : 1;
+  at::Tensor workspace = bias ? column_sum_workspace(x, n / C, C) : at::Tensor();
+  check_launch(op, cuda::bias_act_backward(dtype, a, grad.data_ptr(), x.data_ptr(), data_or_null(bias),
+                                           grad_x.data_ptr(), bias ? grad_bias.data_ptr() : nullptr,
+                                           bias ? workspace.data_ptr() : nullptr, n, C, current_stream()));
+  return {grad_x, grad_bias};
+}
+
+// ---- glu ----
+
+// A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
+// not allow it, so that the two halves of a chunked [.., 2C] tensor are read in place. Mirrors as_rows in
+// elementwise_cpu.cpp.
+struct Rows {
+  at::Tensor t;
+  int64_t rows, cols, stride;
+};
+Rows as_rows(const at::Tensor& t_in) {
+  at::Tensor t = t_in;
+  const int64_t cols = t.dim() ? t.size(-1) : 1;
+  const int64_t rows = cols ? t.numel() / cols : 0;
+  bool ok = t.dim() <= 1 || t.stride(-1) == 1;
+  int64_t stride = t.dim() >= 2 ? t.stride(-2) : cols;
+  int64_t expected = stride;
+  for (int64_t d = t.dim() - 2; ok && d >= 0; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) ok = false;
+    expected *= t.size(d);
+  }
+  if (t.dim() == 1 && t.stride(0) != 1) ok = false;
+  if (!ok || stride < cols) {
+    t = t.contiguous();
+    stride = cols;
+  }
+  return {t, rows, cols, stride};
+}
+
+void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating(op, "gate", gate);
+  check_like(op, "up", up, "gate", gate);
+  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
+              gate.sizes(), " and ", up.sizes());
+  check_cuda(op, "gate", gate);
+}
+
+at::Tensor glu_cuda(const at::Tensor& gate_in, const at::Tensor& up_in, c10::string_view act) {
+  const char* op = "glu";
+  const Act a = parse_act(op, act);
+  check_glu(op, gate_in, up_in);
+  const auto dtype = dtype_of(op, "gate", gate_in);
+  const c10::cuda::CUDAGuard guard(gate_in.device());
+  Rows g = as_rows(gate_in), u = as_rows(up_in);
+  at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
+  if (y.numel() == 0) return y;
+  check_launch(op, cuda::glu(dtype, a, g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride, y.data_ptr(), g.rows,
+                             g.cols, current_stream()));
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, const at::Tensor& gate_in,
+                                                     const at::Tensor& up_in, c10::string_view act) {
+  const char* op = "glu_backward";
+  const Act a = parse_act(op, act);
+  check_glu(op, gate_in, up_in);
+  check_like(op, "grad", grad_in, "gate", gate_in);
+  TORCH_CHECK(grad_in.sizes() == gate_in.sizes(), "fused.glu_backward: grad shape ", grad_in.sizes(),
+              " does not match gate shape ", gate_in.sizes());
+  const auto dtype = dtype_of(op, "gate", gate_in);
+  const c10::cuda::CUDAGuard guard(gate_in.device());
+  Rows g = as_rows(gate_in), u = as_rows(up_in);
+  at::Tensor grad = grad_in.contiguous();
+  at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
+  at::Tensor grad_up = at::empty(gate_in.sizes(), gate_in.options());
+  if (grad.numel() == 0) return {grad_gate, grad_up};
+  check_launch(op, cuda::glu_backward(dtype, a, grad.data_ptr(), g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride,
+                                      grad_gate.data_ptr(), grad_up.data_ptr(), g.rows, g.cols, current_stream()));
+  return {grad_gate, grad_up};
+}
+
+// ---- bias_dropout_add ----
+
+uint64_t seed_value(const char* op, const at::Tensor& seed) {
+  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, "fused.", op,
+              ": seed must be a CPU int64 tensor with one element");
+  return static_cast<uint64_t>(seed.item<int64_t>());
+}
+
+cuda::Dropout dropout_params(const char* op, double p, const at::Tensor& seed) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
+  return {seed_value(op, seed), dropout_threshold(p), p < 1.0 ? 1.0 / (1.0 - p) : 0.0};
+}
+
+at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in,
+                                        const at::Tensor& residual_in, double p, const at::Tensor& seed) {
+  const char* op = "bias_dropout_add";
+  check_floating(op, "x", x_in);
+  if (bias_in) check_bias(op, x_in, *bias_in);
+  check_like(op, "residual", residual_in, "x", x_in);
+  TORCH_CHECK(residual_in.sizes() == x_in.sizes(), "fused.bias_dropout_add: residual shape ", residual_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  const cuda::Dropout dropout = dropout_params(op, p, seed);
+  check_cuda(op, "x", x_in);
+  const auto dtype = dtype_of(op, "x", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous(), residual = residual_in.contiguous();
+  std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
+  at::Tensor y = at::empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return y;
+  check_launch(op, cuda::bias_dropout_add(dtype, x.data_ptr(), data_or_null(bias), residual.data_ptr(), y.data_ptr(),
+                                          n, bias ? x.size(-1) : 1, dropout, current_stream()));
+  return y;
+}
+
+std::tuple<at::Tensor, at::Tensor> dropout_backward_cuda(const at::Tensor& grad_in, double p, const at::Tensor& seed,
+                                                         bool bias_grad) {
+  const char* op = "dropout_backward";
+  check_floating(op, "grad", grad_in);
+  const cuda::Dropout dropout = dropout_params(op, p, seed);
+  check_cuda(op, "grad", grad_in);
+  const auto dtype = dtype_of(op, "grad", grad_in);
+  const c10::cuda::CUDAGuard guard(grad_in.device());
+  at::Tensor grad = grad_in.contiguous();
+  at::Tensor grad_x = at::empty_like(grad);
+  const int64_t C = bias_grad ? grad.size(-1) : 0;
+  at::Tensor grad_bias = at::zeros({C}, grad.options());
+  const int64_t n = grad.numel();
+  if (n == 0) return {grad_x, grad_bias};
+  at::Tensor workspace = bias_grad ? column_sum_workspace(grad, n / C, C) : at::Tensor();
+  check_launch(op, cuda::dropout_backward(dtype, grad.data_ptr(), grad_x.data_ptr(),
+                                          bias_grad ? grad_bias.data_ptr() : nullptr,
+                                          bias_grad ? workspace.data_ptr() : nullptr, n, bias_grad ? C : 1,
+                                          dropout, current_stream()));
+  return {grad_x, grad_bias};
+}
+
+// ---- unary_chain ----
+
+cuda::UnaryChain parse_chain(const char* op, c10::ArrayRef<c10::string_view> ops) {
+  std::vector<std::pair<UnaryOp, double>> parsed;
+  for (auto spec : ops) parsed.push_back(parse_unary(op, spec));
+  TORCH_CHECK(parsed.size() <= static_cast<size_t>(kMaxChain), "fused.", op, ": the CUDA kernel takes at most ",
+              kMaxChain, " ops per call, got ", parsed.size(), "; split the chain");
+  cuda::UnaryChain chain{};
+  chain.len = static_cast<int32_t>(parsed.size());
+  for (size_t j = 0; j < parsed.size(); ++j) std::tie(chain.ops[j], chain.scalars[j]) = parsed[j];
+  return chain;
+}
+
+at::Tensor unary_chain_cuda(const at::Tensor& x_in, c10::ArrayRef<c10::string_view> ops) {
+  const char* op = "unary_chain";
+  const cuda::UnaryChain chain = parse_chain(op, ops);
+  check_floating(op, "x", x_in);
+  check_cuda(op, "x", x_in);
+  const auto dtype = dtype_of(op, "x", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous();
+  at::Tensor y = at::empty_like(x);
+  if (x.numel() == 0) return y;
+  check_launch(op, cuda::unary_chain(dtype, chain, x.data_ptr(), y.data_ptr(), x.numel(), current_stream()));
+  return y;
+}
+
+at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
+                                     c10::ArrayRef<c10::string_view> ops) {
+  const char* op = "unary_chain_backward";
+  const cuda::UnaryChain chain = parse_chain(op, ops);
+  check_floating(op, "x", x_in);
+  check_like(op, "grad", grad_in, "x", x_in);
+  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.unary_chain_backward: grad shape ", grad_in.sizes(),
+              " does not match x shape ", x_in.sizes());
+  check_cuda(op, "x", x_in);
+  const auto dtype = dtype_of(op, "x", x_in);
+  const c10::cuda::CUDAGuard guard(x_in.device());
+  at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
+  at::Tensor grad_x = at::empty_like(x);
+  if (x.numel() == 0) return grad_x;
+  check_launch(op, cuda::unary_chain_backward(dtype, chain, grad.data_ptr(), x.data_ptr(), grad_x.data_ptr(),
+                                              x.numel(), current_stream()));
+  return grad_x;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fused, m) {
+  m.def("cuda_bias_act(Tensor x, Tensor? bias=None, str act=\"gelu\") -> Tensor");
+  m.def("cuda_bias_act_backward(Tensor grad, Tensor x, Tensor? bias, str act) -> (Tensor grad_x, Tensor grad_bias)");
+  m.def("cuda_glu(Tensor gate, Tensor up, str act=\"silu\") -> Tensor");
+  m.def("cuda_glu_backward(Tensor grad, Tensor gate, Tensor up, str act) -> (Tensor grad_gate, Tensor grad_up)");
+  m.def("cuda_bias_dropout_add_seeded(Tensor x, Tensor? bias, Tensor residual, float p, Tensor seed) -> Tensor");
+  m.def("cuda_dropout_backward(Tensor grad, float p, Tensor seed, bool bias_grad) -> (Tensor grad_x, "
+        "Tensor grad_bias)");
+  m.def("cuda_unary_chain(Tensor x, str[] ops) -> Tensor");
+  m.def("cuda_unary_chain_backward(Tensor grad, Tensor x, str[] ops) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("cuda_bias_act", &bias_act_cuda);
+  m.impl("cuda_bias_act_backward", &bias_act_backward_cuda);
+  m.impl("cuda_glu", &glu_cuda);
+  m.impl("cuda_glu_backward", &glu_backward_cuda);
+  m.impl("cuda_bias_dropout_add_seeded", &bias_dropout_add_seeded_cuda);
+  m.impl("cuda_dropout_backward", &dropout_backward_cuda);
+  m.impl("cuda_unary_chain", &unary_chain_cuda);
+  m.impl("cuda_unary_chain_backward", &unary_chain_backward_cuda);
+}
+
+}  // namespace fused

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The one call for a lent GPU machine (torch with CUDA, triton, nvcc, ninja, no network):
+#   install   pip install --no-build-isolation --no-deps -e .  (CUDA kernels built for TORCH_CUDA_ARCH_LIST, default 9.0)
+#   cuda      the whole pytest suite with FUSED_BACKEND=cuda
+#   triton    the whole pytest suite with FUSED_BACKEND=triton
+#   sanitize  compute-sanitizer memcheck over the CUDA C++ tests, racecheck over the bias-gradient ones
+#   bench     python -m benchmarks.run --device cuda --out $OUT/bench
+# Usage: OUT=dir bash tools/gpu_suite.sh [stage ...]   (default: every stage, in that order)
+# Every stage runs even when an earlier one failed; each gets at most what is left of SUITE_BUDGET_S (default 570 s,
+# under the device's 10-minute command limit). Writes at most 8 files: $OUT/{install,pytest_cuda,pytest_triton,
+# sanitizer,bench}.log and $OUT/bench/*. Prints a summary last; exits 1 if any stage failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_out}
+mkdir -p "$OUT"
+PYTHON=${PYTHON:-python}
+export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+budget=${SUITE_BUDGET_S:-570}
+start=$SECONDS
+stages=("$@")
+[ ${#stages[@]} -gt 0 ] || stages=(install cuda triton sanitize bench)
+summary=()
+
+# stage NAME LOG CAP CMD...: runs CMD with output to LOG, for at most CAP seconds or what is left of the budget.
+stage() {
+  local name=$1 log=$2 cap=$3
+  shift 3
+  local left=$((budget - (SECONDS - start)))
+  [ "$cap" -lt "$left" ] || cap=$left
+  if [ "$cap" -le 5 ]; then
+    summary+=("FAILED  $name: not run, suite budget spent")
+    return
+  fi
+  local t0=$SECONDS rc
+  echo "== $name (limit ${cap}s): $*" | tee -a "$log"
+  timeout --kill-after=10 "$cap" "$@" >>"$log" 2>&1
+  rc=$?
+  local detail
+  detail=$(grep -E "^(=+ )?[0-9]+ (passed|failed)|[0-9]+ (passed|failed|error)|ERROR SUMMARY" "$log" | tail -2 | tr '\n' ' ')
+  if [ $rc -eq 0 ]; then
+    summary+=("ok      $name ($((SECONDS - t0))s) $detail")
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
+    summary+=("FAILED  $name: timed out after ${cap}s $detail (log: $log)")
+  else
+    summary+=("FAILED  $name: exit $rc $detail (log: $log)")
+  fi
+}
+
+sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$(readlink -f "$(command -v nvcc)")")/compute-sanitizer" \
+  /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+pytest=("$PYTHON" -m pytest -p no:cacheprovider -q -rfE --maxfail=100)
+
+for s in "${stages[@]}"; do
+  case $s in
+    install)
+      rm -f "$OUT/install.log"
+      stage install "$OUT/install.log" 400 "$PYTHON" -m pip install --no-build-isolation --no-deps -v -e .
+      stage import "$OUT/install.log" 60 "$PYTHON" -c "
+import torch, fused
+from fused._backend import GPU_KERNELS, cuda_kernel_compiled
+assert torch.cuda.is_available(), 'no CUDA device'
+missing = [op for op, k in GPU_KERNELS.items() if k['cuda'] and not cuda_kernel_compiled(k['cuda'])]
+print(torch.__version__, torch.cuda.get_device_name(), 'CUDA kernels missing:', missing)
+assert not missing" ;;
+    cuda)
+      rm -f "$OUT/pytest_cuda.log"
+      stage "pytest cuda" "$OUT/pytest_cuda.log" 240 env FUSED_BACKEND=cuda "${pytest[@]}" tests ;;
+    triton)
+      rm -f "$OUT/pytest_triton.log"
+      stage "pytest triton" "$OUT/pytest_triton.log" 240 env FUSED_BACKEND=triton "${pytest[@]}" tests ;;
+    sanitize)
+      rm -f "$OUT/sanitizer.log"
+      if [ -z "$sanitizer" ]; then
+        summary+=("FAILED  sanitize: compute-sanitizer not found")
+        continue
+      fi
+      # Without the caching allocator every tensor is its own allocation, so memcheck sees out-of-bounds accesses.
+      stage memcheck "$OUT/sanitizer.log" 200 env FUSED_BACKEND=cuda PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+        "$sanitizer" --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
+        "${pytest[@]}" tests -k "cuda and not triton and not compile and not opcheck"
+      # Shared memory is used by the bias-gradient reductions (bias_act and dropout backward).
+      stage racecheck "$OUT/sanitizer.log" 120 env FUSED_BACKEND=cuda \
+        "$sanitizer" --tool racecheck --target-processes all --error-exitcode 86 --print-limit 20 \
+        "${pytest[@]}" tests -k "cuda and not triton and not compile and not opcheck and (bias_act or dropout)" ;;
+    bench)
+      rm -f "$OUT/bench.log"
+      stage bench "$OUT/bench.log" 300 "$PYTHON" -m benchmarks.run --device cuda --out "$OUT/bench" ;;
+    *)
+      summary+=("FAILED  $s: unknown stage (expected install cuda triton sanitize bench)") ;;
+  esac
+done
+
+echo
+echo "== gpu_suite summary ($((SECONDS - start))s; logs under $OUT)"
+"$PYTHON" -c "import torch; print('device:', torch.cuda.get_device_name() if torch.cuda.is_available() else 'none')" 2>/dev/null
+failed=0
+for line in "${summary[@]}"; do
+  echo "$line"
+  [[ $line == FAILED* ]] && failed=1
+done
+exit $failed
