@@ -4,6 +4,7 @@
 
 #include "common/cpu_utils.h"
 #include "common/philox.h"
+#include "elementwise/elementwise_args.h"
 
 namespace fused {
 namespace {
@@ -58,8 +59,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_
                                                          c10::string_view act) {
   const Act a = parse_act("bias_act_backward", act);
   check_like("bias_act_backward", "grad", grad_in, "x", x_in);
-  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.bias_act_backward: grad shape ", grad_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape("bias_act_backward", "grad", grad_in, "x", x_in);
   if (bias_in) check_bias("bias_act_backward", x_in, *bias_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(x);
@@ -104,39 +104,6 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_
 
 // ---- glu: act(gate) * up ----
 
-// A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
-// not allow it. This reads the two halves of a chunked [.., 2C] tensor in place.
-struct Rows {
-  at::Tensor t;
-  int64_t rows, cols, stride;
-};
-Rows as_rows(const at::Tensor& t_in) {
-  at::Tensor t = t_in;
-  const int64_t cols = t.dim() ? t.size(-1) : 1;
-  const int64_t rows = cols ? t.numel() / cols : 0;
-  bool ok = t.dim() <= 1 || t.stride(-1) == 1;
-  int64_t stride = t.dim() >= 2 ? t.stride(-2) : cols;
-  int64_t expected = stride;
-  for (int64_t d = t.dim() - 2; ok && d >= 0; --d) {
-    if (t.size(d) != 1 && t.stride(d) != expected) ok = false;
-    expected *= t.size(d);
-  }
-  if (t.dim() == 1 && t.stride(0) != 1) ok = false;
-  if (!ok || stride < cols) {
-    t = t.contiguous();
-    stride = cols;
-  }
-  if (t.dim() >= 2 && t.size(-2) == 1 && ok) stride = std::max(stride, cols);
-  return {t, rows, cols, stride};
-}
-
-void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
-  check_floating(op, "gate", gate);
-  check_like(op, "up", up, "gate", gate);
-  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
-              gate.sizes(), " and ", up.sizes());
-}
-
 // Runs body(row, col0, len) over every row in column blocks, parallel over rows.
 template <typename F> void parallel_rows(int64_t rows, int64_t cols, const F& body) {
   at::parallel_for(0, rows, std::max<int64_t>(1, 16 * kBlock / std::max<int64_t>(cols, 1)),
@@ -175,8 +142,7 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
   const Act a = parse_act("glu_backward", act);
   check_glu("glu_backward", gate_in, up_in);
   check_like("glu_backward", "grad", grad_in, "gate", gate_in);
-  TORCH_CHECK(grad_in.sizes() == gate_in.sizes(), "fused.glu_backward: grad shape ", grad_in.sizes(),
-              " does not match gate shape ", gate_in.sizes());
+  check_same_shape("glu_backward", "grad", grad_in, "gate", gate_in);
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
@@ -219,24 +185,13 @@ template <typename T> void dropout_scale_block(T* keep, int64_t i, int64_t len, 
   }
 }
 
-uint64_t seed_value(const char* op, const at::Tensor& seed) {
-  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, "fused.", op,
-              ": seed must be a CPU int64 tensor with one element");
-  return static_cast<uint64_t>(seed.item<int64_t>());
-}
-
-void check_p(const char* op, double p) {
-  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
-}
-
 at::Tensor bias_dropout_add_seeded_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in,
                                        const at::Tensor& residual_in, double p, const at::Tensor& seed_t) {
   const char* op = "bias_dropout_add";
   check_floating(op, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
   check_like(op, "residual", residual_in, "x", x_in);
-  TORCH_CHECK(residual_in.sizes() == x_in.sizes(), "fused.bias_dropout_add: residual shape ", residual_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape(op, "residual", residual_in, "x", x_in);
   check_p(op, p);
   const uint64_t seed = seed_value(op, seed_t);
   at::Tensor x = x_in.contiguous(), res = residual_in.contiguous();
@@ -307,12 +262,6 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
 
 // ---- unary_chain ----
 
-std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, const std::vector<std::string>& ops) {
-  std::vector<std::pair<UnaryOp, double>> chain;
-  for (const auto& s : ops) chain.push_back(parse_unary(op, s));
-  return chain;
-}
-
 template <typename T> void apply_op(T* buf, int64_t len, UnaryOp op, double s) {
   visit_unary(op, [&](auto tag) {
     constexpr UnaryOp O = decltype(tag)::value;
@@ -348,8 +297,7 @@ at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor&
   auto chain = parse_chain("unary_chain_backward", ops);
   check_floating("unary_chain_backward", "x", x_in);
   check_like("unary_chain_backward", "grad", grad_in, "x", x_in);
-  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.unary_chain_backward: grad shape ", grad_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape("unary_chain_backward", "grad", grad_in, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor gx = at::empty_like(x);
   const int64_t n = x.numel();

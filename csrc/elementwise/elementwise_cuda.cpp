@@ -12,6 +12,7 @@
 
 #include "common/checks.h"
 #include "common/philox.h"
+#include "elementwise/elementwise_args.h"
 #include "elementwise/elementwise_kernels.h"
 
 namespace fused {
@@ -28,7 +29,7 @@ cuda::DType dtype_of(const char* op, const char* name, const at::Tensor& t) {
     case at::kBFloat16: return cuda::DType::bf16;
     case at::kDouble: return cuda::DType::f64;
     default:
-      TORCH_CHECK(false, "fused.", op, ": ", name, " has dtype ", t.scalar_type(),
+      TORCH_CHECK(false, "fused.", op, ": ", name, " has dtype ", dtype_name(t.scalar_type()),
                   "; expected float32, float16, bfloat16 or float64");
   }
 }
@@ -73,8 +74,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
   const char* op = "bias_act_backward";
   const Act a = parse_act(op, act);
   check_like(op, "grad", grad_in, "x", x_in);
-  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.bias_act_backward: grad shape ", grad_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape(op, "grad", grad_in, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
   check_cuda(op, "x", x_in);
   const auto dtype = dtype_of(op, "x", x_in);
@@ -98,44 +98,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
 
 // ---- glu ----
 
-// A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
-// not allow it, so that the two halves of a chunked [.., 2C] tensor are read in place. Mirrors as_rows in
-// elementwise_cpu.cpp.
-struct Rows {
-  at::Tensor t;
-  int64_t rows, cols, stride;
-};
-Rows as_rows(const at::Tensor& t_in) {
-  at::Tensor t = t_in;
-  const int64_t cols = t.dim() ? t.size(-1) : 1;
-  const int64_t rows = cols ? t.numel() / cols : 0;
-  bool ok = t.dim() <= 1 || t.stride(-1) == 1;
-  int64_t stride = t.dim() >= 2 ? t.stride(-2) : cols;
-  int64_t expected = stride;
-  for (int64_t d = t.dim() - 2; ok && d >= 0; --d) {
-    if (t.size(d) != 1 && t.stride(d) != expected) ok = false;
-    expected *= t.size(d);
-  }
-  if (t.dim() == 1 && t.stride(0) != 1) ok = false;
-  if (!ok || stride < cols) {
-    t = t.contiguous();
-    stride = cols;
-  }
-  return {t, rows, cols, stride};
-}
-
-void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
-  check_floating(op, "gate", gate);
-  check_like(op, "up", up, "gate", gate);
-  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
-              gate.sizes(), " and ", up.sizes());
-  check_cuda(op, "gate", gate);
-}
 
 at::Tensor glu_cuda(const at::Tensor& gate_in, const at::Tensor& up_in, c10::string_view act) {
   const char* op = "glu";
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
+  check_cuda(op, "gate", gate_in);
   const auto dtype = dtype_of(op, "gate", gate_in);
   const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
@@ -151,9 +119,9 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
   const char* op = "glu_backward";
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
+  check_cuda(op, "gate", gate_in);
   check_like(op, "grad", grad_in, "gate", gate_in);
-  TORCH_CHECK(grad_in.sizes() == gate_in.sizes(), "fused.glu_backward: grad shape ", grad_in.sizes(),
-              " does not match gate shape ", gate_in.sizes());
+  check_same_shape(op, "grad", grad_in, "gate", gate_in);
   const auto dtype = dtype_of(op, "gate", gate_in);
   const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
@@ -168,14 +136,8 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
 
 // ---- bias_dropout_add ----
 
-uint64_t seed_value(const char* op, const at::Tensor& seed) {
-  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, "fused.", op,
-              ": seed must be a CPU int64 tensor with one element");
-  return static_cast<uint64_t>(seed.item<int64_t>());
-}
-
 cuda::Dropout dropout_params(const char* op, double p, const at::Tensor& seed) {
-  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
+  check_p(op, p);
   return {seed_value(op, seed), dropout_threshold(p), p < 1.0 ? 1.0 / (1.0 - p) : 0.0};
 }
 
@@ -185,8 +147,7 @@ at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optio
   check_floating(op, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
   check_like(op, "residual", residual_in, "x", x_in);
-  TORCH_CHECK(residual_in.sizes() == x_in.sizes(), "fused.bias_dropout_add: residual shape ", residual_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape(op, "residual", residual_in, "x", x_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
   check_cuda(op, "x", x_in);
   const auto dtype = dtype_of(op, "x", x_in);
@@ -225,9 +186,9 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cuda(const at::Tensor& grad_
 
 // ---- unary_chain ----
 
-cuda::UnaryChain parse_chain(const char* op, c10::ArrayRef<c10::string_view> ops) {
-  std::vector<std::pair<UnaryOp, double>> parsed;
-  for (auto spec : ops) parsed.push_back(parse_unary(op, spec));
+// str[] arguments arrive as std::vector<std::string> (c10::string_view would not own the text).
+cuda::UnaryChain chain_params(const char* op, const std::vector<std::string>& ops) {
+  const auto parsed = parse_chain(op, ops);
   TORCH_CHECK(parsed.size() <= static_cast<size_t>(kMaxChain), "fused.", op, ": the CUDA kernel takes at most ",
               kMaxChain, " ops per call, got ", parsed.size(), "; split the chain");
   cuda::UnaryChain chain{};
@@ -236,9 +197,9 @@ cuda::UnaryChain parse_chain(const char* op, c10::ArrayRef<c10::string_view> ops
   return chain;
 }
 
-at::Tensor unary_chain_cuda(const at::Tensor& x_in, c10::ArrayRef<c10::string_view> ops) {
+at::Tensor unary_chain_cuda(const at::Tensor& x_in, const std::vector<std::string>& ops) {
   const char* op = "unary_chain";
-  const cuda::UnaryChain chain = parse_chain(op, ops);
+  const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
   check_cuda(op, "x", x_in);
   const auto dtype = dtype_of(op, "x", x_in);
@@ -251,13 +212,12 @@ at::Tensor unary_chain_cuda(const at::Tensor& x_in, c10::ArrayRef<c10::string_vi
 }
 
 at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor& x_in,
-                                     c10::ArrayRef<c10::string_view> ops) {
+                                     const std::vector<std::string>& ops) {
   const char* op = "unary_chain_backward";
-  const cuda::UnaryChain chain = parse_chain(op, ops);
+  const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
   check_like(op, "grad", grad_in, "x", x_in);
-  TORCH_CHECK(grad_in.sizes() == x_in.sizes(), "fused.unary_chain_backward: grad shape ", grad_in.sizes(),
-              " does not match x shape ", x_in.sizes());
+  check_same_shape(op, "grad", grad_in, "x", x_in);
   check_cuda(op, "x", x_in);
   const auto dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());

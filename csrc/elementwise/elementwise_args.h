@@ -1,0 +1,65 @@
+// Argument handling shared by the CPU kernels and the CUDA binding of the elementwise family.
+#pragma once
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/checks.h"
+
+namespace fused {
+
+inline void check_same_shape(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
+                             const at::Tensor& ref) {
+  TORCH_CHECK(t.sizes() == ref.sizes(), "fused.", op, ": ", name, " shape ", t.sizes(), " does not match ",
+              ref_name, " shape ", ref.sizes());
+}
+
+// A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
+// not allow it. This reads the two halves of a chunked [.., 2C] tensor in place.
+struct Rows {
+  at::Tensor t;
+  int64_t rows, cols, stride;
+};
+inline Rows as_rows(const at::Tensor& t_in) {
+  at::Tensor t = t_in;
+  const int64_t cols = t.dim() ? t.size(-1) : 1;
+  const int64_t rows = cols ? t.numel() / cols : 0;
+  bool ok = t.dim() <= 1 || t.stride(-1) == 1;
+  int64_t stride = t.dim() >= 2 ? t.stride(-2) : cols;
+  int64_t expected = stride;
+  for (int64_t d = t.dim() - 2; ok && d >= 0; --d) {
+    if (t.size(d) != 1 && t.stride(d) != expected) ok = false;
+    expected *= t.size(d);
+  }
+  if (t.dim() == 1 && t.stride(0) != 1) ok = false;
+  if (!ok || stride < cols) {
+    t = t.contiguous();
+    stride = cols;
+  }
+  return {t, rows, cols, stride};
+}
+
+inline void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
+  check_floating(op, "gate", gate);
+  check_like(op, "up", up, "gate", gate);
+  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
+              gate.sizes(), " and ", up.sizes());
+}
+
+inline uint64_t seed_value(const char* op, const at::Tensor& seed) {
+  TORCH_CHECK(seed.device().is_cpu() && seed.scalar_type() == at::kLong && seed.numel() == 1, "fused.", op,
+              ": seed must be a CPU int64 tensor with one element");
+  return static_cast<uint64_t>(seed.item<int64_t>());
+}
+
+inline void check_p(const char* op, double p) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
+}
+
+inline std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, const std::vector<std::string>& ops) {
+  std::vector<std::pair<UnaryOp, double>> chain;
+  for (const auto& s : ops) chain.push_back(parse_unary(op, s));
+  return chain;
+}
+
+}  // namespace fused
