@@ -1,0 +1,178 @@
+"""fused.optim.SGD / Adam / AdamW: drop-ins for torch.optim's, whose step is two passes over all parameters:
+grad_norm_ (global norm over every group, finite check, clip coefficient, on the device) and one update per
+param group (sgd_step_ / adam_step_) that reads the coefficient, the scaler's inverse scale and found_inf through
+tensors and skips itself on inf/NaN. No .item(), no host sync. State keys and step tensors match torch.optim's,
+so state dicts load in both directions."""
+import torch
+
+from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
+from fused.optim.functional import check_dense, check_one_device, global_norm, local
+
+INF = float("inf")
+
+
+def _check_nonneg(cls, name, value):
+    if value is not None and not float(value) >= 0.0:
+        raise ValueError(f"fused.optim.{cls}: {name} must be >= 0, got {value}")
+
+
+class _FusedOptimizer(torch.optim.Optimizer):
+    """Common step: pass 1 over every gradient of every group, then the per-group update."""
+
+    # torch.amp.GradScaler hands `grad_scale` and `found_inf` to optimizers that declare this (no unscale pass).
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, defaults, max_grad_norm, clip_value, master_weights):
+        name = type(self).__name__
+        if master_weights:
+            raise NotImplementedError(f"fused.optim.{name}: master_weights=True (an fp32 master copy of 16-bit "
+                                      "parameters) is not implemented yet; keep parameters in fp32 or use "
+                                      "master_weights=False")
+        for key in ("lr", "eps", "weight_decay", "momentum"):
+            if key in defaults:
+                _check_nonneg(name, key, defaults[key])
+        _check_nonneg(name, "max_grad_norm", max_grad_norm)
+        _check_nonneg(name, "clip_value", clip_value)
+        self.max_grad_norm = max_grad_norm
+        self.clip_value = clip_value
+        self.master_weights = False
+        self.last_grad_norm = None  # float32 device tensor after each step: the unscaled norm before clipping
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler (a scale, not its inverse)
+        inv_scale = None if grad_scale is None else grad_scale.double().reciprocal().float()
+        self._fused_step(inv_scale, getattr(self, "found_inf", None))
+        return loss
+
+    def _fused_step(self, inv_scale=None, found_inf=None):
+        """Pass 1 and pass 2. inv_scale: float32 device scalar (None: 1); found_inf: float32 device scalar, or'ed
+        with the finite check (None: a fresh zero). Returns found_inf."""
+        name = type(self).__name__
+        groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
+        groups = [(g, ps) for g, ps in groups if ps]
+        if not groups:
+            return found_inf
+        all_params = [p for _, ps in groups for p in ps]
+        check_one_device(f"optim.{name}", [local(p) for p in all_params])
+        grads = [p.grad for p in all_params]
+        check_dense(f"optim.{name}", grads)
+        device = local(all_params[0]).device
+        if found_inf is None:
+            found_inf = torch.zeros((), dtype=torch.float32, device=device)
+        else:
+            found_inf = found_inf.to(device=device, dtype=torch.float32)
+        if inv_scale is not None:
+            inv_scale = inv_scale.to(device=device, dtype=torch.float32)
+        self.last_grad_norm, coef = global_norm(grads, found_inf, inv_scale, 2.0, self.max_grad_norm,
+                                                self.clip_value)
+        clip_value = INF if self.clip_value is None else float(self.clip_value)
+        for group, params in groups:
+            self._update_group(group, params, coef, inv_scale, found_inf, clip_value)
+        return found_inf
+
+    def _grad_of(self, p):
+        """The local gradient, with the strides of the parameter (the kernels walk both as flat memory)."""
+        g, lp = local(p.grad), local(p)
+        if g.stride() != lp.stride():
+            g = torch.empty_like(lp).copy_(g)
+        return g
+
+    def _new_step(self, p):
+        return torch.zeros((), dtype=torch.float32, device=local(p).device)
+
+    def load_state_dict(self, state_dict):
+        super().load_state_dict(state_dict)
+        # torch keeps "step" as a CPU float32 tensor (or absent for SGD); the fused kernels read it on the device.
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and "step" in state:
+                    state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(local(p).device)
+                self._after_load(group, p, state)
+
+    def _after_load(self, group, p, state):
+        pass
+
+
+class SGD(_FusedOptimizer):
+    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("fused.optim.SGD: nesterov needs momentum > 0 and dampening == 0")
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
+                        maximize=maximize, foreach=None, differentiable=False, fused=None)
+        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
+
+    def _update_group(self, group, params, coef, inv_scale, found_inf, clip_value):
+        momentum = group["momentum"]
+        bufs, steps = [], []
+        if momentum != 0:
+            for p in params:
+                state = self.state[p]
+                if state.get("momentum_buffer") is None:
+                    state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["step"] = self._new_step(p)  # step 0: the buffer starts as the gradient itself
+                bufs.append(local(state["momentum_buffer"]))
+                steps.append(state["step"])
+        torch.ops.fused.sgd_step_([local(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
+                                  float(group["lr"]), float(momentum), float(group["dampening"]),
+                                  float(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
+                                  coef, inv_scale, found_inf, clip_value)
+
+    def _after_load(self, group, p, state):
+        # A torch.optim.SGD buffer has seen at least one step.
+        if state and state.get("momentum_buffer") is not None and "step" not in state:
+            state["step"] = torch.ones((), dtype=torch.float32, device=local(p).device)
+
+
+class Adam(_FusedOptimizer):
+    _decoupled = False
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+        name = type(self).__name__
+        for i, beta in enumerate(betas):
+            if not 0.0 <= float(beta) < 1.0:
+                raise ValueError(f"fused.optim.{name}: betas[{i}] must be in [0, 1), got {beta}")
+        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
+                        foreach=None, capturable=False, differentiable=False, fused=None,
+                        decoupled_weight_decay=self._decoupled)
+        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
+
+    def _update_group(self, group, params, coef, inv_scale, found_inf, clip_value):
+        amsgrad = bool(group["amsgrad"])
+        exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], []
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state["step"] = self._new_step(p)
+                state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if amsgrad and "max_exp_avg_sq" not in state:
+                state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            exp_avgs.append(local(state["exp_avg"]))
+            exp_avg_sqs.append(local(state["exp_avg_sq"]))
+            if amsgrad:
+                max_sqs.append(local(state["max_exp_avg_sq"]))
+            steps.append(state["step"])
+        beta1, beta2 = group["betas"]
+        torch.ops.fused.adam_step_([local(p) for p in params], [self._grad_of(p) for p in params], exp_avgs,
+                                   exp_avg_sqs, max_sqs, steps, float(group["lr"]), float(beta1), float(beta2),
+                                   float(group["eps"]), float(group["weight_decay"]), amsgrad,
+                                   bool(group.get("decoupled_weight_decay", self._decoupled)),
+                                   bool(group["maximize"]), coef, inv_scale, found_inf, clip_value)
+
+
+class AdamW(Adam):
+    _decoupled = True
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                         max_grad_norm=max_grad_norm, clip_value=clip_value, master_weights=master_weights)
