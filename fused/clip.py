@@ -24,8 +24,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         return torch.tensor(0.0)
     check_dense("clip_grad_norm_", grads)
     check_one_device("clip_grad_norm_", grads)
-    found_inf = torch.zeros((), dtype=torch.float32, device=local(grads[0]).device)
-    norm, coef = global_norm(grads, found_inf, None, norm_type, max_norm, None)
+    norm, coef, _ = global_norm(grads, None, None, norm_type, max_norm, None)
     if error_if_nonfinite and not math.isfinite(norm.item()):
         raise RuntimeError(f"fused.clip_grad_norm_: the total norm of order {norm_type} for gradients is "
                            "non-finite, so it cannot be clipped (error_if_nonfinite=True)")

@@ -266,16 +266,17 @@ def test_ops_reject_bad_arguments():
     with raises("fused.sgd_step_: grads has dtype"):
         torch.ops.fused.sgd_step_([p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None,
                                   found, math.inf)
-    with raises("fused.grad_norm_: norm_type must be > 0"):
-        torch.ops.fused.grad_norm_([g], found, None, -1.0, math.inf, math.inf, True)
+    with raises("fused.grad_norm: norm_type must be > 0"):
+        torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
 
 
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
     params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    found, coef, inv = torch.zeros(()), torch.tensor(0.5), torch.tensor(0.25)
-    torch.library.opcheck(torch.ops.fused.grad_norm_.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
+    found, coef, inv = torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
+    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, None, None, 3.0, 1.0, 0.5, False))
     torch.library.opcheck(torch.ops.fused.scale_grads_.default, ([g.clone() for g in grads], coef))
     torch.library.opcheck(torch.ops.fused.sgd_step_.default,
                           ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],

@@ -75,10 +75,11 @@ void check_steps(const char* op, at::TensorList steps, size_t n) {
   for (const auto& s : steps) check_flag(op, "steps", s);
 }
 
-float read_scalar(const std::optional<at::Tensor>& t, const char* op, const char* name) {
-  if (!t) return 1.f;
-  check_flag(op, name, *t);
-  return t->item<float>();
+// 1 / grad_scale, the reciprocal taken in double as torch's GradScaler does.
+float inverse_scale(const std::optional<at::Tensor>& grad_scale, const char* op) {
+  if (!grad_scale) return 1.f;
+  check_flag(op, "grad_scale", *grad_scale);
+  return float(1.0 / double(grad_scale->item<float>()));
 }
 
 // ---- pass 1: sum of |g|^p with the finite check ----
@@ -137,16 +138,18 @@ double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<sca
   return r;
 }
 
-std::tuple<at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grads, at::Tensor found_inf,
-                                                 const std::optional<at::Tensor>& inv_scale, double norm_type,
-                                                 double max_norm, double clip_value, bool finish) {
-  const char* op = "grad_norm_";
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grads,
+                                                             const std::optional<at::Tensor>& found_inf,
+                                                             const std::optional<at::Tensor>& grad_scale,
+                                                             double norm_type, double max_norm, double clip_value,
+                                                             bool finish) {
+  const char* op = "grad_norm";
   check_grads(op, grads);
-  check_flag(op, "found_inf", found_inf);
+  if (found_inf) check_flag(op, "found_inf", *found_inf);
   TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
   check_scalar_arg(op, "max_norm", max_norm);
   check_scalar_arg(op, "clip_value", clip_value);
-  const float inv = read_scalar(inv_scale, op, "inv_scale");
+  const float inv = inverse_scale(grad_scale, op);
   const Norm kind = norm_type == 2 ? Norm::L2 : norm_type == 1 ? Norm::L1 : std::isinf(norm_type) ? Norm::Inf : Norm::P;
 
   const auto chunks = make_chunks(grads);
@@ -157,7 +160,7 @@ std::tuple<at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grads, at::Tenso
       const Chunk& ch = chunks[c];
       const at::Tensor& g = grads[ch.tensor];
       bool nf = false;
-      FUSED_DISPATCH_FLOATING(g.scalar_type(), "grad_norm_", [&] {
+      FUSED_DISPATCH_FLOATING(g.scalar_type(), "grad_norm", [&] {
         using T = at::opmath_type<scalar_t>;
         const GradIn<T> in{T(inv), T(clip_value), !std::isinf(clip_value)};
         const scalar_t* gp = g.const_data_ptr<scalar_t>() + ch.start;
@@ -177,14 +180,15 @@ std::tuple<at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grads, at::Tenso
     acc = kind == Norm::Inf ? std::max(acc, partial[c]) : acc + partial[c];
     any_nonfinite |= nonfinite[c] != 0;
   }
-  if (any_nonfinite) found_inf.fill_(1.0);
+  if (found_inf && found_inf->item<float>() != 0.f) any_nonfinite = true;
   auto opts = at::TensorOptions().dtype(at::kFloat);
-  if (!finish) return {at::scalar_tensor(acc, opts.dtype(at::kDouble)).to(at::kFloat), at::empty({0}, opts)};
+  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, opts);
+  if (!finish) return {at::scalar_tensor(acc, opts), at::empty({0}, opts), found};
   double norm = kind == Norm::L2 ? std::sqrt(acc) : kind == Norm::L1 || kind == Norm::Inf ? acc
                                                                                           : std::pow(acc, 1.0 / norm_type);
   // inf and NaN propagate into the norm (and a NaN norm into the coefficient) as in torch's clip_grad_norm_.
   const double coef = std::isinf(max_norm) ? 1.0 : std::isnan(norm) ? norm : std::min(1.0, max_norm / (norm + 1e-6));
-  return {at::scalar_tensor(norm, opts), at::scalar_tensor(coef, opts)};
+  return {at::scalar_tensor(norm, opts), at::scalar_tensor(coef, opts), found};
 }
 
 void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
@@ -266,7 +270,7 @@ bool skipped(const at::Tensor& found_inf, const char* op) {
 
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                  const at::Tensor& clip_coef, const std::optional<at::Tensor>& inv_scale,
+                  const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                   const at::Tensor& found_inf, double clip_value) {
   const char* op = "sgd_step_";
   check_params(op, params);
@@ -284,7 +288,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     check_steps(op, steps, params.size());
   }
   check_flag(op, "clip_coef", clip_coef);
-  const float inv = read_scalar(inv_scale, op, "inv_scale");
+  const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
   const float coef = clip_coef.item<float>();
   std::vector<char> first(params.size(), 0);
@@ -325,7 +329,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
 void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
-                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& inv_scale,
+                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value) {
   const char* op = "adam_step_";
   check_params(op, params);
@@ -342,7 +346,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
               beta1, ", ", beta2, ")");
   check_flag(op, "clip_coef", clip_coef);
-  const float inv = read_scalar(inv_scale, op, "inv_scale");
+  const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
   const float coef = clip_coef.item<float>();
   // Per tensor, from its step count after this step (bias corrections in double, as torch does).
@@ -399,7 +403,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("grad_norm_", &grad_norm_cpu);
+  m.impl("grad_norm", &grad_norm_cpu);
   m.impl("scale_grads_", &scale_grads_cpu);
   m.impl("sgd_step_", &sgd_step_cpu);
   m.impl("adam_step_", &adam_step_cpu);

@@ -1,5 +1,5 @@
-"""fused.amp.GradScaler: a drop-in for torch.amp.GradScaler. With a fused optimizer, step() hands the inverse
-scale and a found_inf tensor to the fused step (the finite check rides in its norm pass: no unscale pass, no host
+"""fused.amp.GradScaler: a drop-in for torch.amp.GradScaler. With a fused optimizer, step() hands the scale
+to the fused step (the finite check rides in its norm pass: no unscale pass, no host
 sync); update() is torch's, on the device. With any other optimizer it behaves exactly as torch's."""
 import torch
 from torch.amp.grad_scaler import OptState
@@ -22,14 +22,11 @@ class GradScaler(torch.amp.GradScaler):
         if not params:
             return None
         device = local(params[0]).device
-        found_inf = torch.zeros((), dtype=torch.float32, device=device)
         if state["stage"] is OptState.UNSCALED:  # the user called unscale_: gradients are unscaled already
-            inv_scale = None
-            for t in state["found_inf_per_device"].values():
-                found_inf += t.to(device)
+            scale, found_inf = None, sum(t.to(device) for t in state["found_inf_per_device"].values())
         else:
-            inv_scale = self._scale.double().reciprocal().float().to(device)
-        optimizer._fused_step(inv_scale, found_inf)
+            scale, found_inf = self._scale, None
+        found_inf = optimizer._fused_step(scale, found_inf)
         state["found_inf_per_device"] = {device: found_inf}
         state["stage"] = OptState.STEPPED
         return None

@@ -1,5 +1,5 @@
 """The global gradient norm over plain and DTensor (FSDP2) gradients, on the fused kernels: pass 1 of every
-fused optimizer step and of fused.clip_grad_norm_. Single process: one grad_norm_ launch that also finishes
+fused optimizer step and of fused.clip_grad_norm_. Single process: one grad_norm launch that also finishes
 the norm and the clip coefficient on the device. Sharded gradients: a local sum, one all-reduce, then the finish."""
 import math
 
@@ -47,26 +47,27 @@ def _shard_groups(t):
     return [mesh.get_group(d) for d, pl in enumerate(t.placements) if pl.is_shard()]
 
 
-def global_norm(grads, found_inf, inv_scale, norm_type, max_norm, clip_value):
-    """(norm, clip_coef): float32 device scalars. `grads` may mix plain tensors and DTensors; found_inf (float32,
-    one element) is set where a gradient is not finite (on every rank when sharded)."""
+def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value):
+    """(norm, clip_coef, found_inf): float32 device scalars. `grads` may mix plain tensors and DTensors; found_inf
+    comes back set where the found_inf argument (None: unset) is, or a gradient is not finite (on any rank)."""
     max_norm = INF if max_norm is None else float(max_norm)
     clip_value = INF if clip_value is None else float(clip_value)
     norm_type = float(norm_type)
     sharded = [local(g) for g in grads if is_sharded(g)]
     if not sharded:
-        return torch.ops.fused.grad_norm_([local(g) for g in grads], found_inf, inv_scale, norm_type, max_norm,
-                                          clip_value, True)
+        return torch.ops.fused.grad_norm([local(g) for g in grads], found_inf, grad_scale, norm_type, max_norm,
+                                         clip_value, True)
     replicated = [local(g) for g in grads if not is_sharded(g)]
-    acc, _ = torch.ops.fused.grad_norm_(sharded, found_inf, inv_scale, norm_type, max_norm, clip_value, False)
+    acc, _, found_inf = torch.ops.fused.grad_norm(sharded, found_inf, grad_scale, norm_type, max_norm, clip_value,
+                                                  False)
     op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
     for group in _shard_groups(next(g for g in grads if is_sharded(g))):
         dist.all_reduce(acc, op=op, group=group)
         dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
     if replicated:
-        rest, _ = torch.ops.fused.grad_norm_(replicated, found_inf, inv_scale, norm_type, max_norm, clip_value,
-                                             False)
+        rest, _, found_inf = torch.ops.fused.grad_norm(replicated, found_inf, grad_scale, norm_type, max_norm,
+                                                       clip_value, False)
         acc = torch.maximum(acc, rest) if math.isinf(norm_type) else acc + rest
     norm = acc if norm_type in (1.0, INF) else acc.pow(1.0 / norm_type)
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0) if not math.isinf(max_norm) else torch.ones_like(norm)
-    return norm, coef
+    return norm, coef, found_inf

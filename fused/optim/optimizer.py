@@ -1,7 +1,7 @@
 """fused.optim.SGD / Adam / AdamW: drop-ins for torch.optim's, whose step is two passes over all parameters:
-grad_norm_ (global norm over every group, finite check, clip coefficient, on the device) and one update per
-param group (sgd_step_ / adam_step_) that reads the coefficient, the scaler's inverse scale and found_inf through
-tensors and skips itself on inf/NaN. No .item(), no host sync. State keys and step tensors match torch.optim's,
+grad_norm (global norm over every group, finite check, clip coefficient, on the device) and one update per
+param group (sgd_step_ / adam_step_) that reads the coefficient, the scaler's scale and found_inf through tensors
+and skips itself on inf/NaN (no other launch: two in all for one param group). No .item(), no host sync. State keys and step tensors match torch.optim's,
 so state dicts load in both directions."""
 import torch
 
@@ -45,14 +45,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grad_scale = getattr(self, "grad_scale", None)  # set by torch.amp.GradScaler (a scale, not its inverse)
-        inv_scale = None if grad_scale is None else grad_scale.double().reciprocal().float()
-        self._fused_step(inv_scale, getattr(self, "found_inf", None))
+        # torch.amp.GradScaler sets grad_scale and found_inf on optimizers with _step_supports_amp_scaling.
+        self._fused_step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         return loss
 
-    def _fused_step(self, inv_scale=None, found_inf=None):
-        """Pass 1 and pass 2. inv_scale: float32 device scalar (None: 1); found_inf: float32 device scalar, or'ed
-        with the finite check (None: a fresh zero). Returns found_inf."""
+    def _fused_step(self, grad_scale=None, found_inf=None):
+        """Pass 1 and pass 2. grad_scale: the scaler's scale, a float32 device scalar (None: 1); found_inf: a
+        float32 device scalar or'ed into the finite check (None: unset). Returns found_inf after the check."""
         name = type(self).__name__
         groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
         groups = [(g, ps) for g, ps in groups if ps]
@@ -63,17 +62,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grads = [p.grad for p in all_params]
         check_dense(f"optim.{name}", grads)
         device = local(all_params[0]).device
-        if found_inf is None:
-            found_inf = torch.zeros((), dtype=torch.float32, device=device)
-        else:
+        if found_inf is not None:
             found_inf = found_inf.to(device=device, dtype=torch.float32)
-        if inv_scale is not None:
-            inv_scale = inv_scale.to(device=device, dtype=torch.float32)
-        self.last_grad_norm, coef = global_norm(grads, found_inf, inv_scale, 2.0, self.max_grad_norm,
-                                                self.clip_value)
+        if grad_scale is not None:
+            grad_scale = grad_scale.to(device=device, dtype=torch.float32)
+        self.last_grad_norm, coef, found_inf = global_norm(grads, found_inf, grad_scale, 2.0, self.max_grad_norm,
+                                                           self.clip_value)
         clip_value = INF if self.clip_value is None else float(self.clip_value)
         for group, params in groups:
-            self._update_group(group, params, coef, inv_scale, found_inf, clip_value)
+            self._update_group(group, params, coef, grad_scale, found_inf, clip_value)
         return found_inf
 
     def _grad_of(self, p):
@@ -109,7 +106,7 @@ class SGD(_FusedOptimizer):
                         maximize=maximize, foreach=None, differentiable=False, fused=None)
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
 
-    def _update_group(self, group, params, coef, inv_scale, found_inf, clip_value):
+    def _update_group(self, group, params, coef, grad_scale, found_inf, clip_value):
         momentum = group["momentum"]
         bufs, steps = [], []
         if momentum != 0:
@@ -123,7 +120,7 @@ class SGD(_FusedOptimizer):
         torch.ops.fused.sgd_step_([local(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
                                   float(group["lr"]), float(momentum), float(group["dampening"]),
                                   float(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
-                                  coef, inv_scale, found_inf, clip_value)
+                                  coef, grad_scale, found_inf, clip_value)
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -145,7 +142,7 @@ class Adam(_FusedOptimizer):
                         decoupled_weight_decay=self._decoupled)
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
 
-    def _update_group(self, group, params, coef, inv_scale, found_inf, clip_value):
+    def _update_group(self, group, params, coef, grad_scale, found_inf, clip_value):
         amsgrad = bool(group["amsgrad"])
         exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], []
         for p in params:
@@ -166,7 +163,7 @@ class Adam(_FusedOptimizer):
                                    exp_avg_sqs, max_sqs, steps, float(group["lr"]), float(beta1), float(beta2),
                                    float(group["eps"]), float(group["weight_decay"]), amsgrad,
                                    bool(group.get("decoupled_weight_decay", self._decoupled)),
-                                   bool(group["maximize"]), coef, inv_scale, found_inf, clip_value)
+                                   bool(group["maximize"]), coef, grad_scale, found_inf, clip_value)
 
 
 class AdamW(Adam):
