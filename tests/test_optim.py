@@ -245,8 +245,6 @@ def test_bad_inputs():
         fused.optim.Adam(make_params(), betas=(0.9, 1.0))
     with raises("fused.optim.SGD: nesterov needs momentum"):
         fused.optim.SGD(make_params(), lr=0.1, nesterov=True)
-    with pytest.raises(NotImplementedError, match="fused.optim.AdamW: master_weights=True"):
-        fused.optim.AdamW(make_params(), master_weights=True)
     p = torch.zeros(10, requires_grad=True)
     p.grad = torch.sparse_coo_tensor([[1, 3]], [1.0, 2.0], (10,))
     with raises("fused.optim.AdamW: sparse gradients are not supported"):
@@ -262,10 +260,10 @@ def test_ops_reject_bad_arguments():
     coef, found = torch.ones(()), torch.zeros(())
     with raises("fused.adam_step_: lr must be >= 0"):
         torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
-                                   1e-8, 0.0, False, False, False, coef, None, found, math.inf)
+                                   1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
     with raises("fused.sgd_step_: grads has dtype"):
         torch.ops.fused.sgd_step_([p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None,
-                                  found, math.inf)
+                                  found, math.inf, [])
     with raises("fused.grad_norm: norm_type must be > 0"):
         torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
 
@@ -281,8 +279,14 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.fused.sgd_step_.default,
                           ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
                            [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found,
-                           math.inf))
+                           math.inf, []))
     torch.library.opcheck(torch.ops.fused.adam_step_.default,
                           ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
                            [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
-                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf))
+                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, []))
+    bf16 = [g.bfloat16() for g in grads]
+    torch.library.opcheck(torch.ops.fused.adam_step_.default,
+                          ([p.clone() for p in params], bf16, [torch.zeros_like(p) for p in params],
+                           [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
+                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf,
+                           [p.bfloat16() for p in params]))

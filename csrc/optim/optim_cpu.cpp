@@ -268,14 +268,72 @@ bool skipped(const at::Tensor& found_inf, const char* op) {
   return found_inf.item<float>() != 0.f;
 }
 
+// Master weights: params and state are fp32 memory used in place; the 16-bit gradient is converted block by block
+// (into slot 1) and each updated fp32 block is rounded into the 16-bit model parameter.
+template <int K, typename scalar_t, typename F>
+inline void for_blocks_master(std::array<float*, K> ptrs, const scalar_t* grad, scalar_t* model, int64_t n,
+                              const F& body) {
+  float gbuf[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    load_block(grad + i, gbuf, len);
+    std::array<float*, K> b;
+    for (int k = 0; k < K; ++k) b[k] = ptrs[k] ? ptrs[k] + i : nullptr;
+    b[1] = gbuf;
+    body(b, len);
+    store_block(b[0], model + i, len);
+  }
+}
+
+// Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k][t] (k = 1: the gradient; a null list
+// entry stays null), in the math type T: in place for fp32/fp64, through L1 buffers for 16-bit, and with master
+// weights (model non-empty) on fp32 params/state with the 16-bit gradient and model parameter.
+template <int K, typename F>
+void run_chunk(const char* op, const std::array<const at::Tensor*, K>& lists, const std::array<bool, K>& writes,
+               at::TensorList model, const Chunk& ch, const F& body) {
+  const int64_t t = ch.tensor;
+  if (!model.empty()) {
+    FUSED_DISPATCH_FLOATING(model[t].scalar_type(), "optim_master", [&] {
+      std::array<float*, K> ptrs;
+      for (int k = 0; k < K; ++k) ptrs[k] = lists[k] && k != 1 ? lists[k]->template data_ptr<float>() + ch.start : nullptr;
+      for_blocks_master<K>(ptrs, lists[1]->template const_data_ptr<scalar_t>() + ch.start,
+                           model[t].data_ptr<scalar_t>() + ch.start, ch.len, body);
+    });
+    return;
+  }
+  FUSED_DISPATCH_FLOATING(lists[0]->scalar_type(), "optim_step", [&] {
+    std::array<scalar_t*, K> ptrs;
+    for (int k = 0; k < K; ++k)
+      ptrs[k] = lists[k] ? const_cast<scalar_t*>(lists[k]->template const_data_ptr<scalar_t>()) + ch.start : nullptr;
+    for_blocks<K, scalar_t>(ptrs, writes, ch.len, body);
+  });
+}
+
+// With master weights: params are fp32, grads and model_params 16-bit (or any float dtype), alike in shape.
+void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model) {
+  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
+              " tensors but params has ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
+                "weights) must be float32, got ", params[i].scalar_type());
+    check_like(op, "grads", grads[i], "model_params", model[i]);
+    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
+                    grads[i].strides() == params[i].strides(),
+                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
+                i, "]");
+    TORCH_CHECK(model[i].device().is_cpu(), "fused.", op, ": model_params must be on the CPU in a CPU call");
+  }
+}
+
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                  const at::Tensor& found_inf, double clip_value) {
+                  const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
   const char* op = "sgd_step_";
   check_params(op, params);
   check_grads(op, grads);
-  check_list(op, "grads", grads, params);
+  if (model_params.empty()) check_list(op, "grads", grads, params);
+  else check_master(op, params, grads, model_params);
   check_scalar_arg(op, "lr", lr);
   check_scalar_arg(op, "momentum", momentum);
   check_scalar_arg(op, "weight_decay", weight_decay);
@@ -300,25 +358,22 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
-      FUSED_DISPATCH_FLOATING(params[t].scalar_type(), "sgd_step_", [&] {
-        using T = at::opmath_type<scalar_t>;
+      const bool is_first = first[t];
+      run_chunk<3>(op, {&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
+                   model_params, ch, [&](auto b, int64_t len) {
+        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
         using V = Vec<T>;
         const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
-        const bool is_first = first[t];
-        auto ptr = [&](const at::Tensor& x) { return const_cast<scalar_t*>(x.const_data_ptr<scalar_t>()) + ch.start; };
-        for_blocks<3, scalar_t>({ptr(params[t]), ptr(grads[t]), use_momentum ? ptr(bufs[t]) : nullptr},
-                                {true, false, true}, ch.len, [&](std::array<T*, 3> b, int64_t len) {
-          for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-            V p = ld(b[0] + i, cnt);
-            V d = tr(ld(b[1] + i, cnt));
-            if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
-            if (use_momentum) {
-              V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-              st(buf, b[2] + i, cnt);
-              d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
-            }
-            st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
-          });
+        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+          V p = ld(b[0] + i, cnt);
+          V d = tr(ld(b[1] + i, cnt));
+          if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+          if (use_momentum) {
+            V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+            st(buf, b[2] + i, cnt);
+            d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+          }
+          st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
         });
       });
     }
@@ -330,11 +385,12 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                   const at::Tensor& found_inf, double clip_value) {
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
   const char* op = "adam_step_";
   check_params(op, params);
   check_grads(op, grads);
-  check_list(op, "grads", grads, params);
+  if (model_params.empty()) check_list(op, "grads", grads, params);
+  else check_master(op, params, grads, model_params);
   check_list(op, "exp_avgs", exp_avgs, params);
   check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
   if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
@@ -362,38 +418,33 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
-      FUSED_DISPATCH_FLOATING(params[t].scalar_type(), "adam_step_", [&] {
-        using T = at::opmath_type<scalar_t>;
+      run_chunk<5>(op, {&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
+                   {true, false, true, true, true}, model_params, ch, [&](auto b, int64_t len) {
+        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
         using V = Vec<T>;
         const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
         const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
         const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
         const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
-        auto ptr = [&](const at::Tensor& x) { return const_cast<scalar_t*>(x.const_data_ptr<scalar_t>()) + ch.start; };
-        for_blocks<5, scalar_t>(
-            {ptr(params[t]), ptr(grads[t]), ptr(exp_avgs[t]), ptr(exp_avg_sqs[t]),
-             amsgrad ? ptr(max_exp_avg_sqs[t]) : nullptr},
-            {true, false, true, true, true}, ch.len, [&](std::array<T*, 5> b, int64_t len) {
-              for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-                V p = ld(b[0] + i, cnt);
-                V g = tr(ld(b[1] + i, cnt));
-                if (weight_decay != 0) {
-                  if (decoupled) p = p * decay;
-                  else g = at::vec::fmadd(p, vwd, g);
-                }
-                V m = ld(b[2] + i, cnt);
-                m = at::vec::fmadd(g - m, b1c, m);
-                V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
-                st(m, b[2] + i, cnt);
-                st(v, b[3] + i, cnt);
-                if (amsgrad) {
-                  v = at::vec::maximum(ld(b[4] + i, cnt), v);
-                  st(v, b[4] + i, cnt);
-                }
-                const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
-                st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
-              });
-            });
+        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+          V p = ld(b[0] + i, cnt);
+          V g = tr(ld(b[1] + i, cnt));
+          if (weight_decay != 0) {
+            if (decoupled) p = p * decay;
+            else g = at::vec::fmadd(p, vwd, g);
+          }
+          V m = ld(b[2] + i, cnt);
+          m = at::vec::fmadd(g - m, b1c, m);
+          V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
+          st(m, b[2] + i, cnt);
+          st(v, b[3] + i, cnt);
+          if (amsgrad) {
+            v = at::vec::maximum(ld(b[4] + i, cnt), v);
+            st(v, b[4] + i, cnt);
+          }
+          const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
+          st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
+        });
       });
     }
   });
