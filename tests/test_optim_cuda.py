@@ -125,3 +125,17 @@ def test_cuda_device_mismatch():
     a.grad, b.grad = torch.ones_like(a), torch.ones_like(b)
     with pytest.raises(RuntimeError, match="fused.optim.SGD: all parameters of one call must be on one device"):
         fused.optim.SGD([a, b], lr=0.1).step()
+
+
+@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-2)), ("SGD", dict(lr=0.1, momentum=0.9))])
+def test_cuda_master_weights_match_cpu(name, hyper):
+    cpu, gpu = pair(torch.bfloat16)
+    a = getattr(fused.optim, name)(cpu, master_weights=True, max_grad_norm=1.0, **hyper)
+    b = getattr(fused.optim, name)(gpu, master_weights=True, max_grad_norm=1.0, **hyper)
+    for step in range(3):
+        set_grads(cpu, gpu, step)
+        a.step()
+        b.step()
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(b.state[q]["master_param"].cpu(), a.state[p]["master_param"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(q.detach(), b.state[q]["master_param"].bfloat16())

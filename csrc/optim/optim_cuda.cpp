@@ -66,9 +66,10 @@ struct CachedLists {
   at::Tensor buffer;
 };
 
-// The device-resident description of `lists` (K lists of n tensors each) and `steps` (n or none).
+// The device-resident description of `lists` (K lists of n tensors each) and `steps` (n or none). master: the
+// last list holds the 16-bit model parameters (whose dtype, the gradients', is the one recorded), list 0 the masters.
 oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
-                             const at::Device& device, cudaStream_t stream) {
+                             const at::Device& device, cudaStream_t stream, bool master = false) {
   const size_t n = lists[0].size();
   std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
   std::vector<int64_t> numel(n);
@@ -77,7 +78,7 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   std::vector<float*> step_ptrs;
   for (size_t i = 0; i < n; ++i) {
     numel[i] = lists[0][i].numel();
-    dtype[i] = dtype_code(op, lists[0][i]);
+    dtype[i] = master ? dtype_code(op, lists.back()[i]) | oc::kMaster : dtype_code(op, lists[0][i]);
     bool aligned = true;
     for (size_t k = 0; k < lists.size(); ++k) {
       ptrs[k][i] = const_cast<void*>(lists[k][i].const_data_ptr());
@@ -146,6 +147,29 @@ void check_list(const char* op, const char* name, at::TensorList ts, at::TensorL
                 name, "[", i, "] must have the shape and strides of params[", i, "]");
   }
 }
+// Master weights: params (the masters) float32; grads and model_params alike, shaped and strided like params.
+void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
+                  const at::Device& d) {
+  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
+              " tensors but params has ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
+                "weights) must be float32, got ", params[i].scalar_type());
+    check_on(op, "grads", grads[i], d);
+    check_on(op, "model_params", model[i], d);
+    check_like(op, "grads", grads[i], "model_params", model[i]);
+    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
+                    grads[i].sizes() == params[i].sizes() && grads[i].strides() == params[i].strides(),
+                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
+                i, "]");
+  }
+}
+void check_grads_for(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
+                     const at::Device& d) {
+  if (model.empty()) check_list(op, "grads", grads, params, d);
+  else check_master(op, params, grads, model, d);
+}
+
 void check_nonneg(const char* op, const char* name, double v) {
   TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
 }
@@ -196,7 +220,7 @@ void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
 void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                   const at::Tensor& found_inf, double clip_value) {
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -204,7 +228,7 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
     check_on(op, "params", p, device);
     check_floating(op, "params", p);
   }
-  check_list(op, "grads", grads, params, device);
+  check_grads_for(op, params, grads, model_params, device);
   const bool use_momentum = momentum != 0;
   if (use_momentum) {
     check_list(op, "momentum_buffers", bufs, params, device);
@@ -225,7 +249,9 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
   std::vector<at::TensorList> lists{params, grads};
   if (use_momentum) lists.push_back(bufs);
-  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream);
+  if (!model_params.empty()) lists.push_back(model_params);
+  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream,
+                               !model_params.empty());
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
                          nesterov, maximize, use_momentum};
   check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
@@ -236,7 +262,7 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                    const at::Tensor& found_inf, double clip_value) {
+                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
   const char* op = "adam_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -244,7 +270,7 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
     check_on(op, "params", p, device);
     check_floating(op, "params", p);
   }
-  check_list(op, "grads", grads, params, device);
+  check_grads_for(op, params, grads, model_params, device);
   check_list(op, "exp_avgs", exp_avgs, params, device);
   check_list(op, "exp_avg_sqs", exp_avg_sqs, params, device);
   if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, device);
@@ -264,7 +290,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
   std::vector<at::TensorList> lists{params, grads, exp_avgs, exp_avg_sqs};
   if (amsgrad) lists.push_back(max_exp_avg_sqs);
-  const auto dl = device_lists(op, lists, steps, device, stream);
+  if (!model_params.empty()) lists.push_back(model_params);
+  const auto dl = device_lists(op, lists, steps, device, stream, !model_params.empty());
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
                           amsgrad, decoupled, maximize};
   check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
@@ -279,11 +306,11 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
   m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value) -> ()");
+        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params) -> ()");
   m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {

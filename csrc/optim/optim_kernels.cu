@@ -57,7 +57,7 @@ __device__ __forceinline__ void store4(T* p, int64_t i, int64_t end, bool aligne
   }
 }
 
-// Runs f.template operator()<T>() with T the storage type of dtype code d.
+// Runs f(T{}) with T the storage type of dtype code d.
 template <typename F> __device__ __forceinline__ void dispatch(uint8_t d, F&& f) {
   switch (d & 0x0f) {
     case kF32: f(float{}); break;
@@ -213,6 +213,14 @@ __device__ void advance_steps(const TensorLists& L, Workspace ws) {
   if (threadIdx.x == 0) ws.tickets[1] = 0;
 }
 
+// Runs f(TS{}, TG{}): TS the type of parameter and state, TG of gradient (and model parameter with master weights).
+template <typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
+  dispatch(d, [&](auto tag) {
+    if (d & kMaster) f(float{}, tag);
+    else f(tag, tag);
+  });
+}
+
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs a, const float* coef_p,
                                                        const float* grad_scale, const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
@@ -220,12 +228,15 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
     const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      T* param = list_ptr<T>(L, 0, r.t);
-      const T* grad = list_ptr<T>(L, 1, r.t);
-      T* buf = a.use_momentum ? list_ptr<T>(L, 2, r.t) : nullptr;
+    const bool master = (L.dtype[r.t] & kMaster) != 0;
+    dispatch_update(L.dtype[r.t], [&](auto state_tag, auto grad_tag) {
+      using TS = decltype(state_tag);
+      using TG = decltype(grad_tag);
+      using M = typename Math<TS>::type;
+      TS* param = list_ptr<TS>(L, 0, r.t);
+      const TG* grad = list_ptr<TG>(L, 1, r.t);
+      TS* buf = a.use_momentum ? list_ptr<TS>(L, 2, r.t) : nullptr;
+      TG* model = master ? list_ptr<TG>(L, L.num_lists - 1, r.t) : nullptr;
       for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
         M p[4], g[4], b[4];
         load4(param, i, r.end, r.aligned, p);
@@ -242,6 +253,7 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
           p[k] -= M(a.lr) * d;
         }
         store4(param, i, r.end, r.aligned, p);
+        if (master) store4(model, i, r.end, r.aligned, p);
         if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
       }
     });
@@ -258,14 +270,17 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
     const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
     const double step_size = a.lr / (1.0 - pow(double(a.beta1), step));
     const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(double(a.beta2), step));
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      T* param = list_ptr<T>(L, 0, r.t);
-      const T* grad = list_ptr<T>(L, 1, r.t);
-      T* exp_avg = list_ptr<T>(L, 2, r.t);
-      T* exp_avg_sq = list_ptr<T>(L, 3, r.t);
-      T* max_sq = a.amsgrad ? list_ptr<T>(L, 4, r.t) : nullptr;
+    const bool master = (L.dtype[r.t] & kMaster) != 0;
+    dispatch_update(L.dtype[r.t], [&](auto state_tag, auto grad_tag) {
+      using TS = decltype(state_tag);
+      using TG = decltype(grad_tag);
+      using M = typename Math<TS>::type;
+      TS* param = list_ptr<TS>(L, 0, r.t);
+      const TG* grad = list_ptr<TG>(L, 1, r.t);
+      TS* exp_avg = list_ptr<TS>(L, 2, r.t);
+      TS* exp_avg_sq = list_ptr<TS>(L, 3, r.t);
+      TS* max_sq = a.amsgrad ? list_ptr<TS>(L, 4, r.t) : nullptr;
+      TG* model = master ? list_ptr<TG>(L, L.num_lists - 1, r.t) : nullptr;
       for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
         M p[4], g[4], m[4], v[4], vmax[4];
         load4(param, i, r.end, r.aligned, p);
@@ -288,6 +303,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
           p[k] -= M(step_size) * m[k] / denom;
         }
         store4(param, i, r.end, r.aligned, p);
+        if (master) store4(model, i, r.end, r.aligned, p);
         store4(exp_avg, i, r.end, r.aligned, m);
         store4(exp_avg_sq, i, r.end, r.aligned, v);
         if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);

@@ -14,6 +14,9 @@ namespace optim_cuda {
 
 enum DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3 };
 constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the tensor is 16-byte aligned
+// or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
+// parameter (list 0, the fp32 master) and the state are float32.
+constexpr uint8_t kMaster = 0x20;
 constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
 constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
 constexpr int kThreads = 512;
@@ -115,7 +118,7 @@ struct SgdArgs {
   float lr, momentum, dampening, weight_decay, clip_value;
   bool nesterov, maximize, use_momentum;
 };
-// lists: params, grads[, momentum buffers]; steps when use_momentum.
+// lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
 cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
 
@@ -123,7 +126,7 @@ struct AdamArgs {
   float lr, beta1, beta2, eps, weight_decay, clip_value;
   bool amsgrad, decoupled, maximize;
 };
-// lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs]; steps always.
+// lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
 
