@@ -351,7 +351,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   const float coef = clip_coef.item<float>();
   std::vector<char> first(params.size(), 0);
   if (use_momentum)
-    for (size_t i = 0; i < params.size(); ++i) first[i] = steps[i].item<float>() == 0.f;
+    for (size_t i = 0; i < params.size(); ++i) first[i] = *steps[i].const_data_ptr<float>() == 0.f;
 
   const auto chunks = make_chunks(params);
   at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
@@ -378,7 +378,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
       });
     }
   });
-  for (const auto& s : steps) s.add_(1);
+  for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
 void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -408,7 +408,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   // Per tensor, from its step count after this step (bias corrections in double, as torch does).
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
-    const double step = steps[i].item<float>() + 1.0;
+    const double step = *steps[i].const_data_ptr<float>() + 1.0;
     step_size[i] = lr / (1 - std::pow(beta1, step));
     bc2_sqrt[i] = std::sqrt(1 - std::pow(beta2, step));
   }
@@ -448,7 +448,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
       });
     }
   });
-  for (const auto& s : steps) s.add_(1);
+  for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
 }  // namespace
