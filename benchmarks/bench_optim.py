@@ -1,0 +1,100 @@
+"""Clip-and-step: fused.optim.X(max_grad_norm=1.0).step() against clip_grad_norm_ + torch.optim.X, in three
+flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
+Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 28 (reads p, g, m, v; writes p, m, v); SGD with
+momentum 4 + 20. torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
+
+python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
+"""
+import sys
+
+import torch
+
+import fused
+
+
+def model_shapes(d, layers):
+    """A transformer-like parameter list: per layer qkv, proj, fc1, fc2 weights and three vectors (7 tensors)."""
+    per_layer = [(3 * d, d), (d, d), (4 * d, d), (d, 4 * d), (d,), (3 * d,), (4 * d,)]
+    return per_layer * layers
+
+
+def make_params(shapes, dtype, device, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    params = [torch.randn(s, dtype=dtype, device=device, generator=g).requires_grad_() for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, dtype=dtype, device=device, generator=g)
+    return params
+
+
+def torch_step(params, opt, foreach):
+    def step():
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
+        opt.step()
+    return step
+
+
+def impls(name, shapes, dtype, device, hyper):
+    """{label: zero-arg step}; each impl owns its parameters, gradients and state."""
+    cls = getattr(torch.optim, name)
+    out = {}
+    p = make_params(shapes, dtype, device)
+    out["eager"] = torch_step(p, cls(p, foreach=False, **hyper), foreach=False)
+    p = make_params(shapes, dtype, device)
+    out["foreach"] = torch_step(p, cls(p, foreach=True, **hyper), foreach=True)
+    p = make_params(shapes, dtype, device)
+    out[f"torch.optim.{name}(fused=True)"] = torch_step(p, cls(p, fused=True, **hyper), foreach=True)
+    p = make_params(shapes, dtype, device)
+    opt = getattr(fused.optim, name)(p, max_grad_norm=1.0, **hyper)
+    out["fused" if device == "cpu" else "fused[cuda]"] = opt.step
+    return out
+
+
+def cases(device: str, quick: bool) -> list:
+    if device == "cpu":
+        shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
+    else:  # about 1B parameters in 224 tensors
+        shapes, dtypes = (model_shapes(64, 4), [torch.float32]) if quick else (
+            model_shapes(1976, 32), [torch.float32, torch.bfloat16])
+    n = sum(torch.Size(s).numel() for s in shapes)
+    out = []
+    for dtype in dtypes:
+        size = torch.finfo(dtype).bits // 8
+        for name, hyper, state_tensors in [("AdamW", dict(lr=1e-3), 2), ("SGD", dict(lr=1e-2, momentum=0.9), 1)]:
+            # norm: read g; step: read p, g, each state tensor; write p and each state tensor
+            floor = n * size * (1 + (2 + state_tensors) + (1 + state_tensors))
+            out.append({
+                "name": f"clip+{name} {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
+                "bytes": floor,
+                "flops": None,
+                "impls": impls(name, shapes, dtype, device, hyper),
+            })
+    return out
+
+
+def kernel_launches(fn, device):
+    """Kernel launches of one call of fn, from torch.profiler (GPU only)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def main():
+    from torch.utils import benchmark
+    device = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "cpu"
+    quick = "--quick" in sys.argv
+    for case in cases(device, quick):
+        print(f"## {case['name']}  (floor {case['bytes'] / 1e6:.0f} MB)")
+        for label, fn in case["impls"].items():
+            fn()  # state allocation, warm-up
+            t = benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=2.0).median
+            extra = f"  launches/step {kernel_launches(fn, device)}" if device == "cuda" else ""
+            print(f"{label:34s} {t * 1e3:9.2f} ms  {case['bytes'] / t / 1e9:7.1f} GB/s{extra}")
+        case["impls"].clear()
+
+
+if __name__ == "__main__":
+    main()

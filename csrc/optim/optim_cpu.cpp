@@ -1,0 +1,463 @@
+// CPU kernels of the fused optimizer family. Every list of tensors is cut into fixed chunks (a function of
+// the tensor sizes alone); chunks run in parallel, vectorised with at::vec in float (double for double).
+// Pass 1 leaves one partial per chunk in a fixed slot and adds them in order: deterministic for any thread count.
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/cpu_utils.h"
+
+namespace fused {
+namespace {
+
+#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
+
+constexpr int64_t kChunk = 32768;  // elements per parallel work item
+
+struct Chunk {
+  int64_t tensor, start, len;
+};
+
+std::vector<Chunk> make_chunks(at::TensorList ts) {
+  std::vector<Chunk> chunks;
+  for (int64_t t = 0; t < (int64_t)ts.size(); ++t)
+    for (int64_t s = 0; s < ts[t].numel(); s += kChunk) chunks.push_back({t, s, std::min(kChunk, ts[t].numel() - s)});
+  return chunks;
+}
+
+// ---- argument checks ----
+void check_scalar_arg(const char* op, const char* name, double v) {
+  TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
+}
+
+void check_flag(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
+              " must be a float32 tensor with one element on the CPU, got ", t.scalar_type(), " ", t.sizes(),
+              " on ", t.device());
+}
+
+void check_grads(const char* op, at::TensorList grads) {
+  for (const auto& g : grads) {
+    TORCH_CHECK(g.layout() == at::kStrided, "fused.", op, ": sparse gradients are not supported");
+    TORCH_CHECK(g.device().is_cpu(), "fused.", op, ": grads must all be on one device; got ", g.device(),
+                " in a CPU call");
+    check_floating(op, "grads", g);
+    TORCH_CHECK(g.is_non_overlapping_and_dense(), "fused.", op, ": grads must be dense (non-overlapping)");
+  }
+}
+
+// state[i] (and grads[i]) must match params[i] in device, dtype, shape and strides: the kernels walk flat memory.
+void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params) {
+  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
+              params.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    TORCH_CHECK(ts[i].layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
+    check_like(op, name, ts[i], "params", params[i]);
+    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
+                name, "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
+                params[i].sizes());
+  }
+}
+
+void check_params(const char* op, at::TensorList params) {
+  for (const auto& p : params) {
+    TORCH_CHECK(p.device().is_cpu(), "fused.", op, ": params must all be on one device; got ", p.device(),
+                " in a CPU call");
+    check_floating(op, "params", p);
+    TORCH_CHECK(p.is_non_overlapping_and_dense(), "fused.", op, ": params must be dense (non-overlapping)");
+  }
+}
+
+void check_steps(const char* op, at::TensorList steps, size_t n) {
+  TORCH_CHECK(steps.size() == n, "fused.", op, ": steps has ", steps.size(), " tensors but params has ", n);
+  for (const auto& s : steps) check_flag(op, "steps", s);
+}
+
+// 1 / grad_scale, the reciprocal taken in double as torch's GradScaler does.
+float inverse_scale(const std::optional<at::Tensor>& grad_scale, const char* op) {
+  if (!grad_scale) return 1.f;
+  check_flag(op, "grad_scale", *grad_scale);
+  return float(1.0 / double(grad_scale->item<float>()));
+}
+
+// ---- pass 1: sum of |g|^p with the finite check ----
+enum class Norm { L2, L1, Inf, P };
+
+template <typename T> struct GradIn {
+  T inv_scale, clip_value;  // clip_value = inf: no value clipping
+  bool clip;
+  inline Vec<T> operator()(Vec<T> x) const {
+    x = x * Vec<T>(inv_scale);
+    if (clip) x = at::vec::clamp(x, Vec<T>(-clip_value), Vec<T>(clip_value));
+    return x;
+  }
+};
+
+template <Norm N, typename T> inline Vec<T> accumulate(Vec<T> acc, Vec<T> x, T p) {
+  if constexpr (N == Norm::L2) return at::vec::fmadd(x, x, acc);
+  else if constexpr (N == Norm::L1) return acc + x.abs();
+  else if constexpr (N == Norm::Inf) return at::vec::maximum(acc, x.abs());
+  else return acc + x.abs().pow(Vec<T>(p));
+}
+
+// Returns the chunk's partial; sets nonfinite when an input is inf or NaN.
+template <Norm N, typename scalar_t>
+double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<scalar_t>>& in, double p,
+                  bool& nonfinite) {
+  using T = at::opmath_type<scalar_t>;
+  using V = Vec<T>;
+  V acc(0), nan_probe(0);
+  T buf[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    const T* x;
+    if constexpr (std::is_same_v<scalar_t, T>) x = g + i;
+    else { load_block(g + i, buf, len); x = buf; }
+    int64_t k = 0;
+    for (; k + V::size() <= len; k += V::size()) {
+      V v = V::loadu(x + k);
+      nan_probe = nan_probe + (v - v);  // NaN exactly when some v is inf or NaN
+      acc = accumulate<N>(acc, in(v), T(p));
+    }
+    if (k < len) {
+      V v = V::loadu(x + k, len - k);  // zero-filled tail: adds nothing to any norm
+      nan_probe = nan_probe + (v - v);
+      acc = accumulate<N>(acc, in(v), T(p));
+    }
+  }
+  T lanes[V::size()], probe[V::size()];
+  acc.store(lanes);
+  nan_probe.store(probe);
+  double r = 0;
+  for (int64_t l = 0; l < V::size(); ++l) {
+    if (std::isnan(probe[l])) nonfinite = true;
+    r = N == Norm::Inf ? std::max(r, double(lanes[l])) : r + double(lanes[l]);
+  }
+  return r;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grads,
+                                                             const std::optional<at::Tensor>& found_inf,
+                                                             const std::optional<at::Tensor>& grad_scale,
+                                                             double norm_type, double max_norm, double clip_value,
+                                                             bool finish) {
+  const char* op = "grad_norm";
+  check_grads(op, grads);
+  if (found_inf) check_flag(op, "found_inf", *found_inf);
+  TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
+  check_scalar_arg(op, "max_norm", max_norm);
+  check_scalar_arg(op, "clip_value", clip_value);
+  const float inv = inverse_scale(grad_scale, op);
+  const Norm kind = norm_type == 2 ? Norm::L2 : norm_type == 1 ? Norm::L1 : std::isinf(norm_type) ? Norm::Inf : Norm::P;
+
+  const auto chunks = make_chunks(grads);
+  std::vector<double> partial(chunks.size(), 0.0);
+  std::vector<char> nonfinite(chunks.size(), 0);
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[c];
+      const at::Tensor& g = grads[ch.tensor];
+      bool nf = false;
+      FUSED_DISPATCH_FLOATING(g.scalar_type(), "grad_norm", [&] {
+        using T = at::opmath_type<scalar_t>;
+        const GradIn<T> in{T(inv), T(clip_value), !std::isinf(clip_value)};
+        const scalar_t* gp = g.const_data_ptr<scalar_t>() + ch.start;
+        switch (kind) {
+          case Norm::L2: partial[c] = norm_chunk<Norm::L2>(gp, ch.len, in, norm_type, nf); break;
+          case Norm::L1: partial[c] = norm_chunk<Norm::L1>(gp, ch.len, in, norm_type, nf); break;
+          case Norm::Inf: partial[c] = norm_chunk<Norm::Inf>(gp, ch.len, in, norm_type, nf); break;
+          case Norm::P: partial[c] = norm_chunk<Norm::P>(gp, ch.len, in, norm_type, nf); break;
+        }
+      });
+      nonfinite[c] = nf;
+    }
+  });
+  double acc = 0;
+  bool any_nonfinite = false;
+  for (size_t c = 0; c < chunks.size(); ++c) {  // fixed order
+    acc = kind == Norm::Inf ? std::max(acc, partial[c]) : acc + partial[c];
+    any_nonfinite |= nonfinite[c] != 0;
+  }
+  if (found_inf && found_inf->item<float>() != 0.f) any_nonfinite = true;
+  auto opts = at::TensorOptions().dtype(at::kFloat);
+  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, opts);
+  if (!finish) return {at::scalar_tensor(acc, opts), at::empty({0}, opts), found};
+  double norm = kind == Norm::L2 ? std::sqrt(acc) : kind == Norm::L1 || kind == Norm::Inf ? acc
+                                                                                          : std::pow(acc, 1.0 / norm_type);
+  // inf and NaN propagate into the norm (and a NaN norm into the coefficient) as in torch's clip_grad_norm_.
+  const double coef = std::isinf(max_norm) ? 1.0 : std::isnan(norm) ? norm : std::min(1.0, max_norm / (norm + 1e-6));
+  return {at::scalar_tensor(norm, opts), at::scalar_tensor(coef, opts), found};
+}
+
+void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
+  check_grads("scale_grads_", grads);
+  check_flag("scale_grads_", "clip_coef", clip_coef);
+  const float coef = clip_coef.item<float>();
+  const auto chunks = make_chunks(grads);
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[c];
+      FUSED_DISPATCH_FLOATING(grads[ch.tensor].scalar_type(), "scale_grads_", [&] {
+        using T = at::opmath_type<scalar_t>;
+        scalar_t* gp = grads[ch.tensor].data_ptr<scalar_t>() + ch.start;
+        T buf[kBlock];
+        for (int64_t i = 0; i < ch.len; i += kBlock) {
+          const int64_t len = std::min(kBlock, ch.len - i);
+          load_block(gp + i, buf, len);
+          vec_map(buf, len, [&](auto v) { return v * decltype(v)(T(coef)); });
+          store_block(buf, gp + i, len);
+        }
+      });
+    }
+  });
+}
+
+// ---- pass 2: the updates ----
+// The gradient as the update sees it: unscaled, value-clipped, norm-clipped, negated under maximize.
+template <typename T> struct GradTransform {
+  GradIn<T> in;
+  T coef;
+  bool maximize;
+  inline Vec<T> operator()(Vec<T> g) const {
+    g = in(g) * Vec<T>(coef);
+    return maximize ? Vec<T>(0) - g : g;
+  }
+};
+
+// Runs body(T* ptrs[K], len) over a chunk of K same-dtype tensors in blocks, in the math type: fp32/fp64
+// memory is used in place, 16-bit memory is converted into L1 buffers and back (only `writes` are stored).
+template <int K, typename scalar_t, typename F>
+inline void for_blocks(std::array<scalar_t*, K> ptrs, std::array<bool, K> writes, int64_t n, const F& body) {
+  using T = at::opmath_type<scalar_t>;
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    body(ptrs, n);
+  } else {
+    T buf[K][kBlock];
+    for (int64_t i = 0; i < n; i += kBlock) {
+      const int64_t len = std::min(kBlock, n - i);
+      std::array<T*, K> b;
+      for (int k = 0; k < K; ++k) {
+        if (ptrs[k]) load_block(ptrs[k] + i, buf[k], len);
+        b[k] = ptrs[k] ? buf[k] : nullptr;
+      }
+      body(b, len);
+      for (int k = 0; k < K; ++k)
+        if (ptrs[k] && writes[k]) store_block(buf[k], ptrs[k] + i, len);
+    }
+  }
+}
+
+// body(vector index i, count) over [0, n): full vectors, then the tail (count < size).
+template <typename T, typename F> inline void for_vectors(int64_t n, const F& body) {
+  int64_t i = 0;
+  for (; i + Vec<T>::size() <= n; i += Vec<T>::size()) body(i, Vec<T>::size());
+  if (i < n) body(i, n - i);
+}
+template <typename T> inline Vec<T> ld(const T* p, int64_t cnt) {
+  return cnt == Vec<T>::size() ? Vec<T>::loadu(p) : Vec<T>::loadu(p, cnt);
+}
+template <typename T> inline void st(Vec<T> v, T* p, int64_t cnt) {
+  if (cnt == Vec<T>::size()) v.store(p);
+  else v.store(p, cnt);
+}
+
+bool skipped(const at::Tensor& found_inf, const char* op) {
+  check_flag(op, "found_inf", found_inf);
+  return found_inf.item<float>() != 0.f;
+}
+
+// Master weights: params and state are fp32 memory used in place; the 16-bit gradient is converted block by block
+// (into slot 1) and each updated fp32 block is rounded into the 16-bit model parameter.
+template <int K, typename scalar_t, typename F>
+inline void for_blocks_master(std::array<float*, K> ptrs, const scalar_t* grad, scalar_t* model, int64_t n,
+                              const F& body) {
+  float gbuf[kBlock];
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    load_block(grad + i, gbuf, len);
+    std::array<float*, K> b;
+    for (int k = 0; k < K; ++k) b[k] = ptrs[k] ? ptrs[k] + i : nullptr;
+    b[1] = gbuf;
+    body(b, len);
+    store_block(b[0], model + i, len);
+  }
+}
+
+// Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k][t] (k = 1: the gradient; a null list
+// entry stays null), in the math type T: in place for fp32/fp64, through L1 buffers for 16-bit, and with master
+// weights (model non-empty) on fp32 params/state with the 16-bit gradient and model parameter.
+template <int K, typename F>
+void run_chunk(const char* op, const std::array<const at::Tensor*, K>& lists, const std::array<bool, K>& writes,
+               at::TensorList model, const Chunk& ch, const F& body) {
+  const int64_t t = ch.tensor;
+  if (!model.empty()) {
+    FUSED_DISPATCH_FLOATING(model[t].scalar_type(), "optim_master", [&] {
+      std::array<float*, K> ptrs;
+      for (int k = 0; k < K; ++k) ptrs[k] = lists[k] && k != 1 ? lists[k]->template data_ptr<float>() + ch.start : nullptr;
+      for_blocks_master<K>(ptrs, lists[1]->template const_data_ptr<scalar_t>() + ch.start,
+                           model[t].data_ptr<scalar_t>() + ch.start, ch.len, body);
+    });
+    return;
+  }
+  FUSED_DISPATCH_FLOATING(lists[0]->scalar_type(), "optim_step", [&] {
+    std::array<scalar_t*, K> ptrs;
+    for (int k = 0; k < K; ++k)
+      ptrs[k] = lists[k] ? const_cast<scalar_t*>(lists[k]->template const_data_ptr<scalar_t>()) + ch.start : nullptr;
+    for_blocks<K, scalar_t>(ptrs, writes, ch.len, body);
+  });
+}
+
+// With master weights: params are fp32, grads and model_params 16-bit (or any float dtype), alike in shape.
+void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model) {
+  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
+              " tensors but params has ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
+                "weights) must be float32, got ", params[i].scalar_type());
+    check_like(op, "grads", grads[i], "model_params", model[i]);
+    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
+                    grads[i].strides() == params[i].strides(),
+                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
+                i, "]");
+    TORCH_CHECK(model[i].device().is_cpu(), "fused.", op, ": model_params must be on the CPU in a CPU call");
+  }
+}
+
+void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
+                  double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                  const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
+                  const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+  const char* op = "sgd_step_";
+  check_params(op, params);
+  check_grads(op, grads);
+  if (model_params.empty()) check_list(op, "grads", grads, params);
+  else check_master(op, params, grads, model_params);
+  check_scalar_arg(op, "lr", lr);
+  check_scalar_arg(op, "momentum", momentum);
+  check_scalar_arg(op, "weight_decay", weight_decay);
+  check_scalar_arg(op, "clip_value", clip_value);
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
+              ": nesterov needs momentum > 0 and dampening == 0");
+  const bool use_momentum = momentum != 0;
+  if (use_momentum) {
+    check_list(op, "momentum_buffers", bufs, params);
+    check_steps(op, steps, params.size());
+  }
+  check_flag(op, "clip_coef", clip_coef);
+  const float inv = inverse_scale(grad_scale, op);
+  if (skipped(found_inf, op)) return;
+  const float coef = clip_coef.item<float>();
+  std::vector<char> first(params.size(), 0);
+  if (use_momentum)
+    for (size_t i = 0; i < params.size(); ++i) first[i] = *steps[i].const_data_ptr<float>() == 0.f;
+
+  const auto chunks = make_chunks(params);
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[c];
+      const int64_t t = ch.tensor;
+      const bool is_first = first[t];
+      run_chunk<3>(op, {&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
+                   model_params, ch, [&](auto b, int64_t len) {
+        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+        using V = Vec<T>;
+        const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
+        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+          V p = ld(b[0] + i, cnt);
+          V d = tr(ld(b[1] + i, cnt));
+          if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+          if (use_momentum) {
+            V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+            st(buf, b[2] + i, cnt);
+            d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+          }
+          st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
+        });
+      });
+    }
+  });
+  for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
+}
+
+void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                   at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+  const char* op = "adam_step_";
+  check_params(op, params);
+  check_grads(op, grads);
+  if (model_params.empty()) check_list(op, "grads", grads, params);
+  else check_master(op, params, grads, model_params);
+  check_list(op, "exp_avgs", exp_avgs, params);
+  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
+  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
+  check_steps(op, steps, params.size());
+  check_scalar_arg(op, "lr", lr);
+  check_scalar_arg(op, "eps", eps);
+  check_scalar_arg(op, "weight_decay", weight_decay);
+  check_scalar_arg(op, "clip_value", clip_value);
+  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
+              beta1, ", ", beta2, ")");
+  check_flag(op, "clip_coef", clip_coef);
+  const float inv = inverse_scale(grad_scale, op);
+  if (skipped(found_inf, op)) return;
+  const float coef = clip_coef.item<float>();
+  // Per tensor, from its step count after this step (bias corrections in double, as torch does).
+  std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const double step = *steps[i].const_data_ptr<float>() + 1.0;
+    step_size[i] = lr / (1 - std::pow(beta1, step));
+    bc2_sqrt[i] = std::sqrt(1 - std::pow(beta2, step));
+  }
+
+  const auto chunks = make_chunks(params);
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[c];
+      const int64_t t = ch.tensor;
+      run_chunk<5>(op, {&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
+                   {true, false, true, true, true}, model_params, ch, [&](auto b, int64_t len) {
+        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+        using V = Vec<T>;
+        const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
+        const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
+        const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
+        const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
+        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+          V p = ld(b[0] + i, cnt);
+          V g = tr(ld(b[1] + i, cnt));
+          if (weight_decay != 0) {
+            if (decoupled) p = p * decay;
+            else g = at::vec::fmadd(p, vwd, g);
+          }
+          V m = ld(b[2] + i, cnt);
+          m = at::vec::fmadd(g - m, b1c, m);
+          V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
+          st(m, b[2] + i, cnt);
+          st(v, b[3] + i, cnt);
+          if (amsgrad) {
+            v = at::vec::maximum(ld(b[4] + i, cnt), v);
+            st(v, b[4] + i, cnt);
+          }
+          const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
+          st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
+        });
+      });
+    }
+  });
+  for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("grad_norm", &grad_norm_cpu);
+  m.impl("scale_grads_", &scale_grads_cpu);
+  m.impl("sgd_step_", &sgd_step_cpu);
+  m.impl("adam_step_", &adam_step_cpu);
+}
+
+}  // namespace fused

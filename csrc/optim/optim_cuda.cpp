@@ -1,0 +1,323 @@
+// CUDA binding of the fused optimizer family: internal ops fused::cuda_<op> with the public ops' arguments.
+// Each call looks its tensor lists up in a small cache of device-resident metadata (keyed by the content itself:
+// pointers, sizes, dtypes), so a training loop copies the metadata once and every later step is the kernel
+// launches alone: two for a fused optimizer step, nothing to the host, capturable in a CUDA graph after one warm-up.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <list>
+#include <mutex>
+#include <unordered_map>
+
+#include "common/checks.h"
+#include "optim/optim_kernels.h"
+
+namespace fused {
+namespace {
+namespace oc = optim_cuda;
+
+void check_launch(cudaError_t e, const char* op) {
+  TORCH_CHECK(e == cudaSuccess, "fused.", op, ": CUDA error: ", cudaGetErrorString(e));
+}
+
+int num_sms(c10::DeviceIndex device) {
+  static std::mutex mu;
+  static std::unordered_map<int, int> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it == cache.end()) {
+    int n = 0;
+    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "optim");
+    it = cache.emplace(device, n).first;
+  }
+  return it->second;
+}
+
+// One per device, zeroed once; the kernels leave it zeroed. One optimizer step at a time per device.
+oc::Workspace workspace(const at::Device& device) {
+  static std::mutex mu;
+  static std::unordered_map<int, at::Tensor> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device.index());
+  if (it == cache.end()) {
+    auto buf = at::zeros({int64_t(oc::kWorkspaceBytes / sizeof(int))}, at::TensorOptions().dtype(at::kInt).device(device));
+    it = cache.emplace(device.index(), buf).first;
+  }
+  return oc::workspace_at(it->second.data_ptr());
+}
+
+uint8_t dtype_code(const char* op, const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return oc::kF32;
+    case at::kHalf: return oc::kF16;
+    case at::kBFloat16: return oc::kBF16;
+    case at::kDouble: return oc::kF64;
+    default: TORCH_CHECK(false, "fused.", op, ": tensors must be float32, float16, bfloat16 or float64, got ",
+                         t.scalar_type());
+  }
+}
+
+struct CachedLists {
+  std::vector<int64_t> key;
+  oc::ListsLayout layout;
+  at::Tensor buffer;
+};
+
+// The device-resident description of `lists` (K lists of n tensors each) and `steps` (n or none). master: the
+// last list holds the 16-bit model parameters (whose dtype, the gradients', is the one recorded), list 0 the masters.
+oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
+                             const at::Device& device, cudaStream_t stream, bool master = false) {
+  const size_t n = lists[0].size();
+  std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
+  std::vector<int64_t> numel(n);
+  std::vector<uint8_t> dtype(n);
+  std::vector<std::vector<void*>> ptrs(lists.size(), std::vector<void*>(n));
+  std::vector<float*> step_ptrs;
+  for (size_t i = 0; i < n; ++i) {
+    numel[i] = lists[0][i].numel();
+    dtype[i] = master ? dtype_code(op, lists.back()[i]) | oc::kMaster : dtype_code(op, lists[0][i]);
+    bool aligned = true;
+    for (size_t k = 0; k < lists.size(); ++k) {
+      ptrs[k][i] = const_cast<void*>(lists[k][i].const_data_ptr());
+      aligned &= reinterpret_cast<uintptr_t>(ptrs[k][i]) % 16 == 0;
+      key.push_back(reinterpret_cast<int64_t>(ptrs[k][i]));
+    }
+    if (aligned) dtype[i] |= oc::kAligned;
+    key.push_back(numel[i]);
+    key.push_back(dtype[i]);
+  }
+  for (const auto& s : steps) {
+    step_ptrs.push_back(s.data_ptr<float>());
+    key.push_back(reinterpret_cast<int64_t>(step_ptrs.back()));
+  }
+
+  static std::mutex mu;
+  static std::list<CachedLists> cache;  // most recent first
+  constexpr size_t kCacheSize = 32;
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = cache.begin(); it != cache.end(); ++it) {
+    if (it->key == key) {
+      cache.splice(cache.begin(), cache, it);
+      return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
+    }
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_launch(cudaStreamIsCapturing(stream, &capture), op);
+  TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
+              "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
+  CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty()), {}};
+  std::vector<uint8_t> host(entry.layout.bytes, 0);
+  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs);
+  entry.buffer = at::empty({int64_t(entry.layout.bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
+  // From pageable memory: the copy is staged before this returns, so `host` may go.
+  check_launch(cudaMemcpyAsync(entry.buffer.data_ptr(), host.data(), host.size(), cudaMemcpyHostToDevice, stream), op);
+  cache.push_front(std::move(entry));
+  if (cache.size() > kCacheSize) cache.pop_back();
+  return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
+}
+
+// ---- checks: every tensor on `device`, dense; state shaped and strided like params ----
+void check_on(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK(t.device() == device, "fused.", op, ": all tensors of one call must be on one device; ", name,
+              " is on ", t.device(), ", not ", device);
+  TORCH_CHECK(t.layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
+  TORCH_CHECK(t.is_non_overlapping_and_dense(), "fused.", op, ": ", name, " must be dense (non-overlapping)");
+}
+void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
+  TORCH_CHECK(t.device() == device && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
+              " must be a float32 tensor with one element on ", device, ", got ", t.scalar_type(), " ", t.sizes(),
+              " on ", t.device());
+}
+const float* optional_ptr(const char* op, const char* name, const std::optional<at::Tensor>& t,
+                          const at::Device& device) {
+  if (!t) return nullptr;
+  check_scalar(op, name, *t, device);
+  return t->const_data_ptr<float>();
+}
+void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, const at::Device& d) {
+  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
+              params.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    check_on(op, name, ts[i], d);
+    check_like(op, name, ts[i], "params", params[i]);
+    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
+                name, "[", i, "] must have the shape and strides of params[", i, "]");
+  }
+}
+// Master weights: params (the masters) float32; grads and model_params alike, shaped and strided like params.
+void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
+                  const at::Device& d) {
+  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
+              " tensors but params has ", params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
+                "weights) must be float32, got ", params[i].scalar_type());
+    check_on(op, "grads", grads[i], d);
+    check_on(op, "model_params", model[i], d);
+    check_like(op, "grads", grads[i], "model_params", model[i]);
+    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
+                    grads[i].sizes() == params[i].sizes() && grads[i].strides() == params[i].strides(),
+                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
+                i, "]");
+  }
+}
+void check_grads_for(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
+                     const at::Device& d) {
+  if (model.empty()) check_list(op, "grads", grads, params, d);
+  else check_master(op, params, grads, model, d);
+}
+
+void check_nonneg(const char* op, const char* name, double v) {
+  TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList grads,
+                                                              const std::optional<at::Tensor>& found_inf,
+                                                              const std::optional<at::Tensor>& grad_scale,
+                                                              double norm_type, double max_norm, double clip_value,
+                                                              bool finish) {
+  const char* op = "grad_norm";
+  const at::Device device = !grads.empty() ? grads[0].device() : found_inf ? found_inf->device() : grad_scale->device();
+  for (const auto& g : grads) {
+    check_on(op, "grads", g, device);
+    check_floating(op, "grads", g);
+  }
+  TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
+  check_nonneg(op, "max_norm", max_norm);
+  check_nonneg(op, "clip_value", clip_value);
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const float* found_in = optional_ptr(op, "found_inf", found_inf, device);
+  const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor norm = at::empty({}, opts), coef = at::empty(finish ? at::IntArrayRef{} : at::IntArrayRef{0}, opts);
+  at::Tensor found = at::empty({}, opts);
+  const oc::Norm kind = norm_type == 2 ? oc::Norm::L2 : norm_type == 1 ? oc::Norm::L1
+                        : std::isinf(norm_type) ? oc::Norm::Inf : oc::Norm::P;
+  const auto lists = device_lists(op, {grads}, {}, device, stream);
+  check_launch(oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, float(norm_type), float(max_norm),
+                                    float(clip_value), finish, norm.data_ptr<float>(),
+                                    finish ? coef.data_ptr<float>() : nullptr, found.data_ptr<float>(),
+                                    num_sms(device.index()), stream), op);
+  return {norm, coef, found};
+}
+
+void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
+  const char* op = "scale_grads_";
+  if (grads.empty()) return;
+  const at::Device device = grads[0].device();
+  for (const auto& g : grads) check_on(op, "grads", g, device);
+  check_scalar(op, "clip_coef", clip_coef, device);
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const auto lists = device_lists(op, {grads}, {}, device, stream);
+  check_launch(oc::launch_scale_grads(lists, clip_coef.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+}
+
+void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
+                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
+                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+  const char* op = "sgd_step_";
+  if (params.empty()) return;
+  const at::Device device = params[0].device();
+  for (const auto& p : params) {
+    check_on(op, "params", p, device);
+    check_floating(op, "params", p);
+  }
+  check_grads_for(op, params, grads, model_params, device);
+  const bool use_momentum = momentum != 0;
+  if (use_momentum) {
+    check_list(op, "momentum_buffers", bufs, params, device);
+    TORCH_CHECK(steps.size() == params.size(), "fused.", op, ": steps has ", steps.size(), " tensors but params has ",
+                params.size());
+    for (const auto& s : steps) check_scalar(op, "steps", s, device);
+  }
+  check_nonneg(op, "lr", lr);
+  check_nonneg(op, "momentum", momentum);
+  check_nonneg(op, "weight_decay", weight_decay);
+  check_nonneg(op, "clip_value", clip_value);
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
+              ": nesterov needs momentum > 0 and dampening == 0");
+  check_scalar(op, "clip_coef", clip_coef, device);
+  check_scalar(op, "found_inf", found_inf, device);
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
+  std::vector<at::TensorList> lists{params, grads};
+  if (use_momentum) lists.push_back(bufs);
+  if (!model_params.empty()) lists.push_back(model_params);
+  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream,
+                               !model_params.empty());
+  const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
+                         nesterov, maximize, use_momentum};
+  check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+                                   found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+}
+
+void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
+                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
+                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
+                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
+                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+  const char* op = "adam_step_";
+  if (params.empty()) return;
+  const at::Device device = params[0].device();
+  for (const auto& p : params) {
+    check_on(op, "params", p, device);
+    check_floating(op, "params", p);
+  }
+  check_grads_for(op, params, grads, model_params, device);
+  check_list(op, "exp_avgs", exp_avgs, params, device);
+  check_list(op, "exp_avg_sqs", exp_avg_sqs, params, device);
+  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, device);
+  TORCH_CHECK(steps.size() == params.size(), "fused.", op, ": steps has ", steps.size(), " tensors but params has ",
+              params.size());
+  for (const auto& s : steps) check_scalar(op, "steps", s, device);
+  check_nonneg(op, "lr", lr);
+  check_nonneg(op, "eps", eps);
+  check_nonneg(op, "weight_decay", weight_decay);
+  check_nonneg(op, "clip_value", clip_value);
+  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
+              beta1, ", ", beta2, ")");
+  check_scalar(op, "clip_coef", clip_coef, device);
+  check_scalar(op, "found_inf", found_inf, device);
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
+  std::vector<at::TensorList> lists{params, grads, exp_avgs, exp_avg_sqs};
+  if (amsgrad) lists.push_back(max_exp_avg_sqs);
+  if (!model_params.empty()) lists.push_back(model_params);
+  const auto dl = device_lists(op, lists, steps, device, stream, !model_params.empty());
+  const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
+                          amsgrad, decoupled, maximize};
+  check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(fused, m) {
+  m.def("cuda_grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
+        "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
+  m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
+  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
+        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
+        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params) -> ()");
+  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
+        "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("cuda_grad_norm", &grad_norm_cuda);
+  m.impl("cuda_scale_grads_", &scale_grads_cuda);
+  m.impl("cuda_sgd_step_", &sgd_step_cuda);
+  m.impl("cuda_adam_step_", &adam_step_cuda);
+}
+
+}  // namespace fused

@@ -1,0 +1,134 @@
+// CUDA kernels of the fused optimizer family (torch-free: the binding is optim_cuda.cpp). Multi-tensor apply:
+// every list of tensors is described once in device memory (pointers, sizes, dtypes, a chunk table), so one launch
+// covers any number of tensors with no 4 KB kernel-argument limit; the kernel argument is a few pointers.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace fused {
+namespace optim_cuda {
+
+enum DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3 };
+constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the tensor is 16-byte aligned
+// or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
+// parameter (list 0, the fp32 master) and the state are float32.
+constexpr uint8_t kMaster = 0x20;
+constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
+constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
+constexpr int kThreads = 512;
+
+// Device-resident description of K parallel lists of n tensors (params, grads, state...), cut into chunks.
+struct TensorLists {
+  void* const* ptrs;            // [K][n]
+  const int64_t* numel;         // [n]
+  const uint8_t* dtype;         // [n]
+  float* const* steps;          // [n] float32 step counters, or nullptr
+  const int32_t* chunk_tensor;  // [chunks]
+  const int64_t* chunk_start;   // [chunks]
+  int num_lists, num_tensors, num_chunks;
+};
+
+// Scratch that persists across launches on one device: pass 1's per-block partials (fixed slots), a non-finite
+// flag, and the two "last block" tickets. Zero it once; the kernels leave it zeroed.
+struct Workspace {
+  float* partials;      // [kMaxBlocks]
+  int* nonfinite;       // [1]
+  unsigned* tickets;    // [2]: grad_norm, update
+};
+constexpr size_t kWorkspaceBytes = kMaxBlocks * sizeof(float) + 4 * sizeof(int);
+
+// ---- host-side packing of the metadata (one buffer, copied to the device once and cached by the binding) ----
+struct ListsLayout {
+  size_t ptrs, numel, dtype, steps, chunk_tensor, chunk_start, bytes;
+  int num_lists, num_tensors, num_chunks;
+};
+
+inline int64_t count_chunks(const std::vector<int64_t>& numel) {
+  int64_t c = 0;
+  for (int64_t n : numel) c += (n + kChunk - 1) / kChunk;
+  return c;
+}
+
+inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel, bool with_steps) {
+  auto align = [](size_t x) { return (x + 15) / 16 * 16; };
+  ListsLayout l{};
+  l.num_lists = num_lists;
+  l.num_tensors = (int)numel.size();
+  l.num_chunks = (int)count_chunks(numel);
+  size_t off = 0;
+  l.ptrs = off; off = align(off + sizeof(void*) * num_lists * l.num_tensors);
+  l.numel = off; off = align(off + sizeof(int64_t) * l.num_tensors);
+  l.steps = off; off = align(off + (with_steps ? sizeof(float*) * l.num_tensors : 0));
+  l.chunk_tensor = off; off = align(off + sizeof(int32_t) * l.num_chunks);
+  l.chunk_start = off; off = align(off + sizeof(int64_t) * l.num_chunks);
+  l.dtype = off; off = align(off + l.num_tensors);
+  l.bytes = std::max<size_t>(off, 16);
+  return l;
+}
+
+// ptrs[k][i]: list k, tensor i. dtype[i] already or'ed with kAligned where it applies.
+inline void pack_lists(uint8_t* host, const ListsLayout& l, const std::vector<std::vector<void*>>& ptrs,
+                       const std::vector<int64_t>& numel, const std::vector<uint8_t>& dtype,
+                       const std::vector<float*>& steps) {
+  auto* p = reinterpret_cast<void**>(host + l.ptrs);
+  for (int k = 0; k < l.num_lists; ++k)
+    for (int i = 0; i < l.num_tensors; ++i) p[k * l.num_tensors + i] = ptrs[k][i];
+  std::memcpy(host + l.numel, numel.data(), sizeof(int64_t) * l.num_tensors);
+  std::memcpy(host + l.dtype, dtype.data(), l.num_tensors);
+  if (!steps.empty()) std::memcpy(host + l.steps, steps.data(), sizeof(float*) * l.num_tensors);
+  auto* ct = reinterpret_cast<int32_t*>(host + l.chunk_tensor);
+  auto* cs = reinterpret_cast<int64_t*>(host + l.chunk_start);
+  int c = 0;
+  for (int i = 0; i < l.num_tensors; ++i)
+    for (int64_t s = 0; s < numel[i]; s += kChunk, ++c) {
+      ct[c] = i;
+      cs[c] = s;
+    }
+}
+
+inline TensorLists lists_at(const uint8_t* device, const ListsLayout& l, bool with_steps) {
+  return {reinterpret_cast<void* const*>(device + l.ptrs), reinterpret_cast<const int64_t*>(device + l.numel),
+          device + l.dtype, with_steps ? reinterpret_cast<float* const*>(device + l.steps) : nullptr,
+          reinterpret_cast<const int32_t*>(device + l.chunk_tensor),
+          reinterpret_cast<const int64_t*>(device + l.chunk_start), l.num_lists, l.num_tensors, l.num_chunks};
+}
+
+inline Workspace workspace_at(void* device) {
+  auto* f = static_cast<float*>(device);
+  auto* i = reinterpret_cast<int*>(f + kMaxBlocks);
+  return {f, i, reinterpret_cast<unsigned*>(i + 1)};
+}
+
+// ---- launchers: every scalar that changes on the device (scale, found_inf, clip coefficient) is a pointer ----
+enum class Norm { L2, L1, Inf, P };
+
+// grads: K = 1. found_in, grad_scale may be null. Writes norm_out (the accumulator when !finish), coef_out (when
+// finish), found_out (1 or 0).
+cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float* found_in, const float* grad_scale,
+                             Norm norm, float p, float max_norm, float clip_value, bool finish, float* norm_out,
+                             float* coef_out, float* found_out, int num_sms, cudaStream_t stream);
+
+cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int num_sms, cudaStream_t stream);
+
+struct SgdArgs {
+  float lr, momentum, dampening, weight_decay, clip_value;
+  bool nesterov, maximize, use_momentum;
+};
+// lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
+                            const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+
+struct AdamArgs {
+  float lr, beta1, beta2, eps, weight_decay, clip_value;
+  bool amsgrad, decoupled, maximize;
+};
+// lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
+                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+
+}  // namespace optim_cuda
+}  // namespace fused

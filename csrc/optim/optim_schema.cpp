@@ -1,0 +1,29 @@
+// Schemas of the fused optimizer family: two passes over lists of tensors, whatever their number.
+//   1. grad_norm: a sum of |g|^p (or max |g|) over every gradient with the finite check in the same pass;
+//      finishes the norm and the clip coefficient min(1, max_norm / (norm + 1e-6)) on the device.
+//   2. sgd_step_ / adam_step_: the update, reading the clip coefficient, the scaler's scale and
+//      found_inf from tensors (no host sync) and skipping the whole update when found_inf is set.
+// Gradients are never written (clip_grad_norm_ alone writes them, through scale_grads_).
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(fused, m) {
+  // g' = clamp(g / grad_scale, -clip_value, clip_value); acc = sum |g'|^p (max |g'| for p = inf) over all grads.
+  // Returns float32 scalars (norm, clip_coef, found_inf): found_inf = 1 where the found_inf argument is set or a
+  // gradient holds inf/NaN, else 0. finish=False: (acc, empty, found_inf), for an all-reduce before the finish.
+  // max_norm = inf: no norm clipping (clip_coef = 1). grad_scale: the GradScaler's scale (None: 1).
+  m.def("grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
+        "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
+  // grads *= clip_coef (float32 scalar tensor): the second pass of fused.clip_grad_norm_.
+  m.def("scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
+  // momentum_buffers and steps are empty when momentum == 0. steps: float32 scalars, +1 unless skipped.
+  m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
+        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
+        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params) -> ()");
+  // decoupled: AdamW's weight decay. max_exp_avg_sqs is empty unless amsgrad.
+  // model_params (both steps): empty, or master weights: params and state are the fp32 masters, grads and
+  // model_params 16-bit; the update reads the 16-bit grad and writes the rounded param into model_params.
+  m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
+        "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params) -> ()");
+}

@@ -1,0 +1,32 @@
+"""fused.clip_grad_norm_: a drop-in for torch.nn.utils.clip_grad_norm_ in two passes (the norm with the finite
+check, then grads *= clip coefficient), whatever the number of tensors, with no host sync."""
+import math
+
+import torch
+
+from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
+from fused.optim.functional import check_dense, check_one_device, global_norm, local
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """Scales the gradients of `parameters` so that their global norm is at most max_norm; returns the total
+    norm before clipping (a device tensor). norm_type: any p > 0 or inf. foreach is accepted for torch
+    compatibility and ignored. error_if_nonfinite=True reads the norm on the host (a sync), as torch does."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    max_norm, norm_type = float(max_norm), float(norm_type)
+    if max_norm < 0:
+        raise ValueError(f"fused.clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
+    if not (norm_type > 0):
+        raise ValueError(f"fused.clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
+    if not grads:
+        return torch.tensor(0.0)
+    check_dense("clip_grad_norm_", grads)
+    check_one_device("clip_grad_norm_", grads)
+    norm, coef, _ = global_norm(grads, None, None, norm_type, max_norm, None)
+    if error_if_nonfinite and not math.isfinite(norm.item()):
+        raise RuntimeError(f"fused.clip_grad_norm_: the total norm of order {norm_type} for gradients is "
+                           "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
+    torch.ops.fused.scale_grads_([local(g) for g in grads], coef)
+    return norm

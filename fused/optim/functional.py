@@ -1,0 +1,73 @@
+"""The global gradient norm over plain and DTensor (FSDP2) gradients, on the fused kernels: pass 1 of every
+fused optimizer step and of fused.clip_grad_norm_. Single process: one grad_norm launch that also finishes
+the norm and the clip coefficient on the device. Sharded gradients: a local sum, one all-reduce, then the finish."""
+import math
+
+import torch
+import torch.distributed as dist
+
+INF = math.inf
+
+
+def _dtensor_type():
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without distributed
+        return None
+    return DTensor
+
+
+def local(t):
+    """The local shard of a DTensor, the tensor itself otherwise."""
+    dtensor = _dtensor_type()
+    return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
+
+
+def is_sharded(t):
+    dtensor = _dtensor_type()
+    return dtensor is not None and isinstance(t, dtensor) and any(pl.is_shard() for pl in t.placements)
+
+
+def check_one_device(op, tensors):
+    devices = {t.device for t in tensors}
+    if len(devices) > 1:
+        raise RuntimeError(f"fused.{op}: all parameters of one call must be on one device, got "
+                           f"{', '.join(sorted(map(str, devices)))}")
+
+
+def check_dense(op, grads):
+    for g in grads:
+        if g.is_sparse or g.layout != torch.strided:
+            raise RuntimeError(f"fused.{op}: sparse gradients are not supported")
+
+
+def _shard_groups(t):
+    """The process groups over which a sharded DTensor's local sums must be added."""
+    mesh = t.device_mesh
+    return [mesh.get_group(d) for d, pl in enumerate(t.placements) if pl.is_shard()]
+
+
+def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value):
+    """(norm, clip_coef, found_inf): float32 device scalars. `grads` may mix plain tensors and DTensors; found_inf
+    comes back set where the found_inf argument (None: unset) is, or a gradient is not finite (on any rank)."""
+    max_norm = INF if max_norm is None else float(max_norm)
+    clip_value = INF if clip_value is None else float(clip_value)
+    norm_type = float(norm_type)
+    sharded = [local(g) for g in grads if is_sharded(g)]
+    if not sharded:
+        return torch.ops.fused.grad_norm([local(g) for g in grads], found_inf, grad_scale, norm_type, max_norm,
+                                         clip_value, True)
+    replicated = [local(g) for g in grads if not is_sharded(g)]
+    acc, _, found_inf = torch.ops.fused.grad_norm(sharded, found_inf, grad_scale, norm_type, max_norm, clip_value,
+                                                  False)
+    op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
+    for group in _shard_groups(next(g for g in grads if is_sharded(g))):
+        dist.all_reduce(acc, op=op, group=group)
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
+    if replicated:
+        rest, _, found_inf = torch.ops.fused.grad_norm(replicated, found_inf, grad_scale, norm_type, max_norm,
+                                                       clip_value, False)
+        acc = torch.maximum(acc, rest) if math.isinf(norm_type) else acc + rest
+    norm = acc if norm_type in (1.0, INF) else acc.pow(1.0 / norm_type)
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0) if not math.isinf(max_norm) else torch.ones_like(norm)
+    return norm, coef, found_inf

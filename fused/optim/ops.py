@@ -1,0 +1,35 @@
+"""Registration of the fused optimizer ops: fake kernels (torch.compile, opcheck) and the CUDA-device routing.
+The ops mutate their arguments in place (optimizer state, found_inf) and have no autograd."""
+import torch
+
+from fused._backend import register_gpu
+
+
+@torch.library.register_fake("fused::grad_norm")
+def _(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, finish=True):
+    device = grads[0].device if grads else found_inf.device
+    def scalar(shape=()):
+        return torch.empty(shape, dtype=torch.float32, device=device)
+    return scalar(), scalar(() if finish else (0,)), scalar()
+
+
+@torch.library.register_fake("fused::scale_grads_")
+def _(grads, clip_coef):
+    return None
+
+
+@torch.library.register_fake("fused::sgd_step_")
+def _(params, grads, momentum_buffers, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
+      clip_coef, grad_scale, found_inf, clip_value, model_params):
+    return None
+
+
+@torch.library.register_fake("fused::adam_step_")
+def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
+      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params):
+    return None
+
+
+# CUDA C++ only (no Triton versions): fused::cuda_<op> from csrc/optim/optim_cuda.cpp where it was built.
+for _op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_"):
+    register_gpu(_op, cuda_op=f"cuda_{_op}")

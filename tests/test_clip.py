@@ -1,0 +1,89 @@
+"""fused.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_."""
+import math
+
+import pytest
+import torch
+
+import fused
+from harness import raises
+
+SHAPES = [(3, 5, 131), (70001,), (1,), (0,), (4, 4)]
+
+
+def params_with_grads(dtype=torch.float32, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ps = [torch.zeros(s, dtype=dtype, requires_grad=True) for s in SHAPES]
+    for p in ps:
+        p.grad = (torch.randn(p.shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+    return ps
+
+
+def clone(ps):
+    out = [p.detach().clone().requires_grad_() for p in ps]
+    for o, p in zip(out, ps):
+        o.grad = p.grad.clone()
+    return out
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0, 0.5])
+@pytest.mark.parametrize("max_norm", [0.5, 1e9])
+def test_matches_torch(norm_type, max_norm):
+    ours = params_with_grads()
+    theirs = clone(ours)
+    norm = fused.clip_grad_norm_(ours, max_norm, norm_type)
+    # torch's foreach inf-norm rejects empty tensors; they add nothing to any norm
+    ref = torch.nn.utils.clip_grad_norm_([q for q in theirs if q.numel()], max_norm, norm_type, foreach=True)
+    torch.testing.assert_close(norm, ref, rtol=1e-5, atol=0)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_dtypes(dtype):
+    ours = params_with_grads(dtype)
+    theirs = clone(ours)
+    exact = [p.grad.double().clone() for p in ours]
+    norm = fused.clip_grad_norm_(ours, 1.0)
+    ref = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    exact_norm = torch.linalg.vector_norm(torch.cat([g.flatten() for g in exact]))
+    tol = 1e-6  # accumulated in fp32 (fp64 for fp64), returned as a float32 scalar whatever the dtype
+    assert abs(norm.double() - exact_norm) <= tol * exact_norm + abs(ref.double() - exact_norm)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_single_tensor_and_no_grads():
+    p = torch.zeros(10, requires_grad=True)
+    p.grad = torch.full((10,), 2.0)
+    torch.testing.assert_close(fused.clip_grad_norm_(p, 1.0), torch.tensor(math.sqrt(40.0)))
+    torch.testing.assert_close(p.grad.norm(), torch.tensor(1.0), rtol=1e-5, atol=0)
+    assert fused.clip_grad_norm_([torch.zeros(3, requires_grad=True)], 1.0).item() == 0.0
+
+
+@pytest.mark.parametrize("bad", [math.inf, math.nan])
+def test_nonfinite_as_torch(bad):
+    ours = params_with_grads()
+    ours[1].grad[7] = bad
+    theirs = clone(ours)
+    norm = fused.clip_grad_norm_(ours, 1.0)
+    ref = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    torch.testing.assert_close(norm, ref, equal_nan=True)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
+    with raises("fused.clip_grad_norm_: the total norm of order 2.0 .* non-finite"):
+        fused.clip_grad_norm_(clone(ours), 1.0, error_if_nonfinite=True)
+
+
+def test_bad_input():
+    with raises("fused.clip_grad_norm_: max_norm must be >= 0"):
+        fused.clip_grad_norm_(params_with_grads(), -1.0)
+    with raises("fused.clip_grad_norm_: norm_type must be > 0 or inf"):
+        fused.clip_grad_norm_(params_with_grads(), 1.0, norm_type=0.0)
+    a, b = torch.zeros(3, requires_grad=True), torch.zeros(3, device="meta", requires_grad=True)
+    a.grad, b.grad = torch.ones(3), torch.ones(3, device="meta")
+    with raises("fused.clip_grad_norm_: all parameters of one call must be on one device"):
+        fused.clip_grad_norm_([a, b], 1.0)
+    p = torch.zeros(10, requires_grad=True)
+    p.grad = torch.sparse_coo_tensor([[1, 3]], [1.0, 2.0], (10,))
+    with raises("fused.clip_grad_norm_: sparse gradients are not supported"):
+        fused.clip_grad_norm_([p], 1.0)

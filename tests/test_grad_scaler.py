@@ -1,0 +1,118 @@
+"""fused.amp.GradScaler + fused optimizers against torch.amp.GradScaler + unscale_ + clip_grad_norm_ + torch.optim."""
+import math
+
+import pytest
+import torch
+
+import fused
+
+SHAPES = [(31, 7), (40000,), (5,)]
+
+
+def make(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g).requires_grad_() for s in SHAPES]
+
+
+def backward(scaler, params, step, poison=False):
+    g = torch.Generator().manual_seed(100 + step)
+    loss = sum((p * torch.randn(p.shape, generator=g)).sum() for p in params)
+    if poison:
+        loss = loss * math.inf
+    scaler.scale(loss).backward()
+
+
+def run_torch(params, steps, poison_at, max_norm, **scaler_kw):
+    opt = torch.optim.AdamW(params, lr=1e-2, foreach=False)
+    scaler = torch.amp.GradScaler("cpu", **scaler_kw)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        backward(scaler, params, step, poison=step in poison_at)
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales, opt, scaler
+
+
+def run_fused(params, steps, poison_at, max_norm, scaler_cls=fused.amp.GradScaler, **scaler_kw):
+    opt = fused.optim.AdamW(params, lr=1e-2, max_grad_norm=max_norm)
+    scaler = scaler_cls("cpu", **scaler_kw)
+    scales = []
+    for step in range(steps):
+        opt.zero_grad()
+        backward(scaler, params, step, poison=step in poison_at)
+        scaler.step(opt)
+        scaler.update()
+        scales.append(scaler.get_scale())
+    return scales, opt, scaler
+
+
+@pytest.mark.parametrize("scaler_cls", [fused.amp.GradScaler, torch.amp.GradScaler], ids=["fused", "torch"])
+def test_matches_torch_with_skips_and_growth(scaler_cls):
+    kw = dict(init_scale=2.0**10, growth_interval=3)
+    ours, theirs = make(), make()
+    scales, opt, scaler = run_fused(ours, 8, {1, 5}, 1.0, scaler_cls=scaler_cls, **kw)
+    ref_scales, ref_opt, ref_scaler = run_torch(theirs, 8, {1, 5}, 1.0, **kw)
+    assert scales == ref_scales and scales[1] == 2.0**9 and max(scales) > 2.0**9
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+        assert float(opt.state[p]["step"]) == float(ref_opt.state[q]["step"]) == 6.0
+    assert scaler.state_dict() == ref_scaler.state_dict()
+
+
+def test_last_grad_norm_is_unscaled():
+    ours = make()
+    _, opt, _ = run_fused(ours, 1, set(), 1e9, init_scale=2.0**12)
+    theirs = make()
+    torch_scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    backward(torch_scaler, theirs, 0)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 1e9)
+    torch.testing.assert_close(opt.last_grad_norm, expected, rtol=1e-5, atol=0)
+
+
+def test_unscale_then_step():
+    """The user unscales first (e.g. to look at the gradients): the fused step must not unscale again."""
+    ours, theirs = make(), make()
+    opt = fused.optim.AdamW(ours, lr=1e-2, max_grad_norm=1.0)
+    scaler = fused.amp.GradScaler("cpu", init_scale=2.0**8)
+    ref_opt = torch.optim.AdamW(theirs, lr=1e-2, foreach=False)
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    for step in range(3):
+        for s, ps, o in ((scaler, ours, opt), (ref_scaler, theirs, ref_opt)):
+            o.zero_grad()
+            backward(s, ps, step, poison=step == 1)
+            s.unscale_(o)
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        scaler.step(opt)
+        ref_scaler.step(ref_opt)
+        scaler.update()
+        ref_scaler.update()
+    assert scaler.get_scale() == ref_scaler.get_scale() == 2.0**7
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+
+
+def test_disabled_and_other_optimizers_fall_back_to_torch():
+    params = make()
+    opt = torch.optim.SGD(params, lr=0.1)
+    scaler = fused.amp.GradScaler("cpu", init_scale=4.0)
+    backward(scaler, params, 0)
+    before = [p.detach().clone() for p in params]
+    scaler.step(opt)
+    scaler.update()
+    assert not any(torch.equal(p, b) for p, b in zip(params, before))
+    off = fused.amp.GradScaler("cpu", enabled=False)
+    assert off.scale(torch.tensor(3.0)).item() == 3.0
+
+
+def test_step_twice_is_an_error():
+    params = make()
+    opt = fused.optim.SGD(params, lr=0.1)
+    scaler = fused.amp.GradScaler("cpu")
+    backward(scaler, params, 0)
+    scaler.step(opt)
+    with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
+        scaler.step(opt)

@@ -1,0 +1,292 @@
+"""fused.optim.SGD / Adam / AdamW against torch.optim (and the clip-and-step reference) over several steps."""
+import copy
+import math
+
+import pytest
+import torch
+
+import fused
+from fused.optim.reference import ReferenceOptimizer
+from harness import raises
+
+SHAPES = [(37, 5), (70001,), (3,), (2, 3, 131), ()]  # odd sizes, one over a chunk (32768), a scalar
+
+CONFIGS = [
+    ("SGD", dict(lr=0.1)),
+    ("SGD", dict(lr=0.1, momentum=0.9)),
+    ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.3, weight_decay=0.01)),
+    ("SGD", dict(lr=0.1, momentum=0.8, nesterov=True, weight_decay=0.05, maximize=True)),
+    ("Adam", dict(lr=1e-2)),
+    ("Adam", dict(lr=1e-2, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1, maximize=True)),
+    ("Adam", dict(lr=1e-2, weight_decay=0.1, amsgrad=True)),
+    ("AdamW", dict(lr=1e-2)),
+    ("AdamW", dict(lr=1e-2, weight_decay=0.3, amsgrad=True, maximize=True)),
+]
+IDS = [f"{n}-{'-'.join(f'{k}={v}' for k, v in kw.items())}" for n, kw in CONFIGS]
+
+
+def make_params(dtype=torch.float32, seed=0, shapes=SHAPES):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes]
+
+
+def clone(params):
+    return [p.detach().clone().requires_grad_() for p in params]
+
+
+def set_grads(groups, step, scale=1.0, dtype=None):
+    g = torch.Generator().manual_seed(1000 + step)
+    for ps in zip(*groups):
+        grad = torch.randn(ps[0].shape, generator=g, dtype=torch.float64) * scale
+        for p in ps:
+            p.grad = grad.to(p.dtype)
+
+
+def assert_params_close(a, b, rtol=2e-5, atol=2e-6):
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x.detach(), y.detach().to(x.dtype), rtol=rtol, atol=atol)
+
+
+@pytest.mark.parametrize("name,hyper", CONFIGS, ids=IDS)
+def test_matches_torch_optim(name, hyper):
+    ours, theirs = make_params(), make_params()
+    opt = getattr(fused.optim, name)(ours, **hyper)
+    ref = getattr(torch.optim, name)(theirs, foreach=False, **hyper)
+    for step in range(5):
+        set_grads([ours, theirs], step)
+        opt.step()
+        ref.step()
+        assert_params_close(ours, theirs)
+    for p, q in zip(ours, theirs):
+        for key, value in ref.state[q].items():
+            if key == "step":
+                assert float(opt.state[p]["step"]) == float(value)
+            elif value is not None:
+                torch.testing.assert_close(opt.state[p][key], value, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("name,hyper", CONFIGS[1:4:2] + CONFIGS[6:8], ids=IDS[1:4:2] + IDS[6:8])
+@pytest.mark.parametrize("max_grad_norm,clip_value", [(1.0, None), (1e6, None), (2.0, 0.5), (None, 0.1)])
+def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value):
+    ours, theirs = make_params(), make_params()
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    ref = ReferenceOptimizer(name, theirs, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    for step in range(4):
+        set_grads([ours, theirs], step, scale=3.0)
+        opt.step()
+        ref.step()
+        assert opt.last_grad_norm.dtype == torch.float32 and opt.last_grad_norm.dim() == 0
+        torch.testing.assert_close(opt.last_grad_norm, ref.last_grad_norm.float(), rtol=1e-5, atol=0)
+        assert_params_close(ours, theirs)
+
+
+def test_gradients_are_never_written():
+    params = make_params()
+    opt = fused.optim.AdamW(params, max_grad_norm=0.1, clip_value=0.01)
+    set_grads([params], 0)
+    before = [p.grad.clone() for p in params]
+    opt.step()
+    for p, g in zip(params, before):
+        assert torch.equal(p.grad, g)
+
+
+def test_param_groups_scheduler_zero_grad_closure():
+    ours, theirs = make_params(), make_params()
+
+    def groups(ps):
+        return [{"params": ps[:2], "lr": 0.05}, {"params": ps[2:], "weight_decay": 0.2}]
+
+    opt, ref = fused.optim.AdamW(groups(ours), lr=0.01), torch.optim.AdamW(groups(theirs), lr=0.01, foreach=False)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=2, gamma=0.5)
+    for step in range(5):
+        def closure(ps=ours):
+            opt.zero_grad()
+            loss = sum((p.double() ** 2).sum() * (i + 1) for i, p in enumerate(ps))
+            loss.backward()
+            return loss
+
+        def ref_closure(ps=theirs):
+            ref.zero_grad()
+            loss = sum((p.double() ** 2).sum() * (i + 1) for i, p in enumerate(ps))
+            loss.backward()
+            return loss
+
+        torch.testing.assert_close(opt.step(closure), ref.step(ref_closure))
+        sched.step()
+        ref_sched.step()
+        assert_params_close(ours, theirs)
+    opt.zero_grad()
+    assert all(p.grad is None for p in ours)
+    assert opt.param_groups[0]["lr"] == ref.param_groups[0]["lr"] == 0.05 * 0.25
+
+
+@pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[8]], ids=[IDS[2], IDS[6], IDS[8]])
+@pytest.mark.parametrize("direction", ["torch_to_fused", "fused_to_torch"])
+def test_state_dict_interop(name, hyper, direction):
+    a, b = make_params(), make_params()
+    first = (getattr(torch.optim, name)(a, foreach=False, **hyper) if direction == "torch_to_fused"
+             else getattr(fused.optim, name)(a, **hyper))
+    for step in range(3):
+        set_grads([a], step)
+        first.step()
+    with torch.no_grad():
+        for p, q in zip(a, b):
+            q.copy_(p)
+    second = (getattr(fused.optim, name)(b, **hyper) if direction == "torch_to_fused"
+              else getattr(torch.optim, name)(b, foreach=False, **hyper))
+    second.load_state_dict(copy.deepcopy(first.state_dict()))  # as if through torch.save / torch.load
+    for step in range(3, 6):
+        set_grads([a, b], step)
+        first.step()
+        second.step()
+        assert_params_close(a, b)
+    assert set(first.state_dict()["state"][0]) <= set(second.state_dict()["state"][0]) | {"step"}
+
+
+@pytest.mark.parametrize("name,hyper", [CONFIGS[3], CONFIGS[6], CONFIGS[7]], ids=[IDS[3], IDS[6], IDS[7]])
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan])
+def test_skipped_step_changes_nothing(name, hyper, bad):
+    params = make_params()
+    opt = getattr(fused.optim, name)(params, max_grad_norm=1.0, **hyper)
+    set_grads([params], 0)
+    opt.step()
+    before = [p.detach().clone() for p in params]
+    state_before = {i: {k: v.clone() for k, v in opt.state[p].items()} for i, p in enumerate(params)}
+    set_grads([params], 1)
+    params[1].grad[12345] = bad
+    opt.step()
+    assert not math.isfinite(opt.last_grad_norm.item())
+    for i, (p, q) in enumerate(zip(params, before)):
+        assert torch.equal(p.detach(), q)
+        for k, v in opt.state[p].items():
+            assert torch.equal(v, state_before[i][k]), k
+    # the next finite step goes on from where the skipped one left off
+    set_grads([params], 2)
+    opt.step()
+    assert float(opt.state[params[0]]["step"]) == 2.0 and math.isfinite(opt.last_grad_norm.item())
+
+
+def test_fp32_and_16bit_in_one_group():
+    """Mixed dtypes in one group; 16-bit math runs in fp32, so our error vs a float64 run is no worse than torch's."""
+    shapes = [(33, 7), (1000,), (5, 40)]
+    dtypes = [torch.float32, torch.bfloat16, torch.float16]
+    base = make_params(torch.float64, shapes=shapes)
+    ours = [p.detach().to(d).requires_grad_() for p, d in zip(base, dtypes)]
+    theirs = clone(ours)
+    exact = clone(base)
+    hyper = dict(lr=1e-2, eps=1e-3, max_grad_norm=1.0)  # eps=1e-8 underflows in torch's fp16 math (NaN)
+    opt = fused.optim.AdamW(ours, **hyper)
+    ref = ReferenceOptimizer("AdamW", theirs, **hyper)
+    ref64 = ReferenceOptimizer("AdamW", exact, **hyper)
+    for step in range(4):
+        set_grads([ours, theirs, exact], step)
+        opt.step()
+        ref.step()
+        ref64.step()
+    for o, t, e in zip(ours, theirs, exact):
+        assert o.dtype == t.dtype
+        ours_err = (o.detach().double() - e.detach()).norm()
+        torch_err = (t.detach().double() - e.detach()).norm()
+        assert ours_err <= 2 * torch_err + 1e-6 * e.norm(), (o.dtype, ours_err, torch_err)
+
+
+def test_float64_params():
+    ours, theirs = make_params(torch.float64), make_params(torch.float64)
+    opt = fused.optim.Adam(ours, lr=1e-2, max_grad_norm=1.0)
+    ref = ReferenceOptimizer("Adam", theirs, lr=1e-2, max_grad_norm=1.0)
+    for step in range(3):
+        set_grads([ours, theirs], step)
+        opt.step()
+        ref.step()
+    # the clip coefficient is a float32 scalar (as last_grad_norm): ~1e-7 relative, not float64's 1e-16
+    assert_params_close(ours, theirs, rtol=1e-6, atol=1e-7)
+
+
+def test_deterministic_across_thread_counts():
+    threads = torch.get_num_threads()
+    norms = []
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            params = make_params(shapes=[(300_001,), (70_000,), (17,)])
+            set_grads([params], 0, scale=1e3)
+            opt = fused.optim.SGD(params, lr=0.1, max_grad_norm=1.0)
+            opt.step()
+            norms.append((opt.last_grad_norm.clone(), [p.detach().clone() for p in params]))
+    finally:
+        torch.set_num_threads(threads)
+    for norm, ps in norms[1:]:
+        assert torch.equal(norm, norms[0][0])
+        assert all(torch.equal(p, q) for p, q in zip(ps, norms[0][1]))
+
+
+def test_params_without_grad_are_untouched():
+    params = make_params()
+    opt = fused.optim.AdamW(params, lr=0.1)
+    set_grads([params], 0)
+    params[0].grad = None
+    before = params[0].detach().clone()
+    opt.step()
+    assert torch.equal(params[0].detach(), before) and params[0] not in opt.state
+
+
+@pytest.mark.parametrize("cls,arg", [(c, a) for c in ("SGD", "Adam", "AdamW")
+                                     for a in ("lr", "max_grad_norm", "clip_value", "weight_decay")
+                                     + (("momentum",) if c == "SGD" else ("eps",))])
+def test_negative_arguments(cls, arg):
+    kwargs = {"lr": 0.1, arg: -1.0}
+    with raises(f"fused.optim.{cls}: {arg} must be >= 0"):
+        getattr(fused.optim, cls)(make_params(), **kwargs)
+
+
+def test_bad_inputs():
+    with raises("fused.optim.Adam: betas\\[1\\] must be in"):
+        fused.optim.Adam(make_params(), betas=(0.9, 1.0))
+    with raises("fused.optim.SGD: nesterov needs momentum"):
+        fused.optim.SGD(make_params(), lr=0.1, nesterov=True)
+    p = torch.zeros(10, requires_grad=True)
+    p.grad = torch.sparse_coo_tensor([[1, 3]], [1.0, 2.0], (10,))
+    with raises("fused.optim.AdamW: sparse gradients are not supported"):
+        fused.optim.AdamW([p]).step()
+    a, b = torch.zeros(3, requires_grad=True), torch.zeros(3, device="meta", requires_grad=True)
+    a.grad, b.grad = torch.ones(3), torch.ones(3, device="meta")
+    with raises("fused.optim.SGD: all parameters of one call must be on one device, got cpu, meta"):
+        fused.optim.SGD([a, b], lr=0.1).step()
+
+
+def test_ops_reject_bad_arguments():
+    p, g = torch.zeros(4), torch.ones(4)
+    coef, found = torch.ones(()), torch.zeros(())
+    with raises("fused.adam_step_: lr must be >= 0"):
+        torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
+                                   1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
+    with raises("fused.sgd_step_: grads has dtype"):
+        torch.ops.fused.sgd_step_([p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None,
+                                  found, math.inf, [])
+    with raises("fused.grad_norm: norm_type must be > 0"):
+        torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
+
+
+def test_opcheck():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
+    params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
+    found, coef, inv = torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
+    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, None, None, 3.0, 1.0, 0.5, False))
+    torch.library.opcheck(torch.ops.fused.scale_grads_.default, ([g.clone() for g in grads], coef))
+    torch.library.opcheck(torch.ops.fused.sgd_step_.default,
+                          ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
+                           [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found,
+                           math.inf, []))
+    torch.library.opcheck(torch.ops.fused.adam_step_.default,
+                          ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
+                           [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
+                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, []))
+    bf16 = [g.bfloat16() for g in grads]
+    torch.library.opcheck(torch.ops.fused.adam_step_.default,
+                          ([p.clone() for p in params], bf16, [torch.zeros_like(p) for p in params],
+                           [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
+                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf,
+                           [p.bfloat16() for p in params]))

@@ -1,0 +1,141 @@
+"""The CUDA kernels of the fused optimizers (run only where a GPU is present): the same numbers as the CPU
+kernels, exactly two kernel launches per step, no host sync (CUDA graph capture), skip on inf, determinism."""
+import math
+
+import pytest
+import torch
+
+import fused
+from harness import requires_cuda
+
+pytestmark = requires_cuda
+
+SHAPES = [(37, 5), (70001,), (3,), (2, 3, 131), (), (300_000,)]
+
+
+def pair(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in SHAPES]
+    gpu = [p.detach().cuda().requires_grad_() for p in cpu]
+    return cpu, gpu
+
+
+def set_grads(cpu, gpu, step, poison=False):
+    g = torch.Generator().manual_seed(100 + step)
+    for p, q in zip(cpu, gpu):
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
+        q.grad = p.grad.cuda()
+    if poison:
+        cpu[1].grad[5] = math.inf
+        gpu[1].grad[5] = math.inf
+
+
+@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+                                        ("Adam", dict(lr=1e-2, amsgrad=True, maximize=True)),
+                                        ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)),
+                                        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_cuda_matches_cpu(name, hyper, dtype):
+    cpu, gpu = pair(dtype)
+    a = getattr(fused.optim, name)(cpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
+    b = getattr(fused.optim, name)(gpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
+    for step in range(4):
+        set_grads(cpu, gpu, step, poison=step == 2)
+        a.step()
+        b.step()
+        torch.testing.assert_close(b.last_grad_norm.cpu(), a.last_grad_norm, rtol=1e-5, atol=0, equal_nan=True)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype in (torch.float32, torch.float64) else {}
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), **tol)
+        for k, v in a.state[p].items():
+            torch.testing.assert_close(b.state[q][k].cpu(), v, **tol)
+    assert float(b.state[gpu[0]]["step"]) == 3.0
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
+def test_cuda_clip_grad_norm(norm_type):
+    cpu, gpu = pair()
+    set_grads(cpu, gpu, 0)
+    n1 = torch.nn.utils.clip_grad_norm_(cpu, 1.0, norm_type)
+    n2 = fused.clip_grad_norm_(gpu, 1.0, norm_type)
+    torch.testing.assert_close(n2.cpu(), n1, rtol=1e-5, atol=0)
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-7)
+
+
+def count_launches(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def test_two_launches_per_step_whatever_the_number_of_tensors():
+    params = [torch.randn(i + 1, 33, device="cuda", requires_grad=True) for i in range(3000)]
+    params += [torch.randn(7, device="cuda", dtype=torch.bfloat16, requires_grad=True)]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = fused.optim.AdamW(params, max_grad_norm=1.0)
+    scaler = fused.amp.GradScaler("cuda")
+    opt.step()  # state allocation and the one-time metadata copy
+    assert count_launches(opt.step) == 2
+    scaler.step(opt)  # first use of the scaler
+    scaler.update()
+    assert count_launches(lambda: scaler.step(opt)) == 2
+
+
+def test_cuda_graph_capture():
+    params = [torch.randn(s, device="cuda", requires_grad=True) for s in [(1000, 3), (77,), (5, 5, 5)]]
+    static_grads = [torch.randn_like(p) for p in params]
+    for p, g in zip(params, static_grads):
+        p.grad = g
+    opt = fused.optim.AdamW(params, lr=1e-2, max_grad_norm=0.5)
+    ref_params = [p.detach().clone().requires_grad_() for p in params]
+    ref = fused.optim.AdamW(ref_params, lr=1e-2, max_grad_norm=0.5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        opt.step()  # warm-up on the capture stream
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        opt.step()
+    for q, g in zip(ref_params, static_grads):
+        q.grad = g.clone()
+    ref.step()
+    for step in range(3):
+        graph.replay()
+        ref.step()
+    torch.cuda.synchronize()
+    for p, q in zip(params, ref_params):
+        torch.testing.assert_close(p, q)
+    assert float(opt.state[params[0]]["step"]) == float(ref.state[ref_params[0]]["step"]) == 5.0
+
+
+def test_cuda_deterministic():
+    cpu, gpu = pair()
+    set_grads(cpu, gpu, 0)
+    norms = {fused.clip_grad_norm_(gpu, 1e9).item() for _ in range(5)}
+    assert len(norms) == 1
+
+
+def test_cuda_device_mismatch():
+    a, b = torch.zeros(3, device="cuda", requires_grad=True), torch.zeros(3, requires_grad=True)
+    a.grad, b.grad = torch.ones_like(a), torch.ones_like(b)
+    with pytest.raises(RuntimeError, match="fused.optim.SGD: all parameters of one call must be on one device"):
+        fused.optim.SGD([a, b], lr=0.1).step()
+
+
+@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-2)), ("SGD", dict(lr=0.1, momentum=0.9))])
+def test_cuda_master_weights_match_cpu(name, hyper):
+    cpu, gpu = pair(torch.bfloat16)
+    a = getattr(fused.optim, name)(cpu, master_weights=True, max_grad_norm=1.0, **hyper)
+    b = getattr(fused.optim, name)(gpu, master_weights=True, max_grad_norm=1.0, **hyper)
+    for step in range(3):
+        set_grads(cpu, gpu, step)
+        a.step()
+        b.step()
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(b.state[q]["master_param"].cpu(), a.state[p]["master_param"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(q.detach(), b.state[q]["master_param"].bfloat16())
