@@ -367,6 +367,85 @@ def test_compile():
     torch.testing.assert_close(grads[1], grads[0])
 
 
+# ---- Triton launchers (under TRITON_INTERPRET=1 on CPU where there is no GPU) ----
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def triton_kernels():
+    from fused.distance import triton_kernels as tk
+    return tk
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", [3, 40])  # D = 40: the tensor-core path for p = 2 (not float64)
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 0.5, math.inf])
+def test_triton_distances_and_topk(dtype, D, p):
+    tk = triton_kernels()
+    a = make((2, 9, D), dtype, TRITON_DEVICE, seed=60)
+    b = make((1, 70, D), dtype, TRITON_DEVICE, seed=61)
+    out = tk.pairwise_distances(a, b, p)
+    assert out.shape == (2, 9, 70) and out.dtype == dtype
+    assert_close(out.cpu(), ref.pairwise_distances(a.cpu(), b.cpu(), p), scale=2.0)
+    v, i = tk.pairwise_topk(a, b, 5, p, largest=p == 0.5)
+    rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), 5, p, largest=p == 0.5)
+    assert_close(v.cpu(), rv, scale=2.0)
+    assert torch.equal(v, out.gather(-1, i))  # the selection sees the values it returns
+    if dtype == torch.float64:
+        assert torch.equal(i.cpu(), ri)
+
+
+@requires_triton
+@pytest.mark.parametrize("D", [3, 40])
+@pytest.mark.parametrize("p", [1.0, 2.0, 0.5, math.inf])
+def test_triton_backward(D, p):
+    tk = triton_kernels()
+    a = make((2, 9, D), torch.float64, TRITON_DEVICE, seed=62)
+    b = make((1, 20, D), torch.float64, TRITON_DEVICE, seed=63)
+    d = ref.pairwise_distances(a, b, p)
+    g = make(d.shape, torch.float64, TRITON_DEVICE, seed=64)
+    ours = tk.pairwise_distances_backward(g, a, b, d, p, False)
+    expected = torch.ops.fused.pairwise_distances_backward(g.cpu(), a.cpu(), b.cpu(), d.cpu(), p, False)
+    for o, e in zip(ours, expected):
+        assert o.shape == e.shape
+        assert_close(o.cpu(), e)
+    v, i = tk.pairwise_topk(a, b, 4, p)
+    gv = make(v.shape, torch.float64, TRITON_DEVICE, seed=65)
+    ours = tk.pairwise_topk_backward(gv, a, b, v, i, p, False)
+    expected = torch.ops.fused.pairwise_topk_backward(gv.cpu(), a.cpu(), b.cpu(), v.cpu(), i.cpu(), p, False)
+    for o, e in zip(ours, expected):
+        assert_close(o.cpu(), e)
+
+
+@requires_triton
+def test_triton_edge_cases():
+    tk = triton_kernels()
+    a = torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=TRITON_DEVICE)
+    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.0, -1.0], [2.0, 2.0]],
+                     device=TRITON_DEVICE)
+    v, i = tk.pairwise_topk(a, b, 4)
+    assert i.tolist() == [[3, 0, 1, 2], [0, 1, 3, 5]]
+    far = torch.full((3, 1), 512695.0, device=TRITON_DEVICE)
+    assert torch.equal(tk.pairwise_distances(far, far + 109), torch.full((3, 3), 109.0, device=TRITON_DEVICE))
+    x = make((20, 40), seed=66, device=TRITON_DEVICE)  # tensor-core path: duplicates recomputed to exact 0
+    assert torch.equal(tk.pairwise_distances(x, x).diagonal().cpu(), torch.zeros(20))
+    bn = make((7, 3), seed=67, device=TRITON_DEVICE)
+    bn[2, 0] = math.nan
+    for largest in (False, True):
+        v, i = tk.pairwise_topk(bn[:3], bn, 7, largest=largest)
+        rv, ri = ref.pairwise_topk(bn[:3].cpu(), bn.cpu(), 7, largest=largest)
+        assert torch.equal(i.cpu(), ri)
+    assert tk.pairwise_distances(make((0, 3), device=TRITON_DEVICE), b[:, :1].expand(6, 3)).shape == (0, 6)
+    old = tk.MAX_TOPK_REGISTERS
+    try:  # large k: the row-chunk fallback
+        tk.MAX_TOPK_REGISTERS = 2
+        v, i = tk.pairwise_topk(bn, bn, 5)
+        rv, ri = ref.pairwise_topk(bn.cpu(), bn.cpu(), 5)
+        assert torch.equal(i.cpu(), ri)
+    finally:
+        tk.MAX_TOPK_REGISTERS = old
+
+
 # ---- GPU only ----
 @requires_cuda
 def test_cuda_distances_beyond_2_to_the_31():
