@@ -38,6 +38,28 @@ template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t gra
 // Rows per parallel task: enough work (~2^17 element steps) that small problems stay on one thread.
 int64_t row_grain(int64_t M, int64_t D) { return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4))); }
 
+// The p=2 matmul path's operands, per batch.
+template <typename T> std::vector<MatmulOperands<T>> matmul_operands(const Batched& x) {
+  std::vector<MatmulOperands<T>> ops;
+  ops.reserve(x.B);
+  for (int64_t bi = 0; bi < x.B; ++bi) ops.emplace_back(x.a[bi], x.b[bi]);
+  return ops;
+}
+
+// Runs body(batch, row0, rows, buf) over chunks of rows small enough that rows x M math-type values (buf, one
+// per task) stay in L2, in parallel over the chunks of every batch. Memory: O(M) per thread, never N x M.
+template <typename T, typename F> void for_row_chunks(int64_t B, int64_t N, int64_t M, const F& body) {
+  const int64_t rows = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(M, 1));
+  const int64_t chunks = (N + rows - 1) / rows;
+  at::parallel_for(0, B * chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<T> buf(std::min(rows, N) * M);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t bi = c / chunks, r0 = (c % chunks) * rows;
+      body(bi, r0, std::min(rows, N - r0), buf.data());
+    }
+  });
+}
+
 // ---- pairwise_distances ----
 at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared) {
   const char* op = "pairwise_distances";
@@ -51,22 +73,16 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     scalar_t* outp = out.data_ptr<scalar_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
-      std::vector<T> buf;
-      const int64_t chunk = std::is_same_v<T, scalar_t> ? N : std::max<int64_t>(1, (1 << 18) / M);
-      if constexpr (!std::is_same_v<T, scalar_t>) buf.resize(std::min(chunk, N) * M);
-      for (int64_t bi = 0; bi < x.B; ++bi) {
-        MatmulOperands<T> mo(x.a[bi], x.b[bi]);
-        for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-          const int64_t nr = std::min(chunk, N - r0);
-          scalar_t* dst = outp + (bi * N + r0) * M;
-          if constexpr (std::is_same_v<T, scalar_t>) {
-            matmul_rows(mo, r0, nr, squared, reinterpret_cast<T*>(dst));
-          } else {
-            matmul_rows(mo, r0, nr, squared, buf.data());
-            parallel_blocks(nr * M, [&](int64_t i, int64_t len) { store_block(buf.data() + i, dst + i, len); });
-          }
+      const auto operands = matmul_operands<T>(x);
+      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
+        scalar_t* dst = outp + (bi * N + r0) * M;
+        if constexpr (std::is_same_v<T, scalar_t>) {
+          matmul_rows(operands[bi], r0, nr, squared, reinterpret_cast<T*>(dst));
+        } else {
+          matmul_rows(operands[bi], r0, nr, squared, buf);
+          store_block(buf, dst, nr * M);
         }
-      }
+      });
       return;
     }
     at::Tensor panels = pack_batches<T>(x.b);
@@ -258,10 +274,30 @@ template <typename T> struct KBest {
 };
 
 // Offers `len` distances from column j0 on, rounded to the output dtype first (the selection sees the values
-// it returns, so ties are the output's ties).
+// it returns, so ties are the output's ties). Once the heap is full, vectors of candidates that cannot beat the
+// worst kept value are skipped whole (rounding is monotone, so comparing unrounded values is conservative).
 template <typename scalar_t, typename T>
 inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len, int64_t k, const Order<T>& order) {
-  for (int64_t l = 0; l < len; ++l) best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
+  using V = Vec<T>;
+  constexpr int64_t L = V::size();
+  int64_t l = 0;
+  while (l < len) {
+    const bool full = static_cast<int64_t>(best.heap.size()) == k;
+    if (full && l + L <= len && !std::isnan(best.heap.front().first)) {
+      const V worst(best.heap.front().first), x = V::loadu(v + l);
+      // Lanes that could be better: strictly smaller (largest: strictly larger or NaN).
+      const V maybe = order.largest ? (x > worst) | (x != x) : x < worst;
+      if (maybe.zero_mask() == (1 << L) - 1) {
+        l += L;
+        continue;
+      }
+      for (int64_t e = l + L; l < e; ++l)
+        best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
+      continue;
+    }
+    best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
+    ++l;
+  }
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
@@ -282,25 +318,17 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
-      // Row chunks of a fixed size: the buffer is O(chunk * M), not O(N * M).
-      const int64_t chunk = std::max<int64_t>(16, (1 << 18) / M);
-      std::vector<T> buf(std::min(chunk, N) * M);
-      for (int64_t bi = 0; bi < x.B; ++bi) {
-        MatmulOperands<T> mo(x.a[bi], x.b[bi]);
-        for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-          const int64_t nr = std::min(chunk, N - r0);
-          matmul_rows(mo, r0, nr, squared, buf.data());
-          at::parallel_for(0, nr, 1, [&](int64_t i0, int64_t i1) {
-            KBest<T> best;
-            best.heap.reserve(k);
-            for (int64_t i = i0; i < i1; ++i) {
-              offer_all<scalar_t>(best, buf.data() + i * M, 0, M, k, order);
-              const int64_t row = bi * N + r0 + i;
-              best.write(order, vp + row * k, ip + row * k);
-            }
-          });
+      const auto operands = matmul_operands<T>(x);
+      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
+        matmul_rows(operands[bi], r0, nr, squared, buf);
+        KBest<T> best;
+        best.heap.reserve(k);
+        for (int64_t i = 0; i < nr; ++i) {
+          offer_all<scalar_t>(best, buf + i * M, 0, M, k, order);
+          const int64_t row = bi * N + r0 + i;
+          best.write(order, vp + row * k, ip + row * k);
         }
-      }
+      });
       return;
     }
     at::Tensor panels = pack_batches<T>(x.b);

@@ -187,7 +187,8 @@ template <typename T> struct MatmulOperands {
   }
 };
 
-// dst[0..nr, 0..M) = distances of rows [r0, r0 + nr) of a to every row of b.
+// dst[0..nr, 0..M) = distances of rows [r0, r0 + nr) of a to every row of b. Single-threaded: callers run it on
+// row chunks whose output stays in L2 (about 512 KB), in parallel.
 template <typename T>
 void matmul_rows(const MatmulOperands<T>& op, int64_t r0, int64_t nr, bool squared, T* dst) {
   using V = Vec<T>;
@@ -197,42 +198,35 @@ void matmul_rows(const MatmulOperands<T>& op, int64_t r0, int64_t nr, bool squar
   const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
   const T *a = op.a.template data_ptr<T>(), *b = op.b.template data_ptr<T>();
   const V c = V(T(kRecompute)), two = V(T(2)), inf = V(std::numeric_limits<T>::infinity());
-  at::parallel_for(0, nr, 1, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      T* row = dst + i * M;
-      const V nai(na[i]);
-      // 1) d^2 from the norms; count the entries to recompute (small, inf or NaN).
-      V flags(0);
-      int64_t j = 0;
-      auto step = [&](int64_t j, int64_t n) {
-        const V s = nai + V::loadu(nb + j, n);
-        const V d2 = s - two * V::loadu(row + j, n);
-        d2.store(row + j, n);
-        flags = flags + (d2.le(c * s) + (V(1) - d2.abs().lt(inf)));
-      };
-      for (; j + V::size() <= M; j += V::size()) step(j, V::size());
-      if (j < M) step(j, M - j);
-      T f[V::size()];
-      flags.store(f);
-      bool any = false;
-      for (int64_t l = 0; l < V::size(); ++l) any |= f[l] != 0;
-      // 2) direct recompute where flagged (rare away from duplicates and near neighbours).
-      if (any)
-        for (int64_t j = 0; j < M; ++j) {
-          const T d2 = row[j], s = na[i] + nb[j];
-          if (!(d2 > T(kRecompute) * s) || std::isinf(d2))
-            row[j] = direct_pair<Metric::P2>(a + (r0 + i) * D, b + j * D, D, 2.0, /*squared=*/true);
-        }
-      // 3) clamp at 0 (NaN stays NaN) and take the root.
-      auto fin = [&](int64_t j, int64_t n) {
-        V d2 = V::loadu(row + j, n);
-        d2 = V::blendv(d2, V(0), d2 < V(0));
-        (squared ? d2 : d2.sqrt()).store(row + j, n);
-      };
-      for (j = 0; j + V::size() <= M; j += V::size()) fin(j, V::size());
-      if (j < M) fin(j, M - j);
+  for (int64_t i = 0; i < nr; ++i) {
+    T* row = dst + i * M;
+    const V nai(na[i]);
+    // d^2 from the norms, clamped at 0 (NaN stays), root taken; count the entries to recompute directly: small
+    // against the norms (cancellation), inf or NaN.
+    V flags(0);
+    auto step = [&](int64_t j, int64_t n) {
+      const V s = nai + V::loadu(nb + j, n);
+      const V d2 = s - two * V::loadu(row + j, n);
+      flags = flags + (d2.le(c * s) + (V(1) - d2.abs().lt(inf)));
+      const V pos = V::blendv(d2, V(0), d2 < V(0));
+      (squared ? pos : pos.sqrt()).store(row + j, n);
+    };
+    int64_t j = 0;
+    for (; j + V::size() <= M; j += V::size()) step(j, V::size());
+    if (j < M) step(j, M - j);
+    T f[V::size()];
+    flags.store(f);
+    bool any = false;
+    for (int64_t l = 0; l < V::size(); ++l) any |= f[l] != 0;
+    if (!any) continue;
+    // Rare (duplicates, near neighbours, inf/NaN): recompute every entry whose stored value could come from a
+    // flagged d^2 (a superset: the root and clamp are monotone; the slack covers their rounding).
+    for (int64_t j = 0; j < M; ++j) {
+      const T y = row[j], y2 = squared ? y : y * y;
+      if (!(y2 > T(kRecompute) * (na[i] + nb[j]) * T(1.0001)) || std::isinf(y))
+        row[j] = direct_pair<Metric::P2>(a + (r0 + i) * D, b + j * D, D, 2.0, squared);
     }
-  });
+  }
 }
 
 // Scalar twins of grad_term and of the per-pair weight w (0 where the gradient is 0 by convention: at zero
