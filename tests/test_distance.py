@@ -475,6 +475,59 @@ def test_triton_edge_cases():
         tk.MAX_TOPK_REGISTERS = old
 
 
+def compile_triton_kernels_for_sm90():
+    """Compiles every Triton kernel variant (dtype x metric x path) ahead of time for sm_90, without a GPU: the
+    interpreter runs none of Triton's type checks or its lowering. Run in a process without TRITON_INTERPRET."""
+    import inspect
+
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tk = triton_kernels()
+
+    def build(fn, types, consts):
+        params = list(inspect.signature(fn.fn).parameters)
+        signature = {name: types.get(name, "constexpr") for name in params}
+        constexprs = {(params.index(name),): value for name, value in consts.items()}
+        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+
+    import triton
+    count = 0
+    for dt in ("fp32", "fp16", "bf16", "fp64"):
+        acc = tl.float64 if dt == "fp64" else tl.float32
+        prec = "tf32x3" if dt == "fp32" else "tf32"
+        for metric in range(5):
+            for matmul in (False, True) if metric == tk.P2 and dt != "fp64" else (False,):
+                common = dict(METRIC=metric, SQUARED=False, MATMUL=matmul, CENTER=dt == "fp32", PREC=prec, ACC=acc)
+                bn, bm, bk = tk._config(matmul, 1, 1)
+                build(tk._distances_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", out_ptr=f"*{dt}",
+                                                 N="i32", M="i32", D="i32", p="fp32", inv_p="fp32"),
+                      dict(common, BN=bn, BM=bm, BK=bk))
+                build(tk._topk_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", val_ptr=f"*{dt}",
+                                            idx_ptr="*i64", N="i32", M="i32", D="i32", K="i32", p="fp32",
+                                            inv_p="fp32"),
+                      dict(common, LARGEST=True, BN=32, BM=64, BK=32 if matmul else 16, KP=16))
+                count += 2
+            if metric != tk.P0:
+                build(tk._grad_kernel, dict(x_ptr=f"*{dt}", y_ptr=f"*{dt}", g_ptr=f"*{dt}", dist_ptr=f"*{dt}",
+                                            out_ptr="*fp64" if dt == "fp64" else "*fp32", R="i32", C="i32",
+                                            D="i32", s_r="i32", s_c="i32", p="fp32"),
+                      dict(METRIC=metric, SQUARED=False, ACC=acc, BR=16, BC=32, BD=16))
+                count += 1
+    print(count)
+
+
+@requires_triton
+def test_triton_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import tests.test_distance as t; t.compile_triton_kernels_for_sm90()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "62"
+
+
 # ---- GPU only ----
 @requires_cuda
 def test_cuda_distances_beyond_2_to_the_31():

@@ -18,7 +18,7 @@ import triton.language as tl
 
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
 MATMUL_MIN_D = 32  # as in csrc/distance/distance_cpu.h: the path depends on (p, D, dtype) only
-RECOMPUTE = 1.0 / 16
+RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
 MAX_TOPK_REGISTERS = 256  # k above this: row chunks of the all-pairs kernel + a stable sort
 
 
@@ -230,7 +230,7 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, p, inv_p, ME
         else:
             cand_k = tl.where(v != v, 0.0, v)
         cand_i = rm[None, :] + tl.zeros((BN, BM), dtype=tl.int32)
-        more = 1
+        more = tl.program_id(0) * 0 + 1  # an int32 tensor, like the tl.sum that replaces it in the loop
         while more > 0:
             cn, ck, ci = _lex_min(cand_n, cand_k, cand_i, BIG_I)
             wn, wk, wi = _lex_max(best_n, best_k, best_i)
