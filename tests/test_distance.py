@@ -258,9 +258,13 @@ def test_topk_parity(device, bk, dtype, D, p, largest):
     with backend(bk):
         v, i = fused.pairwise_topk(a, b, 5, p, largest=largest)
     assert i.dtype == torch.int64 and v.shape == i.shape == (2, 9, 5)
-    # Our values are exactly the pairwise_distances at our indices, sorted.
-    full = fused.pairwise_distances(a.cpu(), b.cpu(), p).to(device)
-    assert torch.equal(v, full.gather(-1, i))
+    # Our values are the pairwise_distances at our indices (bitwise on CPU: the same tile kernels), sorted.
+    with backend(bk):
+        full = fused.pairwise_distances(a, b, p)
+    if device == "cpu":
+        assert torch.equal(v, full.gather(-1, i))
+    else:
+        assert_close(v, full.gather(-1, i))
     rv, ri = ref.pairwise_topk(a, b, 5, p, largest=largest)
     assert_close(v, rv, scale=2.0)
     if dtype == torch.float64:
@@ -419,7 +423,11 @@ def test_triton_distances_and_topk(dtype, D, p):
     v, i = tk.pairwise_topk(a, b, 5, p, largest=p == 0.5)
     rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), 5, p, largest=p == 0.5)
     assert_close(v.cpu(), rv, scale=2.0)
-    assert torch.equal(v, out.gather(-1, i))  # the selection sees the values it returns
+    # The selection sees the values it returns (bitwise under the interpreter; tile shapes differ on a GPU).
+    if TRITON_DEVICE == "cpu":
+        assert torch.equal(v, out.gather(-1, i))
+    else:
+        assert_close(v, out.gather(-1, i))
     if dtype == torch.float64:
         assert torch.equal(i.cpu(), ri)
 
