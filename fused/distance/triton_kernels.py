@@ -38,6 +38,12 @@ def use_matmul(metric, d, dtype):
     return metric == P2 and d >= MATMUL_MIN_D and dtype != torch.float64
 
 
+def _p_const(metric, p):
+    """p as a compile-time constant (exact in float64 math; Triton passes float arguments as float32), used by
+    the general-p kernels only: the others get 1.0 and share one compiled kernel."""
+    return float(p) if metric == PGEN else 1.0
+
+
 def _acc_type(dtype):
     return tl.float64 if dtype == torch.float64 else tl.float32
 
@@ -67,7 +73,7 @@ def _center(b3, dtype):
 
 # ---- shared tile code ----
 @triton.jit
-def _accumulate(acc, diff, p, METRIC: tl.constexpr):
+def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
     if METRIC == 0:
         acc += tl.minimum(tl.ceil(tl.abs(diff)), 1.0, propagate_nan=tl.PropagateNan.ALL)
     elif METRIC == 1:
@@ -82,7 +88,7 @@ def _accumulate(acc, diff, p, METRIC: tl.constexpr):
 
 
 @triton.jit
-def _finish(acc, inv_p, METRIC: tl.constexpr, SQUARED: tl.constexpr):
+def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
     if METRIC == 2:
         if not SQUARED:
             acc = tl.sqrt(acc)
@@ -92,7 +98,7 @@ def _finish(acc, inv_p, METRIC: tl.constexpr, SQUARED: tl.constexpr):
 
 
 @triton.jit
-def _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p, METRIC: tl.constexpr, ACC: tl.constexpr,
+def _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p: tl.constexpr, METRIC: tl.constexpr, ACC: tl.constexpr,
                  BN: tl.constexpr, BM: tl.constexpr):
     """sum_d |a - b|^p (or the max) for BN rows of a (pointers a_rows) against BM rows of b."""
     acc = tl.zeros((BN, BM), dtype=ACC)
@@ -137,7 +143,7 @@ def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr
 
 # ---- pairwise_distances ----
 @triton.jit
-def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, p, inv_p, METRIC: tl.constexpr,
+def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, METRIC: tl.constexpr,
                       SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr,
                       ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     bi = tl.program_id(2).to(tl.int64)
@@ -149,8 +155,8 @@ def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, p, inv_p, METRIC: t
     if MATMUL:
         acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
     else:
-        acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p, METRIC, ACC, BN, BM)
-    out = _finish(acc, inv_p, METRIC, SQUARED)
+        acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
+    out = _finish(acc, 1.0 / P, METRIC, SQUARED)
     offs = bi * N * M + rn.to(tl.int64)[:, None] * M + rm[None, :]
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
@@ -172,7 +178,7 @@ def pairwise_distances(a, b, p=2.0, squared=False):
     center, centered = _center(b3, a.dtype)
     bn, bm, bk = _config(matmul, n, m)
     grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), bsz)
-    _distances_kernel[grid](a3, b3, center, out, n, m, d, float(p), 1.0 / p if p > 0 else 0.0, metric, squared,
+    _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
                             matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
                             _acc_type(a.dtype), bn, bm, bk)
     return out
@@ -197,7 +203,7 @@ def _lex_max(n, k, i):
 
 
 @triton.jit
-def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, p, inv_p, METRIC: tl.constexpr,
+def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.constexpr, METRIC: tl.constexpr,
                  SQUARED: tl.constexpr, LARGEST: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
                  PREC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                  KP: tl.constexpr):
@@ -221,8 +227,8 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, p, inv_p, ME
         if MATMUL:
             acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
         else:
-            acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p, METRIC, ACC, BN, BM)
-        v = _finish(acc, inv_p, METRIC, SQUARED).to(val_ptr.dtype.element_ty).to(ACC)  # output's ties
+            acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
+        v = _finish(acc, 1.0 / P, METRIC, SQUARED).to(val_ptr.dtype.element_ty).to(ACC)  # output's ties
         cand_n = tl.where(v != v, NAN_FLAG, 1 - NAN_FLAG)
         cand_n = tl.where(mask_m[None, :], cand_n, 3)
         if LARGEST:
@@ -276,7 +282,7 @@ def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
     center, centered = _center(b3, a.dtype)
     bn, bm, bk = (32, 64, 32) if matmul else (32, 64, 16)
     grid = (triton.cdiv(n, bn), bsz)
-    _topk_kernel[grid](a3, b3, center, values, indices, n, m, d, k, float(p), 1.0 / p if p > 0 else 0.0, metric,
+    _topk_kernel[grid](a3, b3, center, values, indices, n, m, d, k, _p_const(metric, p), metric,
                        squared, largest, matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
                        _acc_type(a.dtype), bn, bm, bk, kp)
     return values, indices
@@ -298,7 +304,7 @@ def _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices):
 
 # ---- backward ----
 @triton.jit
-def _weight(g, dist, p, METRIC: tl.constexpr, SQUARED: tl.constexpr):
+def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
     if METRIC == 2:
         if SQUARED:
             w = 2.0 * g
@@ -312,7 +318,7 @@ def _weight(g, dist, p, METRIC: tl.constexpr, SQUARED: tl.constexpr):
 
 
 @triton.jit
-def _grad_term(diff, w, dist, p, METRIC: tl.constexpr):
+def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
     sign = tl.where(diff > 0.0, 1.0, 0.0) - tl.where(diff < 0.0, 1.0, 0.0)
     if METRIC == 2:
         t = diff * w
@@ -326,7 +332,7 @@ def _grad_term(diff, w, dist, p, METRIC: tl.constexpr):
 
 
 @triton.jit
-def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, p, METRIC: tl.constexpr,
+def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr, METRIC: tl.constexpr,
                  SQUARED: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
     """out[r] = sum_c w[r, c] phi(x[r] - y[c]); grad and dist of pair (r, c) at r * s_r + c * s_c."""
     bi = tl.program_id(2).to(tl.int64)
@@ -343,11 +349,11 @@ def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, p, M
         offs = bi * R * C + rr.to(tl.int64)[:, None] * s_r + rc.to(tl.int64)[None, :] * s_c
         g = tl.load(g_ptr + offs, mask=pair, other=0.0).to(ACC)
         dist = tl.load(dist_ptr + offs, mask=pair, other=0.0).to(ACC)
-        w = _weight(g, dist, p, METRIC, SQUARED)
+        w = _weight(g, dist, P, METRIC, SQUARED)
         y = tl.load(y_ptr + bi * C * D + rc.to(tl.int64)[:, None] * D + rd[None, :],
                     mask=mask_c[:, None] & mask_d[None, :], other=0.0).to(ACC)
         diff = x[:, None, :] - y[None, :, :]
-        t = _grad_term(diff, w[:, :, None], dist[:, :, None], p, METRIC)
+        t = _grad_term(diff, w[:, :, None], dist[:, :, None], P, METRIC)
         acc += tl.sum(tl.where(pair[:, :, None], t, 0.0), 1)
     tl.store(out_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :], acc,
              mask=mask_r[:, None] & mask_d[None, :])
@@ -370,7 +376,7 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared):
     ga = torch.empty(bsz, n, d, device=a.device, dtype=acc)
     gb = torch.empty(bsz, m, d, device=a.device, dtype=acc)
     br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
-    args = (float(p), metric, squared, _acc_type(a.dtype), br, bc, bd)
+    args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype), br, bc, bd)
     _grad_kernel[(triton.cdiv(n, br), triton.cdiv(d, bd), bsz)](a3, b3, g3, dist3, ga, n, m, d, m, 1, *args)
     # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
     _grad_kernel[(triton.cdiv(m, br), triton.cdiv(d, bd), bsz)](b3, a3, g3, dist3, gb, m, n, d, 1, m, *args)
