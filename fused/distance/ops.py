@@ -7,6 +7,9 @@ from fused import _checks
 from fused._backend import GPU_KERNELS, choose, register_gpu, triton_available, triton_launcher
 
 TRITON = "fused.distance.triton_kernels"
+# The path rule, as in csrc/distance/distance_cpu.h: p = 2 with D >= MATMUL_MIN_D takes the matmul (tensor-core)
+# path; everything else the direct differences.
+MATMUL_MIN_D = 32
 
 
 # ---- checks shared by the fake kernels ----
@@ -110,7 +113,6 @@ torch.library.register_autograd("fused::pairwise_topk", _topk_backward, setup_co
 # path, which is Triton's, whichever backend is set (the path depends on (p, D, dtype) only). The backward has
 # both implementations; pairwise_topk and its backward are Triton only.
 def _tensor_core_path(a, p):
-    from fused.distance.triton_kernels import MATMUL_MIN_D
     return p == 2 and a.shape[-1] >= MATMUL_MIN_D and a.dtype != torch.float64
 
 

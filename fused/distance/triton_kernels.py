@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
+
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
-MATMUL_MIN_D = 32  # as in csrc/distance/distance_cpu.h: the path depends on (p, D, dtype) only
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
 MAX_TOPK_REGISTERS = 256  # k above this: row chunks of the all-pairs kernel + a stable sort
 
@@ -49,7 +50,6 @@ def _acc_type(dtype):
 
 
 def _check(op, a, b, p, squared):
-    from fused.distance.ops import batch_shape, check_p
     check_p(op, p, squared)
     return batch_shape(op, a, b)
 
@@ -266,7 +266,6 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.conste
 
 
 def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
-    from fused.distance.ops import check_k
     batch = _check("pairwise_topk", a, b, p, squared)
     check_k("pairwise_topk", k, b.shape[-2])
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
