@@ -2,6 +2,7 @@
 from fused import _ext  # noqa: F401  loads fused._C: schemas and C++ kernels
 from fused._backend import get_backend, set_backend
 from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
+from fused.distance import pairwise_distances, pairwise_topk
 from fused import amp, optim  # noqa: E402
 from fused.clip import clip_grad_norm_
 
@@ -9,6 +10,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "bias_act", "glu", "bias_dropout_add", "unary_chain",
+    "pairwise_distances", "pairwise_topk",
+    "clip_grad_norm_", "optim", "amp",
     "set_backend", "get_backend",
-    "optim", "amp", "clip_grad_norm_",
 ]

@@ -1,0 +1,123 @@
+"""Benchmark cases of the fused distance family: all-pairs distances (forward, forward+backward) and k nearest
+neighbours, against the broadcasting formula (eager, and compiled), torch.cdist in both compute modes, and
+cdist + topk."""
+import torch
+
+import fused
+
+K = 16
+# The broadcasting formula materialises B x N x M x D: run it only where that stays under 1 GiB.
+EAGER_LIMIT = 2**30
+
+
+def eager_distances(a, b):
+    return ((a[..., :, None, :] - b[..., None, :, :]) ** 2).sum(-1).sqrt()
+
+
+def eager_topk(a, b):
+    return eager_distances(a, b).topk(K, largest=False)
+
+
+def cdist_mm(a, b):
+    return torch.cdist(a, b)  # default: matmul for N or M > 25
+
+
+def cdist_direct(a, b):
+    return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def cdist_topk(a, b):
+    return torch.cdist(a, b).topk(K, largest=False)
+
+
+def shapes(device, quick):
+    if quick:
+        return [(100, 200, 2), (256, 512, 64)]
+    if device == "cpu":
+        return [(100, 200, 2), (2048, 4096, 3), (2048, 4096, 64)]
+    return [(100, 200, 2), (2048, 4096, 3), (2048, 4096, 64), (16384, 16384, 3), (16384, 16384, 64),
+            (16384, 16384, 256)]
+
+
+def ours(device):
+    """Our implementations on this device: label -> backend to select (None: CPU kernels)."""
+    if device == "cpu":
+        return {"fused": None}
+    labels = {}
+    for backend in ("cuda", "triton"):
+        try:
+            fused.set_backend(backend)
+            fused.pairwise_distances(torch.ones(2, 3, device=device), torch.ones(2, 3, device=device))
+            labels[f"fused[{backend}]"] = backend
+        except RuntimeError:
+            pass
+        finally:
+            fused.set_backend("auto")
+    return labels
+
+
+def with_backend(backend, fn):
+    if backend is None:
+        return fn
+
+    def run():
+        fused.set_backend(backend)
+        try:
+            return fn()
+        finally:
+            fused.set_backend("auto")
+    return run
+
+
+def forward_and_backward(fn, a, b, grad):
+    def run():
+        return torch.autograd.grad(fn(a, b), (a, b), grad)
+    return run
+
+
+def cases(device: str, quick: bool) -> list:
+    out = []
+    g = torch.Generator(device=device).manual_seed(0)
+    for n, m, d in shapes(device, quick):
+        a = torch.randn(n, d, device=device, generator=g)
+        b = torch.randn(m, d, device=device, generator=g)
+        size = a.element_size()
+        io_bytes = (n + m) * d * size
+        flops = 3 * n * m * d  # sub, mul, add per pair and coordinate
+        small = n * m * d * size <= EAGER_LIMIT
+        shape = f"({n},{d})x({m},{d}) float32"
+
+        impls = {}
+        if small:
+            compiled = torch.compile(eager_distances)
+            impls["eager"] = lambda a=a, b=b: eager_distances(a, b)
+            impls["torch.compile"] = lambda a=a, b=b, c=compiled: c(a, b)
+        impls["torch.cdist"] = lambda a=a, b=b: cdist_mm(a, b)
+        impls["torch.cdist[direct]"] = lambda a=a, b=b: cdist_direct(a, b)
+        for label, backend in ours(device).items():
+            impls[label] = with_backend(backend, lambda a=a, b=b: fused.pairwise_distances(a, b))
+        out.append({"name": f"pairwise_distances {shape} fwd", "bytes": io_bytes + n * m * size, "flops": flops,
+                    "impls": impls})
+
+        ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
+        grad = torch.randn(n, m, device=device, generator=g)
+        impls = {}
+        if small:
+            impls["eager"] = forward_and_backward(eager_distances, ag, bg, grad)
+        impls["torch.cdist"] = forward_and_backward(cdist_mm, ag, bg, grad)
+        impls["torch.cdist[direct]"] = forward_and_backward(cdist_direct, ag, bg, grad)
+        for label, backend in ours(device).items():
+            impls[label] = with_backend(backend, forward_and_backward(fused.pairwise_distances, ag, bg, grad))
+        # fwd + bwd: inputs read twice, grad read, distances written then read, gradients written.
+        out.append({"name": f"pairwise_distances {shape} fwd+bwd", "bytes": 3 * io_bytes + 3 * n * m * size,
+                    "flops": 3 * flops, "impls": impls})
+
+        impls = {}
+        if small:
+            impls["eager"] = lambda a=a, b=b: eager_topk(a, b)
+        impls["torch.cdist+topk"] = lambda a=a, b=b: cdist_topk(a, b)
+        for label, backend in ours(device).items():
+            impls[label] = with_backend(backend, lambda a=a, b=b: fused.pairwise_topk(a, b, K))
+        out.append({"name": f"pairwise_topk k={K} {shape} fwd", "bytes": io_bytes + n * K * (size + 8),
+                    "flops": flops, "impls": impls})
+    return out

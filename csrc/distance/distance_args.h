@@ -1,0 +1,78 @@
+// Argument handling shared by the CPU kernels and the CUDA binding of the distance family: checks that name the
+// op and the argument, batch broadcasting and flattening, and the reduction of gradients to the input shapes.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "common/checks.h"
+
+namespace fused {
+namespace distance {
+
+inline void check_p(const char* op, double p, bool squared) {
+  TORCH_CHECK(p >= 0, "fused.", op, ": p must be in [0, inf], got ", p);
+  TORCH_CHECK(!squared || p == 2, "fused.", op, ": squared=True needs p=2, got p=", p);
+}
+
+// a [*Ba, N, D] and b [*Bb, M, D] broadcast over the batch dims, flattened to [B, N, D], [B, M, D] (contiguous,
+// in the math type when to_math), with the broadcast batch shape kept for the outputs.
+struct Batched {
+  at::Tensor a, b;
+  std::vector<int64_t> batch;
+  int64_t B, N, M, D;
+};
+
+inline Batched batched(const char* op, const at::Tensor& a, const at::Tensor& b, bool to_math = true) {
+  check_floating(op, "a", a);
+  check_like(op, "b", b, "a", a);
+  TORCH_CHECK(a.dim() >= 2, "fused.", op, ": a must have at least 2 dims [*B, N, D], got shape ", a.sizes());
+  TORCH_CHECK(b.dim() >= 2, "fused.", op, ": b must have at least 2 dims [*B, M, D], got shape ", b.sizes());
+  TORCH_CHECK(a.size(-1) == b.size(-1), "fused.", op, ": a and b must have the same last dim D, got ",
+              a.size(-1), " and ", b.size(-1));
+  const int64_t nd = std::max(a.dim(), b.dim()) - 2;
+  std::vector<int64_t> batch(nd);
+  for (int64_t i = 0; i < nd; ++i) {
+    const int64_t ia = a.dim() - 3 - i, ib = b.dim() - 3 - i;
+    const int64_t sa = ia >= 0 ? a.size(ia) : 1, sb = ib >= 0 ? b.size(ib) : 1;
+    TORCH_CHECK(sa == sb || sa == 1 || sb == 1, "fused.", op, ": the batch dims of a ", a.sizes(), " and b ",
+                b.sizes(), " do not broadcast");
+    batch[nd - 1 - i] = sa == 1 ? sb : sa;
+  }
+  Batched r;
+  r.batch = batch;
+  r.N = a.size(-2), r.M = b.size(-2), r.D = a.size(-1);
+  r.B = 1;
+  for (int64_t s : batch) r.B *= s;
+  const auto math = at::toOpMathType(a.scalar_type());
+  auto flat = [&](const at::Tensor& t, int64_t rows) {
+    std::vector<int64_t> shape(batch);
+    shape.push_back(rows);
+    shape.push_back(r.D);
+    at::Tensor flat = t.expand(shape).reshape({r.B, rows, r.D});
+    return (to_math ? flat.to(math) : flat).contiguous();
+  };
+  r.a = flat(a, r.N);
+  r.b = flat(b, r.M);
+  return r;
+}
+
+inline std::vector<int64_t> out_shape(const Batched& x, int64_t last) {
+  std::vector<int64_t> s(x.batch);
+  s.push_back(x.N);
+  s.push_back(last);
+  return s;
+}
+
+// Sums a gradient over the broadcast batch dims back to the input's shape, in the input's dtype.
+inline at::Tensor reduce_to(const at::Tensor& g, const Batched& x, int64_t rows, const at::Tensor& like) {
+  std::vector<int64_t> shape(x.batch);
+  shape.push_back(rows);
+  shape.push_back(x.D);
+  return g.reshape(shape).sum_to_size(like.sizes()).to(like.scalar_type());
+}
+
+}  // namespace distance
+}  // namespace fused

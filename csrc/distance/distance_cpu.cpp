@@ -1,0 +1,429 @@
+// CPU kernels of the distance family: pairwise_distances (forward, backward) and pairwise_topk (forward,
+// backward on the selected pairs). Math in float (double for double); the path follows (p, D) only.
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "distance/distance_args.h"
+#include "distance/distance_cpu.h"
+
+namespace fused {
+namespace distance {
+namespace {
+
+#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
+
+// b of every batch packed in panels: [B, P * D * W].
+template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
+  const int64_t B = b.size(0), M = b.size(1), D = b.size(2), len = num_panels<T>(M) * D * kPanel<T>;
+  at::Tensor panels = at::empty({B, len}, b.options());
+  for (int64_t i = 0; i < B; ++i)
+    pack_panels(b.data_ptr<T>() + i * M * D, M, D, panels.data_ptr<T>() + i * len);
+  return panels;
+}
+
+// Runs body(batch, row0, row1) over every (batch, row range) piece of [0, B * N), in parallel.
+template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t grain, const F& body) {
+  at::parallel_for(0, B * N, grain, [&](int64_t begin, int64_t end) {
+    while (begin < end) {
+      const int64_t bi = begin / N, r0 = begin % N, r1 = std::min(N, r0 + end - begin);
+      body(bi, r0, r1);
+      begin += r1 - r0;
+    }
+  });
+}
+
+// Rows per parallel task: enough work (~2^17 element steps) that small problems stay on one thread.
+int64_t row_grain(int64_t M, int64_t D) { return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4))); }
+
+// The p=2 matmul path's operands, per batch.
+template <typename T> std::vector<MatmulOperands<T>> matmul_operands(const Batched& x) {
+  std::vector<MatmulOperands<T>> ops;
+  ops.reserve(x.B);
+  for (int64_t bi = 0; bi < x.B; ++bi) ops.emplace_back(x.a[bi], x.b[bi]);
+  return ops;
+}
+
+// Runs body(batch, row0, rows, buf) over chunks of rows small enough that rows x M math-type values (buf, one
+// per task) stay in L2, in parallel over the chunks of every batch. Memory: O(M) per thread, never N x M.
+template <typename T, typename F> void for_row_chunks(int64_t B, int64_t N, int64_t M, const F& body) {
+  const int64_t rows = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(M, 1));
+  const int64_t chunks = (N + rows - 1) / rows;
+  at::parallel_for(0, B * chunks, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<T> buf(std::min(rows, N) * M);
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t bi = c / chunks, r0 = (c % chunks) * rows;
+      body(bi, r0, std::min(rows, N - r0), buf.data());
+    }
+  });
+}
+
+// ---- pairwise_distances ----
+at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared) {
+  const char* op = "pairwise_distances";
+  check_p(op, p, squared);
+  Batched x = batched(op, a_in, b_in);
+  at::Tensor out = at::empty(out_shape(x, x.M), a_in.options());
+  if (out.numel() == 0) return out;
+  const Metric metric = metric_of(p);
+  FUSED_DISPATCH_FLOATING(out.scalar_type(), "pairwise_distances", [&] {
+    using T = at::opmath_type<scalar_t>;
+    scalar_t* outp = out.data_ptr<scalar_t>();
+    const int64_t N = x.N, M = x.M, D = x.D;
+    if (use_matmul(metric, D)) {
+      const auto operands = matmul_operands<T>(x);
+      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
+        scalar_t* dst = outp + (bi * N + r0) * M;
+        if constexpr (std::is_same_v<T, scalar_t>) {
+          matmul_rows(operands[bi], r0, nr, squared, reinterpret_cast<T*>(dst));
+        } else {
+          matmul_rows(operands[bi], r0, nr, squared, buf);
+          store_block(buf, dst, nr * M);
+        }
+      });
+      return;
+    }
+    at::Tensor panels = pack_batches<T>(x.b);
+    const int64_t plen = panels.size(1);
+    const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
+    const Params<T> prm(p, squared);
+    visit_metric(metric, [&](auto tag) {
+      constexpr Metric Mt = decltype(tag)::value;
+      parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
+        scalar_t* dst = outp + (bi * N + r0) * M;
+        direct_rows<Mt>(ap + (bi * N + r0) * D, r1 - r0, D, pp + bi * plen, M, prm,
+                        [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
+      });
+    });
+  });
+  return out;
+}
+
+// One pass over grad and dist for rows [0, rows) of a against all of b (packed in panels): grad_a of those rows,
+// and their contribution to grad_b added into gb_part (panel layout [P][D][W]). Every pair's term phi is computed
+// once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes at the end of the row block)
+// and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
+template <Metric Mt, typename T>
+void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist,
+               const Params<T>& prm, T* ga, T* gb_part) {
+  using V = Vec<T>;
+  constexpr int64_t L = V::size(), W = kPanel<T>;
+  constexpr int R = 4;
+  std::vector<V> acc(R * D * 2);
+  const int64_t P = num_panels<T>(M);
+  const V lane0 = V::arange(T(0), T(1)), lane1 = V::arange(T(L), T(1));
+  auto load = [](const T* src, int64_t n) { return n >= L ? V::loadu(src) : n > 0 ? V::loadu(src, n) : V(0); };
+  for (int64_t r0 = 0; r0 < rows; r0 += R) {
+    const int nr = static_cast<int>(std::min<int64_t>(R, rows - r0));
+    std::fill(acc.begin(), acc.end(), V(0));
+    for (int64_t pj = 0; pj < P; ++pj) {
+      const int64_t j0 = pj * W, len = std::min(W, M - j0);
+      const bool tail = len < W;
+      const V m0 = lane0 < V(T(len)), m1 = lane1 < V(T(len));
+      V wv[R][2], dv[R][2];
+      for (int r = 0; r < nr; ++r) {
+        const int64_t off = (r0 + r) * M + j0;
+        dv[r][0] = load(dist + off, len);
+        dv[r][1] = load(dist + off + L, len - L);
+        wv[r][0] = pair_weight<Mt>(load(g + off, len), dv[r][0], prm);
+        wv[r][1] = pair_weight<Mt>(load(g + off + L, len - L), dv[r][1], prm);
+      }
+      const T* panel = panels + pj * D * W;
+      T* gbp = gb_part + pj * D * W;
+      for (int64_t d = 0; d < D; ++d) {
+        const V b0 = V::loadu(panel + d * W), b1 = V::loadu(panel + d * W + L);
+        V s0 = V::loadu(gbp + d * W), s1 = V::loadu(gbp + d * W + L);
+        for (int r = 0; r < nr; ++r) {
+          const V av(a[(r0 + r) * D + d]);
+          V t0 = grad_term<Mt>(av - b0, wv[r][0], dv[r][0], prm);
+          V t1 = grad_term<Mt>(av - b1, wv[r][1], dv[r][1], prm);
+          if (tail) {  // padded columns contribute exactly 0, even against inf in a
+            t0 = V::blendv(V(0), t0, m0);
+            t1 = V::blendv(V(0), t1, m1);
+          }
+          V* ac = acc.data() + (r * D + d) * 2;
+          ac[0] = ac[0] + t0;
+          ac[1] = ac[1] + t1;
+          s0 = s0 - t0;
+          s1 = s1 - t1;
+        }
+        s0.store(gbp + d * W);
+        s1.store(gbp + d * W + L);
+      }
+    }
+    for (int r = 0; r < nr; ++r)
+      for (int64_t d = 0; d < D; ++d) {
+        T lanes[L];
+        const V* ac = acc.data() + (r * D + d) * 2;
+        (ac[0] + ac[1]).store(lanes);
+        T s = 0;
+        for (int64_t l = 0; l < L; ++l) s += lanes[l];
+        ga[(r0 + r) * D + d] = s;
+      }
+  }
+}
+
+// Both gradients for a [B, N, D], b [B, M, D], grad and dist [B, N, M] (math type, contiguous). Rows are cut
+// into chunks fixed by N alone; each chunk adds into its own grad_b partial, summed in chunk order: the result
+// does not depend on the thread count.
+template <Metric Mt, typename T>
+std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g,
+                                            const at::Tensor& dist, const Params<T>& prm) {
+  const int64_t B = a.size(0), N = a.size(1), D = a.size(2), M = b.size(1);
+  constexpr int64_t W = kPanel<T>;
+  at::Tensor ga = at::empty_like(a), gb = at::empty_like(b);
+  at::Tensor panels = pack_batches<T>(b);
+  const int64_t plen = panels.size(1);
+  const int64_t rows_per_chunk = std::max<int64_t>(64, (N + 15) / 16), chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  at::Tensor parts = at::zeros({B, chunks, plen}, a.options());
+  const T *ap = a.data_ptr<T>(), *pp = panels.data_ptr<T>(), *gp = g.data_ptr<T>(), *dp = dist.data_ptr<T>();
+  T *gap = ga.data_ptr<T>(), *partp = parts.data_ptr<T>();
+  const int64_t grain = B * N * M * (D + 4) < (1 << 18) ? B * chunks : 1;
+  at::parallel_for(0, B * chunks, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bi = t / chunks, r0 = (t % chunks) * rows_per_chunk, nr = std::min(rows_per_chunk, N - r0);
+      const int64_t row = bi * N + r0;
+      grad_rows<Mt>(ap + row * D, nr, D, pp + bi * plen, M, gp + row * M, dp + row * M, prm, gap + row * D,
+                    partp + t * plen);
+    }
+  });
+  T* gbp = gb.data_ptr<T>();
+  at::parallel_for(0, B * num_panels<T>(M), 16, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      const int64_t bi = q / num_panels<T>(M), pj = q % num_panels<T>(M);
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t l = 0; l < W && pj * W + l < M; ++l) {
+          T s = 0;
+          for (int64_t c = 0; c < chunks; ++c) s += partp[(bi * chunks + c) * plen + (pj * D + d) * W + l];
+          gbp[(bi * M + pj * W + l) * D + d] = s;
+        }
+    }
+  });
+  return {ga, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Tensor& grad_in, const at::Tensor& a_in,
+                                                                   const at::Tensor& b_in, const at::Tensor& dist_in,
+                                                                   double p, bool squared) {
+  const char* op = "pairwise_distances_backward";
+  check_p(op, p, squared);
+  Batched x = batched(op, a_in, b_in);
+  check_like(op, "grad", grad_in, "a", a_in);
+  check_like(op, "dist", dist_in, "a", a_in);
+  const auto expected = out_shape(x, x.M);
+  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(expected), "fused.", op, ": grad shape ", grad_in.sizes(),
+              " does not match the distances' shape ", at::IntArrayRef(expected));
+  TORCH_CHECK(dist_in.sizes() == grad_in.sizes(), "fused.", op, ": dist shape ", dist_in.sizes(),
+              " does not match grad shape ", grad_in.sizes());
+  const Metric metric = metric_of(p);
+  if (x.B * x.N * x.M * x.D == 0 || metric == Metric::P0)
+    return {at::zeros_like(a_in, at::MemoryFormat::Contiguous), at::zeros_like(b_in, at::MemoryFormat::Contiguous)};
+  at::Tensor ga, gb;
+  FUSED_DISPATCH_FLOATING(a_in.scalar_type(), "pairwise_distances_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const auto math = x.a.scalar_type();
+    at::Tensor g = grad_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
+    at::Tensor dist = dist_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
+    const Params<T> prm(p, squared);
+    visit_metric(metric, [&](auto tag) {
+      std::tie(ga, gb) = grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, prm);
+    });
+  });
+  return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
+}
+
+// ---- pairwise_topk: distances and a running k-best per row, never the N x M matrix ----
+
+// Value order for the selection: smallest (or largest) first, NaN last (or first) as torch.topk ranks it.
+template <typename T> struct Order {
+  bool largest;
+  bool better(T x, T y) const {  // strictly better value
+    if (largest) return !std::isnan(y) && (std::isnan(x) || x > y);
+    return !std::isnan(x) && (std::isnan(y) || x < y);
+  }
+  // Ties to the lower index.
+  bool operator()(const std::pair<T, int64_t>& x, const std::pair<T, int64_t>& y) const {
+    return better(x.first, y.first) || (!better(y.first, x.first) && x.second < y.second);
+  }
+};
+
+// The k best (value, index) of one row: a heap whose top is the worst kept. Columns arrive in increasing
+// order, so a newcomer equal to the worst loses the tie.
+template <typename T> struct KBest {
+  std::vector<std::pair<T, int64_t>> heap;
+  void offer(T v, int64_t j, int64_t k, const Order<T>& order) {
+    if (static_cast<int64_t>(heap.size()) < k) {
+      heap.emplace_back(v, j);
+      std::push_heap(heap.begin(), heap.end(), order);
+    } else if (k > 0 && order.better(v, heap.front().first)) {
+      std::pop_heap(heap.begin(), heap.end(), order);
+      heap.back() = {v, j};
+      std::push_heap(heap.begin(), heap.end(), order);
+    }
+  }
+  template <typename scalar_t> void write(const Order<T>& order, scalar_t* values, int64_t* indices) {
+    std::sort_heap(heap.begin(), heap.end(), order);
+    for (size_t t = 0; t < heap.size(); ++t) {
+      values[t] = static_cast<scalar_t>(heap[t].first);
+      indices[t] = heap[t].second;
+    }
+    heap.clear();
+  }
+};
+
+// Offers `len` distances from column j0 on, rounded to the output dtype first (the selection sees the values
+// it returns, so ties are the output's ties). Once the heap is full, vectors of candidates that cannot beat the
+// worst kept value are skipped whole (rounding is monotone, so comparing unrounded values is conservative).
+template <typename scalar_t, typename T>
+inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len, int64_t k, const Order<T>& order) {
+  using V = Vec<T>;
+  constexpr int64_t L = V::size();
+  int64_t l = 0;
+  while (l < len) {
+    const bool full = static_cast<int64_t>(best.heap.size()) == k;
+    if (full && l + L <= len && !std::isnan(best.heap.front().first)) {
+      const V worst(best.heap.front().first), x = V::loadu(v + l);
+      // Lanes that could be better: strictly smaller (largest: strictly larger or NaN).
+      const V maybe = order.largest ? (x > worst) | (x != x) : x < worst;
+      if (maybe.zero_mask() == (1 << L) - 1) {
+        l += L;
+        continue;
+      }
+      for (int64_t e = l + L; l < e; ++l)
+        best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
+      continue;
+    }
+    best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
+    ++l;
+  }
+}
+
+std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
+                                                     double p, bool squared, bool largest) {
+  const char* op = "pairwise_topk";
+  check_p(op, p, squared);
+  Batched x = batched(op, a_in, b_in);
+  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
+  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+  at::Tensor values = at::empty(out_shape(x, k), a_in.options());
+  at::Tensor indices = at::empty(out_shape(x, k), a_in.options().dtype(at::kLong));
+  if (values.numel() == 0) return {values, indices};
+  const Metric metric = metric_of(p);
+  FUSED_DISPATCH_FLOATING(values.scalar_type(), "pairwise_topk", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const Order<T> order{largest};
+    scalar_t* vp = values.data_ptr<scalar_t>();
+    int64_t* ip = indices.data_ptr<int64_t>();
+    const int64_t N = x.N, M = x.M, D = x.D;
+    if (use_matmul(metric, D)) {
+      const auto operands = matmul_operands<T>(x);
+      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
+        matmul_rows(operands[bi], r0, nr, squared, buf);
+        KBest<T> best;
+        best.heap.reserve(k);
+        for (int64_t i = 0; i < nr; ++i) {
+          offer_all<scalar_t>(best, buf + i * M, 0, M, k, order);
+          const int64_t row = bi * N + r0 + i;
+          best.write(order, vp + row * k, ip + row * k);
+        }
+      });
+      return;
+    }
+    at::Tensor panels = pack_batches<T>(x.b);
+    const int64_t plen = panels.size(1);
+    const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
+    const Params<T> prm(p, squared);
+    visit_metric(metric, [&](auto tag) {
+      constexpr Metric Mt = decltype(tag)::value;
+      parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
+        constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
+        std::vector<KBest<T>> best(R);
+        for (auto& h : best) h.heap.reserve(k);
+        for (int64_t s = r0; s < r1; s += R) {
+          const int64_t nr = std::min(R, r1 - s);
+          direct_rows<Mt>(ap + (bi * N + s) * D, nr, D, pp + bi * plen, M, prm,
+                          [&](int64_t r, int64_t j0, int64_t len, const T* v) {
+                            offer_all<scalar_t>(best[r], v, j0, len, k, order);
+                          });
+          for (int64_t r = 0; r < nr; ++r) {
+            const int64_t row = bi * N + s + r;
+            best[r].write(order, vp + row * k, ip + row * k);
+          }
+        }
+      });
+    });
+  });
+  return {values, indices};
+}
+
+// Gradient through the selected pairs only: O(N k D) work, no N x M buffer. grad_b is accumulated per batch in
+// row order (deterministic).
+std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& grad_in, const at::Tensor& a_in,
+                                                              const at::Tensor& b_in, const at::Tensor& values_in,
+                                                              const at::Tensor& indices_in, double p, bool squared) {
+  const char* op = "pairwise_topk_backward";
+  check_p(op, p, squared);
+  Batched x = batched(op, a_in, b_in);
+  check_like(op, "grad", grad_in, "a", a_in);
+  check_like(op, "values", values_in, "a", a_in);
+  TORCH_CHECK(indices_in.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ",
+              indices_in.scalar_type());
+  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() &&
+                  values_in.dim() >= 2 && values_in.size(-2) == x.N,
+              "fused.", op, ": grad ", grad_in.sizes(), ", values ", values_in.sizes(), " and indices ",
+              indices_in.sizes(), " must share the shape [*B, N, k]");
+  const int64_t k = values_in.size(-1);
+  const Metric metric = metric_of(p);
+  if (x.B * x.N * k * x.D == 0 || metric == Metric::P0)
+    return {at::zeros_like(a_in, at::MemoryFormat::Contiguous), at::zeros_like(b_in, at::MemoryFormat::Contiguous)};
+  at::Tensor ga = at::empty_like(x.a), gb = at::zeros_like(x.b);
+  FUSED_DISPATCH_FLOATING(a_in.scalar_type(), "pairwise_topk_backward", [&] {
+    using T = at::opmath_type<scalar_t>;
+    const auto math = x.a.scalar_type();
+    at::Tensor g = grad_in.reshape({x.B, x.N, k}).to(math).contiguous();
+    at::Tensor v = values_in.reshape({x.B, x.N, k}).to(math).contiguous();
+    at::Tensor idx = indices_in.reshape({x.B, x.N, k}).contiguous();
+    const T *ap = x.a.data_ptr<T>(), *bp = x.b.data_ptr<T>(), *gp = g.data_ptr<T>(), *vp = v.data_ptr<T>();
+    const int64_t* ip = idx.data_ptr<int64_t>();
+    T *gap = ga.data_ptr<T>(), *gbp = gb.data_ptr<T>();
+    const int64_t N = x.N, M = x.M, D = x.D;
+    visit_metric(metric, [&](auto tag) {
+      constexpr Metric Mt = decltype(tag)::value;
+      // One selected pair: add its gradient for a (sign +1) or for b (sign -1) into dst.
+      auto pair = [&](int64_t bi, int64_t i, int64_t t, T sign, T* dst) {
+        const int64_t e = (bi * N + i) * k + t, j = ip[e];
+        TORCH_CHECK(0 <= j && j < M, "fused.", op, ": index ", j, " out of range for b with ", M, " points");
+        const T w = pair_weight<Mt>(gp[e], vp[e], p, squared);
+        const T *ar = ap + (bi * N + i) * D, *br = bp + (bi * M + j) * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] += sign * grad_term_scalar<Mt>(ar[d] - br[d], w, vp[e], p);
+      };
+      parallel_batch_rows(x.B, N, 64, [&](int64_t bi, int64_t r0, int64_t r1) {
+        for (int64_t i = r0; i < r1; ++i) {
+          T* dst = gap + (bi * N + i) * D;
+          std::fill(dst, dst + D, T(0));
+          for (int64_t t = 0; t < k; ++t) pair(bi, i, t, T(1), dst);
+        }
+      });
+      at::parallel_for(0, x.B, 1, [&](int64_t b0, int64_t b1) {
+        for (int64_t bi = b0; bi < b1; ++bi)
+          for (int64_t i = 0; i < N; ++i)
+            for (int64_t t = 0; t < k; ++t) pair(bi, i, t, T(-1), gbp + (bi * M + ip[(bi * N + i) * k + t]) * D);
+      });
+    });
+  });
+  return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("pairwise_distances", &pairwise_distances_cpu);
+  m.impl("pairwise_distances_backward", &pairwise_distances_backward_cpu);
+  m.impl("pairwise_topk", &pairwise_topk_cpu);
+  m.impl("pairwise_topk_backward", &pairwise_topk_backward_cpu);
+}
+
+}  // namespace distance
+}  // namespace fused

@@ -1,0 +1,250 @@
+// CPU building blocks of the distance family: the metrics (per p) as at::vec code, b packed in column panels,
+// the direct register-blocked tile kernel (R rows of a x W columns of b, any D, vectorised along the columns so
+// that it stays fast when D < 8), and the p=2 matmul path with its exact recompute of small distances.
+#pragma once
+#include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
+#include <limits>
+
+#include "common/checks.h"
+#include "common/cpu_utils.h"
+
+namespace fused {
+namespace distance {
+
+enum class Metric { P0, P1, P2, PInf, PGen };
+
+inline Metric metric_of(double p) {
+  if (p == 0) return Metric::P0;
+  if (p == 1) return Metric::P1;
+  if (p == 2) return Metric::P2;
+  if (std::isinf(p)) return Metric::PInf;
+  return Metric::PGen;
+}
+
+// The path rule: the tensor-core/BLAS matmul only for p=2 with D >= kMatmulMinD (any N, M).
+constexpr int64_t kMatmulMinD = 32;
+inline bool use_matmul(Metric m, int64_t D) { return m == Metric::P2 && D >= kMatmulMinD; }
+// The matmul path recomputes directly every d^2 below this fraction of |a|^2 + |b|^2 (after centering): there
+// the cancellation in |a|^2 + |b|^2 - 2 a.b would cost more than a few bits.
+constexpr double kRecompute = 1.0 / 16;
+
+template <typename F> void visit_metric(Metric m, const F& f) {
+  switch (m) {
+    case Metric::P0: return f(std::integral_constant<Metric, Metric::P0>());
+    case Metric::P1: return f(std::integral_constant<Metric, Metric::P1>());
+    case Metric::P2: return f(std::integral_constant<Metric, Metric::P2>());
+    case Metric::PInf: return f(std::integral_constant<Metric, Metric::PInf>());
+    case Metric::PGen: return f(std::integral_constant<Metric, Metric::PGen>());
+  }
+}
+
+template <typename T> struct Params {
+  Vec<T> p, inv_p, p_minus_1;
+  bool squared;
+  explicit Params(double p_, bool sq)
+      : p(T(p_)), inv_p(T(1.0 / p_)), p_minus_1(T(p_ - 1)), squared(sq) {}
+};
+
+// acc <- acc (+) term(diff): the sum (or max) of |diff|^p, NaN-propagating like eager.
+template <Metric Mt, typename T> inline Vec<T> accumulate(Vec<T> acc, Vec<T> diff, const Params<T>& prm) {
+  using V = Vec<T>;
+  if constexpr (Mt == Metric::P0) return acc + at::vec::minimum(diff.abs().ceil(), V(1));
+  else if constexpr (Mt == Metric::P1) return acc + diff.abs();
+  else if constexpr (Mt == Metric::P2) return at::vec::fmadd(diff, diff, acc);
+  else if constexpr (Mt == Metric::PInf) return at::vec::maximum(acc, diff.abs());
+  else return acc + diff.abs().pow(prm.p);
+}
+
+template <Metric Mt, typename T> inline Vec<T> finish(Vec<T> acc, const Params<T>& prm) {
+  if constexpr (Mt == Metric::P2) return prm.squared ? acc : acc.sqrt();
+  else if constexpr (Mt == Metric::PGen) return acc.pow(prm.inv_p);
+  else return acc;
+}
+template <Metric Mt, typename T> inline T finish_scalar(T acc, double p, bool squared) {
+  if constexpr (Mt == Metric::P2) return squared ? acc : std::sqrt(acc);
+  else if constexpr (Mt == Metric::PGen) return std::pow(acc, T(1.0 / p));
+  else return acc;
+}
+
+// Gradient of one pair's distance with respect to a, per coordinate: w * phi(diff), where w is the per-pair
+// weight from weights() below. phi is odd in diff, so the gradient for b is the same kernel with a and b swapped.
+template <Metric Mt, typename T> inline Vec<T> grad_term(Vec<T> diff, Vec<T> w, Vec<T> dist, const Params<T>& prm) {
+  using V = Vec<T>;
+  if constexpr (Mt == Metric::P2) return diff * w;
+  else if constexpr (Mt == Metric::P1) return w * p_sign(diff);
+  else if constexpr (Mt == Metric::PInf) return V::blendv(V(0), w * p_sign(diff), diff.abs() == dist);
+  else {
+    // sign(diff) |diff|^(p-1); zero at diff == 0 (also for p < 1, where the power is infinite).
+    V t = p_sign(diff) * diff.abs().pow(prm.p_minus_1);
+    return V::blendv(w * t, V(0), diff == V(0));
+  }
+}
+
+// The per-pair weight w of grad_term: 0 where the gradient is 0 by convention (zero distance).
+template <Metric Mt, typename T> inline Vec<T> pair_weight(Vec<T> g, Vec<T> dist, const Params<T>& prm) {
+  using V = Vec<T>;
+  if constexpr (Mt == Metric::P2) return prm.squared ? g * V(2) : V::blendv(g / dist, V(0), dist == V(0));
+  else if constexpr (Mt == Metric::PGen) return V::blendv(g / dist.pow(prm.p_minus_1), V(0), dist == V(0));
+  else if constexpr (Mt == Metric::P0) return V(0);
+  else return g;
+}
+
+// ---- b packed in panels of W columns: panel[d][l] = b[j0 + l][d], zero-padded past M ----
+template <typename T> constexpr int64_t kPanel = 2 * Vec<T>::size();
+
+template <typename T> inline int64_t num_panels(int64_t M) { return (M + kPanel<T> - 1) / kPanel<T>; }
+
+template <typename T> void pack_panels(const T* b, int64_t M, int64_t D, T* dst) {
+  constexpr int64_t W = kPanel<T>;
+  at::parallel_for(0, num_panels<T>(M), 16, [&](int64_t p0, int64_t p1) {
+    for (int64_t pj = p0; pj < p1; ++pj) {
+      T* panel = dst + pj * D * W;
+      for (int64_t d = 0; d < D; ++d)
+        for (int64_t l = 0; l < W; ++l) {
+          const int64_t j = pj * W + l;
+          panel[d * W + l] = j < M ? b[j * D + d] : T(0);
+        }
+    }
+  });
+}
+
+// Distances of R rows of a (row-major, stride D) against one panel: out[r][0..W).
+template <Metric Mt, int R, typename T>
+inline void direct_tile(const T* a, int64_t D, const T* panel, const Params<T>& prm, T (*out)[kPanel<T>]) {
+  using V = Vec<T>;
+  constexpr int64_t L = V::size();
+  V acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = V(0);
+  for (int64_t d = 0; d < D; ++d) {
+    const V b0 = V::loadu(panel + d * 2 * L), b1 = V::loadu(panel + d * 2 * L + L);
+    for (int r = 0; r < R; ++r) {
+      const V av(a[r * D + d]);
+      acc[r][0] = accumulate<Mt>(acc[r][0], av - b0, prm);
+      acc[r][1] = accumulate<Mt>(acc[r][1], av - b1, prm);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    finish<Mt>(acc[r][0], prm).store(out[r]);
+    finish<Mt>(acc[r][1], prm).store(out[r] + L);
+  }
+}
+
+// Calls consume(r, j0, len, values) for every tile of rows [0, rows) of a against all M columns of b (packed);
+// values holds `len` finished distances of row r from column j0 on.
+template <Metric Mt, typename T, typename Consume>
+void direct_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const Params<T>& prm,
+                 const Consume& consume) {
+  constexpr int64_t W = kPanel<T>;
+  constexpr int R = 4;
+  alignas(64) T tile[R][W];
+  const int64_t P = num_panels<T>(M);
+  int64_t r = 0;
+  for (; r + R <= rows; r += R)
+    for (int64_t pj = 0; pj < P; ++pj) {
+      direct_tile<Mt, R>(a + r * D, D, panels + pj * D * W, prm, tile);
+      for (int i = 0; i < R; ++i) consume(r + i, pj * W, std::min(W, M - pj * W), tile[i]);
+    }
+  for (; r < rows; ++r)
+    for (int64_t pj = 0; pj < P; ++pj) {
+      direct_tile<Mt, 1>(a + r * D, D, panels + pj * D * W, prm, tile);
+      consume(r, pj * W, std::min(W, M - pj * W), tile[0]);
+    }
+}
+
+template <Metric Mt, typename T> inline T direct_pair(const T* a, const T* b, int64_t D, double p, bool squared) {
+  T acc = 0;
+  // Scalar twin of accumulate() (recomputes in the matmul path, topk backward).
+  for (int64_t d = 0; d < D; ++d) {
+    const T diff = a[d] - b[d];
+    if constexpr (Mt == Metric::P2) acc += diff * diff;
+    else if constexpr (Mt == Metric::P1) acc += std::abs(diff);
+    else if constexpr (Mt == Metric::P0) acc += std::isnan(diff) ? diff : T(diff != 0);
+    else if constexpr (Mt == Metric::PInf) acc = std::isnan(acc) || std::abs(diff) <= acc ? acc : std::abs(diff);
+    else acc += std::pow(std::abs(diff), T(p));
+  }
+  return finish_scalar<Mt>(acc, p, squared);
+}
+
+// ---- the p=2 matmul path for one batch ----
+// a, b: [N, D], [M, D] in the math type. Centering both at the mean of b (distances are translation invariant)
+// keeps |a|^2 + |b|^2 - 2 a.b small for point clouds far from the origin.
+template <typename T> struct MatmulOperands {
+  at::Tensor a, b;          // uncentered, for the direct recompute
+  at::Tensor ac, bc;        // centered
+  at::Tensor na, nb;        // squared norms of the centered rows
+  MatmulOperands(const at::Tensor& a_, const at::Tensor& b_) : a(a_), b(b_) {
+    at::Tensor center = b.size(0) ? b.mean(0, /*keepdim=*/true) : at::zeros({1, b.size(1)}, b.options());
+    if (!center.isfinite().all().item<bool>()) center.zero_();  // inf/NaN rows: the recompute handles them
+    ac = a - center;
+    bc = b - center;
+    na = ac.square().sum(1).contiguous();
+    nb = bc.square().sum(1).contiguous();
+  }
+};
+
+// dst[0..nr, 0..M) = distances of rows [r0, r0 + nr) of a to every row of b. Single-threaded: callers run it on
+// row chunks whose output stays in L2 (about 512 KB), in parallel.
+template <typename T>
+void matmul_rows(const MatmulOperands<T>& op, int64_t r0, int64_t nr, bool squared, T* dst) {
+  using V = Vec<T>;
+  const int64_t M = op.b.size(0), D = op.b.size(1);
+  at::Tensor out = at::from_blob(dst, {nr, M}, op.a.options());
+  at::mm_out(out, op.ac.narrow(0, r0, nr), op.bc.t());
+  const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
+  const T *a = op.a.template data_ptr<T>(), *b = op.b.template data_ptr<T>();
+  const V c = V(T(kRecompute)), two = V(T(2)), inf = V(std::numeric_limits<T>::infinity());
+  for (int64_t i = 0; i < nr; ++i) {
+    T* row = dst + i * M;
+    const V nai(na[i]);
+    // d^2 from the norms, clamped at 0 (NaN stays), root taken; count the entries to recompute directly: small
+    // against the norms (cancellation), inf or NaN.
+    V flags(0);
+    auto step = [&](int64_t j, int64_t n) {
+      const V s = nai + V::loadu(nb + j, n);
+      const V d2 = s - two * V::loadu(row + j, n);
+      flags = flags + (d2.le(c * s) + (V(1) - d2.abs().lt(inf)));
+      const V pos = V::blendv(d2, V(0), d2 < V(0));
+      (squared ? pos : pos.sqrt()).store(row + j, n);
+    };
+    int64_t j = 0;
+    for (; j + V::size() <= M; j += V::size()) step(j, V::size());
+    if (j < M) step(j, M - j);
+    T f[V::size()];
+    flags.store(f);
+    bool any = false;
+    for (int64_t l = 0; l < V::size(); ++l) any |= f[l] != 0;
+    if (!any) continue;
+    // Rare (duplicates, near neighbours, inf/NaN): recompute every entry whose stored value could come from a
+    // flagged d^2 (a superset: the root and clamp are monotone; the slack covers their rounding).
+    for (int64_t j = 0; j < M; ++j) {
+      const T y = row[j], y2 = squared ? y : y * y;
+      if (!(y2 > T(kRecompute) * (na[i] + nb[j]) * T(1.0001)) || std::isinf(y))
+        row[j] = direct_pair<Metric::P2>(a + (r0 + i) * D, b + j * D, D, 2.0, squared);
+    }
+  }
+}
+
+// Scalar twins of grad_term and of the per-pair weight w (0 where the gradient is 0 by convention: at zero
+// distance, and everywhere for p = 0).
+template <Metric Mt, typename T> inline T pair_weight(T g, T dist, double p, bool squared) {
+  if constexpr (Mt == Metric::P0) return T(0);
+  else if constexpr (Mt == Metric::P2) return squared ? T(2) * g : (dist == T(0) ? T(0) : g / dist);
+  else if constexpr (Mt == Metric::PGen) return dist == T(0) ? T(0) : g / std::pow(dist, T(p - 1));
+  else return g;
+}
+template <typename T> inline T sign_of(T x) { return T(x > 0) - T(x < 0); }
+template <Metric Mt, typename T> inline T grad_term_scalar(T diff, T w, T dist, double p) {
+  if constexpr (Mt == Metric::P2) return diff * w;
+  else if constexpr (Mt == Metric::P1) return w * sign_of(diff);
+  else if constexpr (Mt == Metric::PInf) return std::abs(diff) == dist ? w * sign_of(diff) : T(0);
+  else if constexpr (Mt == Metric::PGen) return diff == T(0) ? T(0) : w * sign_of(diff) * std::pow(std::abs(diff), T(p - 1));
+  else return T(0);
+}
+
+}  // namespace distance
+}  // namespace fused

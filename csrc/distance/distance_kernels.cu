@@ -1,0 +1,225 @@
+// CUDA kernels of the fused distance family (torch-free; see distance_kernels.h).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "distance/distance_kernels.h"
+
+namespace fused {
+namespace cuda {
+namespace distance {
+namespace {
+
+template <typename T> struct MathType { using type = float; };
+template <> struct MathType<double> { using type = double; };
+
+template <typename T> __device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
+template <> __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename M, typename T> __device__ __forceinline__ M load(const T* p) { return to_float(*p); }
+template <> __device__ __forceinline__ double load<double, double>(const double* p) { return *p; }
+
+// Math type -> storage type (round to nearest).
+template <typename T> struct Cast {
+  template <typename M> __device__ static T to(M x) { return static_cast<T>(x); }
+};
+template <> struct Cast<__half> {
+  __device__ static __half to(float x) { return __float2half_rn(x); }
+};
+template <> struct Cast<__nv_bfloat16> {
+  __device__ static __nv_bfloat16 to(float x) { return __float2bfloat16_rn(x); }
+};
+
+// acc (+) |diff|^p, NaN-propagating like eager.
+template <Metric MT, typename M> __device__ __forceinline__ M accumulate(M acc, M diff, M p) {
+  if constexpr (MT == Metric::kZero) return acc + (isnan(diff) ? diff : M(diff != M(0)));
+  else if constexpr (MT == Metric::kOne) return acc + fabs(diff);
+  else if constexpr (MT == Metric::kTwo) return fma(diff, diff, acc);
+  else if constexpr (MT == Metric::kInf) {
+    const M ad = fabs(diff);
+    return isnan(ad) || ad > acc ? ad : acc;  // once NaN, `ad > acc` is false: NaN stays
+  } else return acc + pow(fabs(diff), p);
+}
+
+template <Metric MT, typename M> __device__ __forceinline__ M finish(M acc, M inv_p, bool squared) {
+  if constexpr (MT == Metric::kTwo) return squared ? acc : sqrt(acc);
+  else if constexpr (MT == Metric::kGeneral) return pow(acc, inv_p);
+  else return acc;
+}
+
+constexpr int kThreadsX = 32, kThreadsY = 8;       // 256 threads
+constexpr int kRowsPerThread = 8, kColsPerThread = 4;
+constexpr int kTileN = kThreadsY * kRowsPerThread;  // 64 rows of a
+constexpr int kTileM = kThreadsX * kColsPerThread;  // 128 rows of b
+constexpr int kChunkD = 16;                         // coordinates staged in shared memory at a time
+
+// One block: a 64 x 128 output tile of batch blockIdx.z. Coordinates are staged kChunkD at a time: a as
+// [64][kChunkD] (a warp reads one row: broadcast), b transposed as [kChunkD][128] (a warp reads consecutive
+// columns: no bank conflicts). Thread (tx, ty) owns rows ty + 8 r and columns tx + 32 c, so each store of a
+// warp covers 32 consecutive outputs.
+template <typename T, Metric MT>
+__global__ void __launch_bounds__(kThreadsX* kThreadsY)
+    direct_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t N, int64_t M,
+                  int64_t D, typename MathType<T>::type p, typename MathType<T>::type inv_p, bool squared) {
+  using Acc = typename MathType<T>::type;
+  __shared__ Acc as[kTileN][kChunkD + 1];
+  __shared__ Acc bs[kChunkD][kTileM];
+  const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kThreadsX + tx;
+  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTileN, j0 = static_cast<int64_t>(blockIdx.x) * kTileM;
+  const int64_t batch = blockIdx.z;
+  const T* ab = a + batch * N * D;
+  const T* bb = b + batch * M * D;
+  Acc acc[kRowsPerThread][kColsPerThread];
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r)
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) acc[r][c] = Acc(0);
+  for (int64_t d0 = 0; d0 < D; d0 += kChunkD) {
+    const int dc = static_cast<int>(D - d0 < kChunkD ? D - d0 : kChunkD);
+    for (int e = tid; e < kTileN * kChunkD; e += kThreadsX * kThreadsY) {
+      const int r = e / kChunkD, d = e % kChunkD;
+      const int64_t i = i0 + r;
+      as[r][d] = (i < N && d < dc) ? load<Acc>(ab + i * D + d0 + d) : Acc(0);
+    }
+    for (int e = tid; e < kTileM * kChunkD; e += kThreadsX * kThreadsY) {
+      const int c = e / kChunkD, d = e % kChunkD;
+      const int64_t j = j0 + c;
+      bs[d][c] = (j < M && d < dc) ? load<Acc>(bb + j * D + d0 + d) : Acc(0);
+    }
+    __syncthreads();
+    for (int d = 0; d < dc; ++d) {
+      Acc bv[kColsPerThread];
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) bv[c] = bs[d][tx + kThreadsX * c];
+#pragma unroll
+      for (int r = 0; r < kRowsPerThread; ++r) {
+        const Acc av = as[ty + kThreadsY * r][d];
+#pragma unroll
+        for (int c = 0; c < kColsPerThread; ++c) acc[r][c] = accumulate<MT>(acc[r][c], av - bv[c], p);
+      }
+    }
+    __syncthreads();
+  }
+  T* ob = out + batch * N * M;
+#pragma unroll
+  for (int r = 0; r < kRowsPerThread; ++r) {
+    const int64_t i = i0 + ty + kThreadsY * r;
+    if (i >= N) continue;
+#pragma unroll
+    for (int c = 0; c < kColsPerThread; ++c) {
+      const int64_t j = j0 + tx + kThreadsX * c;
+      if (j < M) ob[i * M + j] = Cast<T>::to(finish<MT>(acc[r][c], inv_p, squared));
+    }
+  }
+}
+
+template <Metric MT, typename M> __device__ __forceinline__ M pair_weight(M g, M dist, M p, bool squared) {
+  if constexpr (MT == Metric::kTwo) return squared ? M(2) * g : (dist == M(0) ? M(0) : g / dist);
+  else if constexpr (MT == Metric::kGeneral) return dist == M(0) ? M(0) : g / pow(dist, p - M(1));
+  else if constexpr (MT == Metric::kZero) return M(0);
+  else return g;
+}
+
+template <Metric MT, typename M> __device__ __forceinline__ M grad_term(M diff, M w, M dist, M p) {
+  const M sign = M(diff > M(0)) - M(diff < M(0));
+  if constexpr (MT == Metric::kTwo) return diff * w;
+  else if constexpr (MT == Metric::kOne) return w * sign;
+  else if constexpr (MT == Metric::kInf) return fabs(diff) == dist ? w * sign : M(0);
+  else if constexpr (MT == Metric::kGeneral) return diff == M(0) ? M(0) : w * sign * pow(fabs(diff), p - M(1));
+  else return M(0);
+}
+
+template <typename T, Metric MT>
+__global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ grad,
+                            const T* __restrict__ dist, typename MathType<T>::type* __restrict__ gx, int64_t R,
+                            int64_t C, int64_t D, int64_t s_r, int64_t s_c, typename MathType<T>::type p,
+                            bool squared) {
+  using Acc = typename MathType<T>::type;
+  const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t batch = blockIdx.y;
+  if (e >= R * D) return;
+  const int64_t r = e / D, d = e % D;
+  const Acc xv = load<Acc>(x + batch * R * D + e);
+  const T* yb = y + batch * C * D + d;
+  const int64_t pair0 = batch * R * C + r * s_r;
+  Acc acc = 0;
+  for (int64_t c = 0; c < C; ++c) {
+    const Acc g = load<Acc>(grad + pair0 + c * s_c), dv = load<Acc>(dist + pair0 + c * s_c);
+    acc += grad_term<MT>(xv - load<Acc>(yb + c * D), pair_weight<MT>(g, dv, p, squared), dv, p);
+  }
+  gx[batch * R * D + e] = acc;
+}
+
+template <typename F> cudaError_t visit(DType dtype, Metric metric, const F& f) {
+  auto with_type = [&](auto type_tag) {
+    using T = decltype(type_tag);
+    switch (metric) {
+      case Metric::kZero: return f(T(), std::integral_constant<Metric, Metric::kZero>());
+      case Metric::kOne: return f(T(), std::integral_constant<Metric, Metric::kOne>());
+      case Metric::kTwo: return f(T(), std::integral_constant<Metric, Metric::kTwo>());
+      case Metric::kInf: return f(T(), std::integral_constant<Metric, Metric::kInf>());
+      default: return f(T(), std::integral_constant<Metric, Metric::kGeneral>());
+    }
+  };
+  switch (dtype) {
+    case DType::f32: return with_type(float());
+    case DType::f16: return with_type(__half());
+    case DType::bf16: return with_type(__nv_bfloat16());
+    default: return with_type(double());
+  }
+}
+
+}  // namespace
+
+cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool squared, const void* a,
+                                      const void* b, void* out, int64_t B, int64_t N, int64_t M, int64_t D,
+                                      cudaStream_t stream) {
+  if (B == 0 || N == 0 || M == 0) return cudaSuccess;
+  return visit(dtype, metric, [&](auto type_tag, auto metric_tag) {
+    using T = decltype(type_tag);
+    using Acc = typename MathType<T>::type;
+    constexpr Metric MT = decltype(metric_tag)::value;
+    const dim3 block(kThreadsX, kThreadsY);
+    const int64_t gx = (M + kTileM - 1) / kTileM, gy = (N + kTileN - 1) / kTileN;
+    if (gy > 65535) return cudaErrorInvalidConfiguration;
+    for (int64_t b0 = 0; b0 < B; b0 += 65535) {  // gridDim.z is at most 65535
+      const int64_t nb = B - b0 < 65535 ? B - b0 : 65535;
+      const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
+      direct_kernel<T, MT><<<grid, block, 0, stream>>>(
+          static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D,
+          static_cast<T*>(out) + b0 * N * M, N, M, D, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  });
+}
+
+cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool squared, const void* x,
+                                    const void* y, const void* grad, const void* dist, void* grad_x, int64_t B,
+                                    int64_t R, int64_t C, int64_t D, int64_t s_r, int64_t s_c,
+                                    cudaStream_t stream) {
+  if (B == 0 || R == 0 || D == 0) return cudaSuccess;
+  return visit(dtype, metric, [&](auto type_tag, auto metric_tag) {
+    using T = decltype(type_tag);
+    using Acc = typename MathType<T>::type;
+    constexpr Metric MT = decltype(metric_tag)::value;
+    constexpr int threads = 256;
+    const int64_t blocks = (R * D + threads - 1) / threads;
+    if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
+    for (int64_t b0 = 0; b0 < B; b0 += 65535) {
+      const int64_t nb = B - b0 < 65535 ? B - b0 : 65535;
+      const int64_t pair_off = b0 * R * C;
+      grad_kernel<T, MT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), threads, 0, stream>>>(
+          static_cast<const T*>(x) + b0 * R * D, static_cast<const T*>(y) + b0 * C * D,
+          static_cast<const T*>(grad) + pair_off, static_cast<const T*>(dist) + pair_off,
+          static_cast<Acc*>(grad_x) + b0 * R * D, R, C, D, s_r, s_c, Acc(p), squared);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) return err;
+    }
+    return cudaSuccess;
+  });
+}
+
+}  // namespace distance
+}  // namespace cuda
+}  // namespace fused

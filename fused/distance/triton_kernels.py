@@ -1,0 +1,418 @@
+"""Triton kernels of the distance family and their launchers (the op's own arguments; CUDA tensors, or CPU
+tensors under TRITON_INTERPRET=1).
+
+- direct tiles for every p: BN x BM distances accumulated over D, math in float32 (float64 for float64);
+- p = 2 with D >= 32 (not float64): a tensor-core tile (tl.dot, tf32x3 for float32) with the squared norms added
+  in the epilogue, clamped at 0, and any tile holding a small (cancellation-prone), inf or NaN entry recomputed
+  directly;
+- pairwise_topk: one program per BN rows sweeps all of b keeping a running k-best per row in registers
+  (ties to the lower index, NaN ranked as torch.topk ranks it): memory O(N k), never the N x M matrix;
+- backward: a direct [BR, BC, BD] tile kernel, called once for grad_a and once (with grad and dist read
+  transposed through their strides) for grad_b; fixed-order sums, no atomics.
+"""
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
+
+P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
+RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
+MAX_TOPK_REGISTERS = 256  # k above this: row chunks of the all-pairs kernel + a stable sort
+
+
+def metric_of(p):
+    if p == 0:
+        return P0
+    if p == 1:
+        return P1
+    if p == 2:
+        return P2
+    if math.isinf(p):
+        return PINF
+    return PGEN
+
+
+def use_matmul(metric, d, dtype):
+    return metric == P2 and d >= MATMUL_MIN_D and dtype != torch.float64
+
+
+def _p_const(metric, p):
+    """p as a compile-time constant (exact in float64 math; Triton passes float arguments as float32), used by
+    the general-p kernels only: the others get 1.0 and share one compiled kernel."""
+    return float(p) if metric == PGEN else 1.0
+
+
+def _acc_type(dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _check(op, a, b, p, squared):
+    check_p(op, p, squared)
+    return batch_shape(op, a, b)
+
+
+def _flatten(a, b, batch):
+    n, m, d = a.shape[-2], b.shape[-2], a.shape[-1]
+    bsz = math.prod(batch)
+    a3 = a.expand(*batch, n, d).reshape(bsz, n, d).contiguous()
+    b3 = b.expand(*batch, m, d).reshape(bsz, m, d).contiguous()
+    return a3, b3, bsz, n, m, d
+
+
+def _center(b3, dtype):
+    """The mean of b per batch (float32) for float32 inputs: distances are translation invariant, and centered
+    points keep |a|^2 + |b|^2 - 2 a.b small. 16-bit inputs stay uncentered (centering would round them)."""
+    if dtype != torch.float32 or b3.shape[1] == 0:
+        return torch.zeros(b3.shape[0], b3.shape[2], device=b3.device, dtype=torch.float32), False
+    c = b3.float().mean(1)
+    return torch.where(torch.isfinite(c), c, torch.zeros_like(c)), True
+
+
+# ---- shared tile code ----
+@triton.jit
+def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
+    if METRIC == 0:
+        acc += tl.minimum(tl.ceil(tl.abs(diff)), 1.0, propagate_nan=tl.PropagateNan.ALL)
+    elif METRIC == 1:
+        acc += tl.abs(diff)
+    elif METRIC == 2:
+        acc += diff * diff
+    elif METRIC == 3:
+        acc = tl.maximum(acc, tl.abs(diff), propagate_nan=tl.PropagateNan.ALL)
+    else:
+        acc += tl.exp2(p * tl.log2(tl.abs(diff)))
+    return acc
+
+
+@triton.jit
+def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
+    if METRIC == 2:
+        if not SQUARED:
+            acc = tl.sqrt(acc)
+    elif METRIC == 4:
+        acc = tl.exp2(inv_p * tl.log2(acc))
+    return acc
+
+
+@triton.jit
+def _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p: tl.constexpr, METRIC: tl.constexpr, ACC: tl.constexpr,
+                 BN: tl.constexpr, BM: tl.constexpr):
+    """sum_d |a - b|^p (or the max) for BN rows of a (pointers a_rows) against BM rows of b."""
+    acc = tl.zeros((BN, BM), dtype=ACC)
+    for d in range(0, D):
+        av = tl.load(a_rows + d, mask=mask_n, other=0.0).to(ACC)
+        bv = tl.load(b_rows + d, mask=mask_m, other=0.0).to(ACC)
+        acc = _accumulate(acc, av[:, None] - bv[None, :], p, METRIC)
+    return acc
+
+
+@triton.jit
+def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr, PREC: tl.constexpr,
+                 BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    """Squared distances |a|^2 + |b|^2 - 2 a.b on tensor cores, clamped at 0; a tile with a small, inf or NaN
+    entry is recomputed directly (exact zeros at duplicates, no cancellation)."""
+    dot = tl.zeros((BN, BM), dtype=tl.float32)
+    na = tl.zeros((BN,), dtype=tl.float32)
+    nb = tl.zeros((BM,), dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        rk = k0 + tl.arange(0, BK)
+        mask_k = rk < D
+        at = tl.load(a_rows[:, None] + rk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        bt = tl.load(b_rows[:, None] + rk[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+        if CENTER:
+            c = tl.load(center + rk, mask=mask_k, other=0.0)
+            at = tl.where(mask_n[:, None] & mask_k[None, :], at - c[None, :], 0.0)
+            bt = tl.where(mask_m[:, None] & mask_k[None, :], bt - c[None, :], 0.0)
+        af = at.to(tl.float32)
+        bf = bt.to(tl.float32)
+        na += tl.sum(af * af, 1)
+        nb += tl.sum(bf * bf, 1)
+        dot = tl.dot(at, tl.trans(bt), dot, input_precision=PREC)
+    s = na[:, None] + nb[None, :]
+    d2 = s - 2.0 * dot
+    redo = (d2 <= RECOMPUTE * s) | (d2 != d2) | (tl.abs(d2) == float("inf"))
+    redo = redo & mask_n[:, None] & mask_m[None, :]
+    if tl.max(redo.to(tl.int32)) > 0:
+        exact = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, 2.0, 2, tl.float32, BN, BM)
+        d2 = tl.where(redo, exact, d2)
+    return tl.where(d2 < 0.0, 0.0, d2)
+
+
+# ---- pairwise_distances ----
+@triton.jit
+def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, METRIC: tl.constexpr,
+                      SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr,
+                      ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+    bi = tl.program_id(2).to(tl.int64)
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    rm = tl.program_id(1) * BM + tl.arange(0, BM)
+    mask_n, mask_m = rn < N, rm < M
+    a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
+    b_rows = b_ptr + bi * M * D + rm.to(tl.int64) * D
+    if MATMUL:
+        acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
+    else:
+        acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
+    out = _finish(acc, 1.0 / P, METRIC, SQUARED)
+    offs = bi * N * M + rn.to(tl.int64)[:, None] * M + rm[None, :]
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def _config(matmul, n, m):
+    if matmul:
+        return 64, 64, 32
+    return 32, 64, 16
+
+
+def pairwise_distances(a, b, p=2.0, squared=False):
+    batch = _check("pairwise_distances", a, b, p, squared)
+    a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    out = torch.empty(*batch, n, m, device=a.device, dtype=a.dtype)
+    if out.numel() == 0:
+        return out
+    metric = metric_of(p)
+    matmul = use_matmul(metric, d, a.dtype)
+    center, centered = _center(b3, a.dtype)
+    bn, bm, bk = _config(matmul, n, m)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), bsz)
+    _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
+                            matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
+                            _acc_type(a.dtype), bn, bm, bk)
+    return out
+
+
+# ---- pairwise_topk ----
+@triton.jit
+def _lex_min(n, k, i, BIG_I: tl.constexpr):
+    """Row-wise lexicographic minimum of (n, k, i)."""
+    nm = tl.min(n, 1)
+    km = tl.min(tl.where(n == nm[:, None], k, float("inf")), 1)
+    im = tl.min(tl.where((n == nm[:, None]) & (k == km[:, None]), i, BIG_I), 1)
+    return nm, km, im
+
+
+@triton.jit
+def _lex_max(n, k, i):
+    nm = tl.max(n, 1)
+    km = tl.max(tl.where(n == nm[:, None], k, -float("inf")), 1)
+    im = tl.max(tl.where((n == nm[:, None]) & (k == km[:, None]), i, -1), 1)
+    return nm, km, im
+
+
+@triton.jit
+def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.constexpr, METRIC: tl.constexpr,
+                 SQUARED: tl.constexpr, LARGEST: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
+                 PREC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
+                 KP: tl.constexpr):
+    # Selection keys, smaller is better: (flag, +-value, index), flag 0 or 1 for numbers and NaN. Slots at or past K hold flag -1 (never the
+    # worst, never taken out); empty slots hold flag 2 (worse than any candidate).
+    BIG_I: tl.constexpr = 2**31 - 1
+    NAN_FLAG: tl.constexpr = 0 if LARGEST else 1  # torch.topk: NaN is the largest value
+    bi = tl.program_id(1).to(tl.int64)
+    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    mask_n = rn < N
+    a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
+    slot = tl.arange(0, KP)
+    zero = tl.zeros((BN, KP), dtype=tl.int32)
+    best_n = tl.where(slot[None, :] < K, 2, -1) + zero
+    best_k = tl.zeros((BN, KP), dtype=ACC)
+    best_i = zero + BIG_I
+    for m0 in range(0, M, BM):
+        rm = m0 + tl.arange(0, BM)
+        mask_m = rm < M
+        b_rows = b_ptr + bi * M * D + rm.to(tl.int64) * D
+        if MATMUL:
+            acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
+        else:
+            acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
+        v = _finish(acc, 1.0 / P, METRIC, SQUARED).to(val_ptr.dtype.element_ty).to(ACC)  # output's ties
+        cand_n = tl.where(v != v, NAN_FLAG, 1 - NAN_FLAG)
+        cand_n = tl.where(mask_m[None, :], cand_n, 3)
+        if LARGEST:
+            cand_k = tl.where(v != v, 0.0, -v)
+        else:
+            cand_k = tl.where(v != v, 0.0, v)
+        cand_i = rm[None, :] + tl.zeros((BN, BM), dtype=tl.int32)
+        more = tl.program_id(0) * 0 + 1  # an int32 tensor, like the tl.sum that replaces it in the loop
+        while more > 0:
+            cn, ck, ci = _lex_min(cand_n, cand_k, cand_i, BIG_I)
+            wn, wk, wi = _lex_max(best_n, best_k, best_i)
+            better = (cn < 3) & ((cn < wn) | ((cn == wn) & ((ck < wk) | ((ck == wk) & (ci < wi)))))
+            pos = tl.min(tl.where((best_n == wn[:, None]) & (best_k == wk[:, None]) & (best_i == wi[:, None]),
+                                  slot[None, :], KP), 1)
+            put = better[:, None] & (slot[None, :] == pos[:, None])
+            best_n = tl.where(put, cn[:, None], best_n)
+            best_k = tl.where(put, ck[:, None], best_k)
+            best_i = tl.where(put, ci[:, None], best_i)
+            # The taken candidate leaves; a row with no better candidate is done with this tile.
+            gone = (better[:, None] & (cand_i == ci[:, None])) | (~better[:, None])
+            cand_n = tl.where(gone, 3, cand_n)
+            more = tl.sum(better.to(tl.int32))
+    # Sorted output: take the best remaining slot K times.
+    best_n = tl.where(slot[None, :] < K, best_n, 4)
+    out_rows = bi * N * K + rn.to(tl.int64) * K
+    for t in range(0, K):
+        n, k, i = _lex_min(best_n, best_k, best_i, BIG_I)
+        if LARGEST:
+            val = tl.where(n == NAN_FLAG, float("nan"), -k)
+        else:
+            val = tl.where(n == NAN_FLAG, float("nan"), k)
+        tl.store(val_ptr + out_rows + t, val.to(val_ptr.dtype.element_ty), mask=mask_n)
+        tl.store(idx_ptr + out_rows + t, i.to(tl.int64), mask=mask_n)
+        best_n = tl.where((best_n == n[:, None]) & (best_k == k[:, None]) & (best_i == i[:, None]), 4, best_n)
+
+
+def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
+    batch = _check("pairwise_topk", a, b, p, squared)
+    check_k("pairwise_topk", k, b.shape[-2])
+    a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    values = torch.empty(*batch, n, k, device=a.device, dtype=a.dtype)
+    indices = torch.empty(*batch, n, k, device=a.device, dtype=torch.int64)
+    if values.numel() == 0:
+        return values, indices
+    kp = triton.next_power_of_2(k)
+    if kp > MAX_TOPK_REGISTERS:
+        return _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices)
+    metric = metric_of(p)
+    matmul = use_matmul(metric, d, a.dtype)
+    center, centered = _center(b3, a.dtype)
+    bn, bm, bk = (32, 64, 32) if matmul else (32, 64, 16)
+    grid = (triton.cdiv(n, bn), bsz)
+    _topk_kernel[grid](a3, b3, center, values, indices, n, m, d, k, _p_const(metric, p), metric,
+                       squared, largest, matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
+                       _acc_type(a.dtype), bn, bm, bk, kp)
+    return values, indices
+
+
+def _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices):
+    """Large k: distances for a few rows at a time (O(rows x M) memory), then a stable sort."""
+    bsz, n, m = a3.shape[0], a3.shape[1], b3.shape[1]
+    rows = max(1, 2**24 // max(m, 1))
+    v3, i3 = values.view(bsz, n, k), indices.view(bsz, n, k)
+    for r0 in range(0, n, rows):
+        d = pairwise_distances(a3[:, r0:r0 + rows], b3, p, squared)
+        key = torch.where(d.isnan(), torch.inf, -d if largest else d)
+        order = torch.sort(key.float(), dim=-1, stable=True).indices[..., :k]
+        i3[:, r0:r0 + rows] = order
+        v3[:, r0:r0 + rows] = d.gather(-1, order)
+    return values, indices
+
+
+# ---- backward ----
+@triton.jit
+def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
+    if METRIC == 2:
+        if SQUARED:
+            w = 2.0 * g
+        else:
+            w = tl.where(dist == 0.0, 0.0, g / dist)
+    elif METRIC == 4:
+        w = tl.where(dist == 0.0, 0.0, g / tl.exp2((p - 1.0) * tl.log2(dist)))
+    else:
+        w = g
+    return w
+
+
+@triton.jit
+def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
+    sign = tl.where(diff > 0.0, 1.0, 0.0) - tl.where(diff < 0.0, 1.0, 0.0)
+    if METRIC == 2:
+        t = diff * w
+    elif METRIC == 1:
+        t = w * sign
+    elif METRIC == 3:
+        t = tl.where(tl.abs(diff) == dist, w * sign, 0.0)
+    else:
+        t = tl.where(diff == 0.0, 0.0, w * sign * tl.exp2((p - 1.0) * tl.log2(tl.abs(diff))))
+    return t
+
+
+@triton.jit
+def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr, METRIC: tl.constexpr,
+                 SQUARED: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    """out[r] = sum_c w[r, c] phi(x[r] - y[c]); grad and dist of pair (r, c) at r * s_r + c * s_c."""
+    bi = tl.program_id(2).to(tl.int64)
+    rr = tl.program_id(0) * BR + tl.arange(0, BR)
+    rd = tl.program_id(1) * BD + tl.arange(0, BD)
+    mask_r, mask_d = rr < R, rd < D
+    x = tl.load(x_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :],
+                mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(ACC)
+    acc = tl.zeros((BR, BD), dtype=ACC)
+    for c0 in range(0, C, BC):
+        rc = c0 + tl.arange(0, BC)
+        mask_c = rc < C
+        pair = mask_r[:, None] & mask_c[None, :]
+        offs = bi * R * C + rr.to(tl.int64)[:, None] * s_r + rc.to(tl.int64)[None, :] * s_c
+        g = tl.load(g_ptr + offs, mask=pair, other=0.0).to(ACC)
+        dist = tl.load(dist_ptr + offs, mask=pair, other=0.0).to(ACC)
+        w = _weight(g, dist, P, METRIC, SQUARED)
+        y = tl.load(y_ptr + bi * C * D + rc.to(tl.int64)[:, None] * D + rd[None, :],
+                    mask=mask_c[:, None] & mask_d[None, :], other=0.0).to(ACC)
+        diff = x[:, None, :] - y[None, :, :]
+        t = _grad_term(diff, w[:, :, None], dist[:, :, None], P, METRIC)
+        acc += tl.sum(tl.where(pair[:, :, None], t, 0.0), 1)
+    tl.store(out_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :], acc,
+             mask=mask_r[:, None] & mask_d[None, :])
+
+
+def _reduce_to(g, batch, rows, like):
+    return g.view(*batch, rows, like.shape[-1]).sum_to_size(like.shape).to(like.dtype)
+
+
+def pairwise_distances_backward(grad, a, b, dist, p, squared):
+    batch = _check("pairwise_distances_backward", a, b, p, squared)
+    a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    metric = metric_of(p)
+    if metric == P0 or bsz * n * m * d == 0:
+        return torch.zeros_like(a, memory_format=torch.contiguous_format), \
+            torch.zeros_like(b, memory_format=torch.contiguous_format)
+    g3 = grad.reshape(bsz, n, m).contiguous()
+    dist3 = dist.reshape(bsz, n, m).contiguous()
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    ga = torch.empty(bsz, n, d, device=a.device, dtype=acc)
+    gb = torch.empty(bsz, m, d, device=a.device, dtype=acc)
+    br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
+    args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype), br, bc, bd)
+    _grad_kernel[(triton.cdiv(n, br), triton.cdiv(d, bd), bsz)](a3, b3, g3, dist3, ga, n, m, d, m, 1, *args)
+    # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
+    _grad_kernel[(triton.cdiv(m, br), triton.cdiv(d, bd), bsz)](b3, a3, g3, dist3, gb, m, n, d, 1, m, *args)
+    return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
+
+
+def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
+    """Gradient through the k selected pairs only (O(N k D) memory), in torch ops: gather the selected rows of b,
+    form each pair's term, sum it into grad_a, and into grad_b with index_put_(accumulate=True), which sorts the
+    indices (deterministic)."""
+    batch = _check("pairwise_topk_backward", a, b, p, squared)
+    a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    metric = metric_of(p)
+    k = values.shape[-1]
+    if metric == P0 or bsz * n * k * d == 0:
+        return torch.zeros_like(a, memory_format=torch.contiguous_format), \
+            torch.zeros_like(b, memory_format=torch.contiguous_format)
+    acc = torch.float64 if a.dtype == torch.float64 else torch.float32
+    a3, b3 = a3.to(acc), b3.to(acc)
+    idx = indices.reshape(bsz, n, k)
+    g = grad.reshape(bsz, n, k).to(acc)
+    v = values.reshape(bsz, n, k).to(acc)
+    chosen = torch.gather(b3, 1, idx.reshape(bsz, n * k, 1).expand(-1, -1, d)).view(bsz, n, k, d)
+    diff = a3[:, :, None, :] - chosen
+    zero = torch.zeros((), dtype=acc, device=a.device)
+    if metric == P2:
+        w = 2 * g if squared else torch.where(v == 0, zero, g / v)
+        term = diff * w[..., None]
+    elif metric == P1:
+        term = g[..., None] * diff.sign()
+    elif metric == PINF:
+        term = torch.where(diff.abs() == v[..., None], g[..., None] * diff.sign(), zero)
+    else:
+        w = torch.where(v == 0, zero, g / v.pow(p - 1))
+        term = torch.where(diff == 0, zero, w[..., None] * diff.sign() * diff.abs().pow(p - 1))
+    ga = term.sum(2)
+    gb = torch.zeros_like(b3)
+    flat = (idx + torch.arange(bsz, device=a.device).view(bsz, 1, 1) * m).reshape(-1)
+    gb.view(bsz * m, d).index_put_((flat,), -term.reshape(-1, d), accumulate=True)
+    return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)

@@ -1,0 +1,562 @@
+"""Parity, accuracy and edge cases of fused.pairwise_distances and fused.pairwise_topk (DESIGN.md's definition of
+done, plus cases from torch.cdist's reported issues)."""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import fused
+from fused.distance import reference as ref
+from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
+                           check_compile, device_backends, make, noncontiguous, raises, requires_cuda,
+                           requires_triton)
+
+PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
+# D=3: the direct path for every p; D=131: the matmul path for p=2 (direct for the other p).
+DIMS = [3, 131]
+
+
+def eager(a, b, p=2.0, squared=False):
+    """What a user would write in the same dtype: torch.cdist where it takes the dtype, else the broadcast formula."""
+    if a.dtype in (torch.float32, torch.float64) and not squared:
+        return torch.cdist(a, b, p)
+    diff = a.unsqueeze(-2) - b.unsqueeze(-3)
+    if squared:
+        return diff.square().sum(-1)
+    return torch.linalg.vector_norm(diff, ord=p, dim=-1)
+
+
+def ref64(a, b, p=2.0, squared=False):
+    return ref.pairwise_distances(a.double(), b.double(), p, squared)
+
+
+# ---- parity with the reference ----
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("p", PS)
+def test_distances_parity(device, bk, dtype, D, p):
+    a = make((3, 5, D), dtype, device, seed=1)
+    b = make((3, 7, D), dtype, device, seed=2)
+    with backend(bk):
+        out = fused.pairwise_distances(a, b, p)
+    expected = ref.pairwise_distances(a, b, p)
+    assert out.shape == (3, 5, 7) and out.dtype == dtype
+    # Half outputs may round the other way than the reference's; p = 0 counts are exact.
+    assert_close(out, expected, scale=2.0 if dtype in (torch.float16, torch.bfloat16) else 1.0)
+    if p == 0:
+        assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("p", PS)
+def test_distances_grad_parity(device, bk, D, p):
+    a = make((2, 5, D), torch.float64, device, seed=3, requires_grad=True)
+    b = make((2, 6, D), torch.float64, device, seed=4, requires_grad=True)
+    g = make((2, 5, 6), torch.float64, device, seed=5)
+    with backend(bk):
+        ours = torch.autograd.grad(fused.pairwise_distances(a, b, p), (a, b), g)
+    theirs = torch.autograd.grad(ref.pairwise_distances(a, b, p), (a, b), g)
+    for o, t in zip(ours, theirs):
+        assert_close(o, t, scale=10.0)
+
+
+@pytest.mark.parametrize("D", [3, 64])
+def test_squared(D):
+    a, b = make((40, D), seed=6), make((50, D), seed=7)
+    out = fused.pairwise_distances(a, b, squared=True)
+    assert_close(out, ref.pairwise_distances(a, b, squared=True), scale=4.0)
+    ag, bg = a.double().requires_grad_(), b.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, y: fused.pairwise_distances(x, y, squared=True), (ag[:5], bg[:6]))
+
+
+def test_large_shapes():
+    for D in (3, 64):
+        a, b = make((1, 300, D), seed=8), make((1, 517, D), seed=9)
+        assert_close(fused.pairwise_distances(a, b), ref.pairwise_distances(a, b), scale=2.0)
+        assert_close(fused.pairwise_distances(a, b, 1.0), ref.pairwise_distances(a, b, 1.0), scale=2.0)
+
+
+def test_noncontiguous_and_expanded_inputs():
+    a, b = make((4, 9, 5), seed=10), make((4, 11, 5), seed=11)
+    expected = ref.pairwise_distances(a, b)
+    assert_close(fused.pairwise_distances(noncontiguous(a), noncontiguous(b)), expected)
+    assert_close(fused.pairwise_distances(a.transpose(-1, -2).contiguous().transpose(-1, -2), b), expected)
+    one = make((1, 11, 5), seed=12)
+    assert_close(fused.pairwise_distances(a, one.expand(4, 11, 5)), ref.pairwise_distances(a, one))
+
+
+def test_broadcast_batch_and_gradient_shapes():
+    a = make((2, 1, 5, 4), torch.float64, seed=13, requires_grad=True)
+    b = make((3, 7, 4), torch.float64, seed=14, requires_grad=True)
+    out = fused.pairwise_distances(a, b)
+    assert out.shape == (2, 3, 5, 7)
+    g = make(out.shape, torch.float64, seed=15)
+    ga, gb = torch.autograd.grad(out, (a, b), g)
+    ra, rb = torch.autograd.grad(ref.pairwise_distances(a, b), (a, b), g)
+    assert ga.shape == a.shape and gb.shape == b.shape
+    assert_close(ga, ra)
+    assert_close(gb, rb)
+    # [N, D] x [B, M, D] broadcasts too.
+    a2 = make((5, 4), torch.float64, seed=16)
+    assert_close(fused.pairwise_distances(a2, b), ref.pairwise_distances(a2, b))
+
+
+@pytest.mark.parametrize("shape_a,shape_b", [((0, 3), (4, 3)), ((5, 3), (0, 3)), ((5, 0), (4, 0)),
+                                             ((0, 5, 3), (0, 4, 3))])
+def test_empty_inputs(shape_a, shape_b):
+    a = torch.zeros(shape_a, requires_grad=True)
+    b = torch.zeros(shape_b, requires_grad=True)
+    out = fused.pairwise_distances(a, b)
+    assert out.shape == ref.pairwise_distances(a, b).shape
+    assert torch.equal(out, torch.zeros_like(out))  # D = 0: every distance is 0
+    out.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+    assert not a.grad.any() and not b.grad.any()
+    if shape_b[-2] > 0:
+        v, i = fused.pairwise_topk(a, b, 1)
+        assert v.shape == i.shape == (*shape_a[:-1], 1)
+
+
+# ---- accuracy against float64 ----
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("D", [3, 64])
+@pytest.mark.parametrize("p", [1.0, 2.0, math.inf])
+def test_accuracy(dtype, D, p):
+    a, b = make((64, D), dtype, seed=17), make((80, D), dtype, seed=18)
+    assert_accuracy(fused.pairwise_distances(a, b, p), eager(a, b, p), ref64(a, b, p))
+
+
+@pytest.mark.parametrize("D", [3, 64])
+def test_accuracy_grad(D):
+    a = make((40, D), seed=19, requires_grad=True)
+    b = make((50, D), seed=20, requires_grad=True)
+    a64, b64 = a.detach().double().requires_grad_(), b.detach().double().requires_grad_()
+    g = make((40, 50), seed=21)
+    ours = torch.autograd.grad(fused.pairwise_distances(a, b), (a, b), g)
+    theirs = torch.autograd.grad(torch.cdist(a, b), (a, b), g)
+    exact = torch.autograd.grad(ref.pairwise_distances(a64, b64), (a64, b64), g.double())
+    for o, t, e in zip(ours, theirs, exact):
+        assert_accuracy(o, t, e)
+
+
+# ---- cases from torch.cdist's issues ----
+def test_issue_42479_exact_difference():
+    a = torch.full((30, 1), 512695.0)
+    b = torch.full((40, 1), 512804.0)
+    assert torch.cdist(a, b)[0, 0] != 109  # the mm path loses it (why the issue exists)
+    assert torch.equal(fused.pairwise_distances(a, b), torch.full((30, 40), 109.0))
+    assert torch.equal(fused.pairwise_topk(a, b, 3)[0], torch.full((30, 3), 109.0))
+
+
+@pytest.mark.parametrize("D", [3, 64])
+def test_points_far_from_origin(D):
+    a = (make((50, D), torch.float64, seed=22) + 1e4).float()
+    b = (make((60, D), torch.float64, seed=23) + 1e4).float()
+    exact = ref64(a, b)  # of the float32 inputs
+    ours = fused.pairwise_distances(a, b)
+    err = ((ours.double() - exact).abs() / exact).max().item()
+    assert err < 1e-6, err  # cdist's mm path: ~1e-2 here
+    assert_accuracy(ours, torch.cdist(a, b), exact)
+
+
+def test_self_distance_is_exactly_zero_at_large_d():
+    a = make((100, 128), seed=24)
+    d = fused.pairwise_distances(a, a)
+    assert torch.equal(d.diagonal(), torch.zeros(100))
+    assert (d.fill_diagonal_(1.0) > 0).all()
+    assert torch.equal(fused.pairwise_topk(a, a, 1)[0], torch.zeros(100, 1))
+
+
+@pytest.mark.parametrize("D", [3, 128])
+def test_near_duplicates_gradient_has_unit_norm(D):
+    a = make((20, D), seed=25, requires_grad=True)
+    direction = torch.nn.functional.normalize(make((20, D), seed=26), dim=-1)
+    b = (a.detach() + 1e-3 * direction).requires_grad_()
+    d = fused.pairwise_distances(a, b)
+    torch.testing.assert_close(d.diagonal(), torch.full((20,), 1e-3), rtol=1e-3, atol=0)
+    (ga,) = torch.autograd.grad(d.diagonal().sum(), a)
+    torch.testing.assert_close(ga.norm(dim=-1), torch.ones(20), rtol=1e-3, atol=0)
+
+
+def test_zero_distance_gradient_is_zero_not_nan():
+    a = make((6, 3), torch.float64, seed=27, requires_grad=True)
+    for p in (2.0, 1.0, 3.0, 0.5):
+        d = fused.pairwise_distances(a, a, p)
+        (g,) = torch.autograd.grad(d.diagonal().sum(), a)
+        assert torch.equal(g, torch.zeros_like(g)), p
+
+
+def test_half_inputs_whose_squares_overflow_fp16():
+    a = make((30, 8), torch.float16, low=200, high=300, seed=28)
+    b = make((40, 8), torch.float16, low=-300, high=-200, seed=29)
+    out = fused.pairwise_distances(a, b)
+    assert torch.isfinite(out).all()
+    assert not torch.isfinite(((a[:, None] - b[None]) ** 2).sum(-1).sqrt()).any()  # the fp16 formula overflows
+    torch.testing.assert_close(out.double(), ref64(a, b), rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("p", [1.0, 2.0, 3.0, math.inf, 0.0])
+def test_nan_and_inf_propagate(p):
+    a, b = make((5, 3), seed=30), make((6, 3), seed=31)
+    a[1, 0], b[2, 1], a[3, 2] = math.nan, math.inf, -math.inf
+    for D in (3, 40):  # D = 40: the matmul path for p = 2
+        aa = torch.cat([a, make((5, D - 3), seed=32)], 1)
+        bb = torch.cat([b, make((6, D - 3), seed=33)], 1)
+        out = fused.pairwise_distances(aa, bb, p)
+        expected = ref.pairwise_distances(aa, bb, p)
+        assert torch.equal(out.isnan(), expected.isnan())
+        assert torch.equal(out.isinf(), expected.isinf())
+        assert_close(out, expected)
+
+
+def test_gradcheck():
+    a = make((4, 3), torch.float64, seed=34, requires_grad=True)
+    b = make((5, 3), torch.float64, seed=35, requires_grad=True)
+    for p in (1.0, 2.0, 3.0, 0.7, math.inf):
+        assert torch.autograd.gradcheck(lambda x, y: fused.pairwise_distances(x, y, p), (a, b)), p
+    a40 = make((3, 40), torch.float64, seed=36, requires_grad=True)
+    b40 = make((4, 40), torch.float64, seed=37, requires_grad=True)
+    assert torch.autograd.gradcheck(fused.pairwise_distances, (a40, b40))
+    assert torch.autograd.gradcheck(lambda x, y: fused.pairwise_topk(x, y, 3)[0], (a, b))
+    assert torch.autograd.gradcheck(lambda x, y: fused.pairwise_topk(x, y, 2, p=1.0, largest=True)[0], (a, b))
+
+
+def test_backward_is_deterministic_across_thread_counts():
+    a = make((300, 5), seed=38, requires_grad=True)
+    b = make((200, 5), seed=39, requires_grad=True)
+    g = make((300, 200), seed=40)
+    grads = []
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            grads.append(torch.autograd.grad(fused.pairwise_distances(a, b), (a, b), g))
+    finally:
+        torch.set_num_threads(old)
+    for other in grads[1:]:
+        assert all(torch.equal(x, y) for x, y in zip(grads[0], other))
+
+
+# ---- pairwise_topk ----
+def topk_device_backends():
+    """pairwise_topk has no CUDA C++ kernel: on a GPU it runs Triton."""
+    return [pair for pair in device_backends() if pair.values[1] != "cuda"]
+
+
+@pytest.mark.parametrize("device,bk", topk_device_backends())
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("p,largest", [(2.0, False), (2.0, True), (1.0, False), (math.inf, False), (0.5, True)])
+def test_topk_parity(device, bk, dtype, D, p, largest):
+    a = make((2, 9, D), dtype, device, seed=41)
+    b = make((2, 37, D), dtype, device, seed=42)
+    with backend(bk):
+        v, i = fused.pairwise_topk(a, b, 5, p, largest=largest)
+    assert i.dtype == torch.int64 and v.shape == i.shape == (2, 9, 5)
+    # Our values are the pairwise_distances at our indices (bitwise on CPU: the same tile kernels), sorted.
+    with backend(bk):
+        full = fused.pairwise_distances(a, b, p)
+    if device == "cpu":
+        assert torch.equal(v, full.gather(-1, i))
+    else:
+        assert_close(v, full.gather(-1, i))
+    rv, ri = ref.pairwise_topk(a, b, 5, p, largest=largest)
+    assert_close(v, rv, scale=2.0)
+    if dtype == torch.float64:
+        assert torch.equal(i, ri)
+
+
+def test_topk_ties_go_to_the_lower_index_and_values_are_sorted():
+    a = torch.tensor([[0.0, 0.0], [1.0, 1.0]])
+    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.0, -1.0], [2.0, 2.0]])
+    v, i = fused.pairwise_topk(a, b, 4)
+    assert i[0].tolist() == [3, 0, 1, 2]
+    assert v[0].tolist() == [0.0, 1.0, 1.0, 1.0]
+    assert i[1].tolist() == [0, 1, 3, 5]
+    v, i = fused.pairwise_topk(a, b, 2, largest=True)
+    assert i[0].tolist() == [5, 0] and i[1].tolist() == [2, 4]
+    grid = torch.randint(0, 3, (50, 2)).float()
+    pts = torch.randint(0, 3, (70, 2)).float()
+    v, i = fused.pairwise_topk(grid, pts, 10)
+    rv, ri = ref.pairwise_topk(grid, pts, 10)
+    assert torch.equal(v, rv) and torch.equal(i, ri)
+    assert (v[:, 1:] >= v[:, :-1]).all()
+
+
+def test_topk_k_bounds():
+    a, b = make((4, 3), seed=43), make((6, 3), seed=44)
+    v, i = fused.pairwise_topk(a, b, 0)
+    assert v.shape == i.shape == (4, 0)
+    v, i = fused.pairwise_topk(a, b, 6)
+    assert torch.equal(i.sort(-1).values, torch.arange(6).expand(4, 6))
+    with raises("fused.pairwise_topk: k"):
+        fused.pairwise_topk(a, b, 7)
+    with raises("fused.pairwise_topk: k"):
+        fused.pairwise_topk(a, b, -1)
+
+
+def test_topk_nan_ranks_like_torch_topk():
+    a, b = make((3, 3), seed=45), make((8, 3), seed=46)
+    b[2, 0] = math.nan
+    for largest in (False, True):
+        v, i = fused.pairwise_topk(a, b, 8, largest=largest)
+        rv, ri = ref.pairwise_topk(a, b, 8, largest=largest)
+        assert torch.equal(i, ri)
+        torch.testing.assert_close(v, rv, equal_nan=True)
+
+
+@pytest.mark.parametrize("D", [3, 64])
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
+def test_topk_gradients_flow_through_the_selected_pairs(D, p):
+    a = make((2, 7, D), torch.float64, seed=47, requires_grad=True)
+    b = make((1, 30, D), torch.float64, seed=48, requires_grad=True)
+    v, i = fused.pairwise_topk(a, b, 4, p)
+    g = make(v.shape, torch.float64, seed=49)
+    ours = torch.autograd.grad(v, (a, b), g)
+    rv = ref.pairwise_distances(a, b, p).gather(-1, i)
+    theirs = torch.autograd.grad(rv, (a, b), g)
+    assert ours[0].shape == a.shape and ours[1].shape == b.shape
+    for o, t in zip(ours, theirs):
+        assert_close(o, t)
+
+
+def test_topk_large_m_without_the_matrix():
+    a, b = make((33, 3), seed=50), make((5000, 3), seed=51)
+    v, i = fused.pairwise_topk(a, b, 7)
+    rv, ri = torch.cdist(a.double(), b.double()).topk(7, largest=False)
+    torch.testing.assert_close(v.double(), rv, rtol=1e-6, atol=1e-6)
+    assert (i == ri).float().mean() > 0.99  # float32 rounding may swap near-ties
+
+
+def test_topk_memory_does_not_grow_with_n_times_m():
+    """In a fresh process: pairwise_topk over 16384 x 16384 pairs (the matrix would take 1 GiB) raises the peak
+    resident memory by far less than the matrix, on both the direct and the matmul path."""
+    code = """
+import resource, torch, fused
+torch.manual_seed(0)
+for d in (3, 32):
+    a, b = torch.randn(16384, d), torch.randn(16384, d)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    v, i = fused.pairwise_topk(a, b, 8)
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    assert v.shape == (16384, 8)
+    print(grown // 1024)
+"""
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    for grown_mb in map(int, out.stdout.split()):
+        assert grown_mb < 128, f"peak memory grew by {grown_mb} MB"
+
+
+# ---- errors ----
+def test_bad_inputs():
+    a, b = make((4, 3)), make((5, 3))
+    with raises("fused.pairwise_distances: a must be a floating-point"):
+        fused.pairwise_distances(a.int(), b)
+    with raises("fused.pairwise_distances: b has dtype"):
+        fused.pairwise_distances(a, b.double())
+    with raises("fused.pairwise_distances: a and b must have the same last dim"):
+        fused.pairwise_distances(a, make((5, 4)))
+    with raises("fused.pairwise_distances: the batch dims"):
+        fused.pairwise_distances(make((2, 4, 3)), make((3, 5, 3)))
+    with raises("fused.pairwise_distances: a must have at least 2 dims"):
+        fused.pairwise_distances(make((3,)), b)
+    with raises("fused.pairwise_distances: p must be"):
+        fused.pairwise_distances(a, b, -1.0)
+    with raises("fused.pairwise_distances: squared=True needs p=2"):
+        fused.pairwise_distances(a, b, 1.0, squared=True)
+    with raises("fused.pairwise_topk: b has dtype"):
+        fused.pairwise_topk(a, b.half(), 2)
+
+
+# ---- torch.library contracts ----
+def test_opcheck():
+    a = make((2, 4, 3), seed=52, requires_grad=True)
+    b = make((2, 5, 3), seed=53, requires_grad=True)
+    torch.library.opcheck(torch.ops.fused.pairwise_distances.default, (a, b, 2.0, False))
+    torch.library.opcheck(torch.ops.fused.pairwise_distances.default, (a, b, 1.0, False))
+    torch.library.opcheck(torch.ops.fused.pairwise_topk.default, (a, b, 3, 2.0, False, False))
+
+
+def test_compile():
+    a, b = make((2, 6, 3), seed=54), make((2, 8, 3), seed=55)
+    check_compile(lambda x, y: fused.pairwise_distances(x, y, 1.0), a, b)
+    check_compile(lambda x, y: fused.pairwise_topk(x, y, 3), a, b)
+
+    # The backward traced by compile (aot autograd) equals eager's.
+    def loss(x, y):
+        return (fused.pairwise_distances(x, y) * y.sum()).sum() + fused.pairwise_topk(x, y, 2)[0].sum()
+    grads = []
+    for fn in (loss, torch.compile(loss, fullgraph=True)):
+        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+        fn(x, y).backward()
+        grads.append((x.grad, y.grad))
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+# ---- Triton launchers (under TRITON_INTERPRET=1 on CPU where there is no GPU) ----
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
+
+
+def triton_kernels():
+    from fused.distance import triton_kernels as tk
+    return tk
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", [3, 40])  # D = 40: the tensor-core path for p = 2 (not float64)
+@pytest.mark.parametrize("p", [0.0, 1.0, 2.0, 0.5, math.inf])
+def test_triton_distances_and_topk(dtype, D, p):
+    tk = triton_kernels()
+    a = make((2, 9, D), dtype, TRITON_DEVICE, seed=60)
+    b = make((1, 70, D), dtype, TRITON_DEVICE, seed=61)
+    out = tk.pairwise_distances(a, b, p)
+    assert out.shape == (2, 9, 70) and out.dtype == dtype
+    assert_close(out.cpu(), ref.pairwise_distances(a.cpu(), b.cpu(), p), scale=2.0)
+    v, i = tk.pairwise_topk(a, b, 5, p, largest=p == 0.5)
+    rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), 5, p, largest=p == 0.5)
+    assert_close(v.cpu(), rv, scale=2.0)
+    # The selection sees the values it returns (bitwise under the interpreter; tile shapes differ on a GPU).
+    if TRITON_DEVICE == "cpu":
+        assert torch.equal(v, out.gather(-1, i))
+    else:
+        assert_close(v, out.gather(-1, i))
+    if dtype == torch.float64:
+        assert torch.equal(i.cpu(), ri)
+
+
+@requires_triton
+@pytest.mark.parametrize("D", [3, 40])
+@pytest.mark.parametrize("p", [1.0, 2.0, 0.7, math.inf])
+def test_triton_backward(D, p):
+    tk = triton_kernels()
+    a = make((2, 9, D), torch.float64, TRITON_DEVICE, seed=62)
+    b = make((1, 20, D), torch.float64, TRITON_DEVICE, seed=63)
+    d = ref.pairwise_distances(a, b, p)
+    g = make(d.shape, torch.float64, TRITON_DEVICE, seed=64)
+    ours = tk.pairwise_distances_backward(g, a, b, d, p, False)
+    expected = torch.ops.fused.pairwise_distances_backward(g.cpu(), a.cpu(), b.cpu(), d.cpu(), p, False)
+    for o, e in zip(ours, expected):
+        assert o.shape == e.shape
+        assert_close(o.cpu(), e)
+    v, i = tk.pairwise_topk(a, b, 4, p)
+    gv = make(v.shape, torch.float64, TRITON_DEVICE, seed=65)
+    ours = tk.pairwise_topk_backward(gv, a, b, v, i, p, False)
+    expected = torch.ops.fused.pairwise_topk_backward(gv.cpu(), a.cpu(), b.cpu(), v.cpu(), i.cpu(), p, False)
+    for o, e in zip(ours, expected):
+        assert_close(o.cpu(), e)
+
+
+@requires_triton
+def test_triton_edge_cases():
+    tk = triton_kernels()
+    a = torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=TRITON_DEVICE)
+    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.0, -1.0], [2.0, 2.0]],
+                     device=TRITON_DEVICE)
+    v, i = tk.pairwise_topk(a, b, 4)
+    assert i.tolist() == [[3, 0, 1, 2], [0, 1, 3, 5]]
+    far = torch.full((3, 1), 512695.0, device=TRITON_DEVICE)
+    assert torch.equal(tk.pairwise_distances(far, far + 109), torch.full((3, 3), 109.0, device=TRITON_DEVICE))
+    x = make((20, 40), seed=66, device=TRITON_DEVICE)  # tensor-core path: duplicates recomputed to exact 0
+    assert torch.equal(tk.pairwise_distances(x, x).diagonal().cpu(), torch.zeros(20))
+    bn = make((7, 3), seed=67, device=TRITON_DEVICE)
+    bn[2, 0] = math.nan
+    for largest in (False, True):
+        v, i = tk.pairwise_topk(bn[:3], bn, 7, largest=largest)
+        rv, ri = ref.pairwise_topk(bn[:3].cpu(), bn.cpu(), 7, largest=largest)
+        assert torch.equal(i.cpu(), ri)
+    assert tk.pairwise_distances(make((0, 3), device=TRITON_DEVICE), b[:, :1].expand(6, 3)).shape == (0, 6)
+    old = tk.MAX_TOPK_REGISTERS
+    try:  # large k: the row-chunk fallback
+        tk.MAX_TOPK_REGISTERS = 2
+        v, i = tk.pairwise_topk(bn, bn, 5)
+        rv, ri = ref.pairwise_topk(bn.cpu(), bn.cpu(), 5)
+        assert torch.equal(i.cpu(), ri)
+    finally:
+        tk.MAX_TOPK_REGISTERS = old
+
+
+def compile_triton_kernels_for_sm90():
+    """Compiles every Triton kernel variant (dtype x metric x path) ahead of time for sm_90, without a GPU: the
+    interpreter runs none of Triton's type checks or its lowering. Run in a process without TRITON_INTERPRET."""
+    import inspect
+
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    tk = triton_kernels()
+
+    def build(fn, types, consts):
+        params = list(inspect.signature(fn.fn).parameters)
+        signature = {name: types.get(name, "constexpr") for name in params}
+        constexprs = {(params.index(name),): value for name, value in consts.items()}
+        triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32))
+
+    import triton
+    count = 0
+    for dt in ("fp32", "fp16", "bf16", "fp64"):
+        acc = tl.float64 if dt == "fp64" else tl.float32
+        prec = "tf32x3" if dt == "fp32" else "tf32"
+        for metric in range(5):
+            for matmul in (False, True) if metric == tk.P2 and dt != "fp64" else (False,):
+                common = dict(METRIC=metric, SQUARED=False, MATMUL=matmul, CENTER=dt == "fp32", PREC=prec, ACC=acc)
+                bn, bm, bk = tk._config(matmul, 1, 1)
+                build(tk._distances_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", out_ptr=f"*{dt}",
+                                                 N="i32", M="i32", D="i32"),
+                      dict(common, P=0.7, BN=bn, BM=bm, BK=bk))
+                build(tk._topk_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", val_ptr=f"*{dt}",
+                                            idx_ptr="*i64", N="i32", M="i32", D="i32", K="i32"),
+                      dict(common, P=0.7, LARGEST=True, BN=32, BM=64, BK=32 if matmul else 16, KP=16))
+                count += 2
+            if metric != tk.P0:
+                build(tk._grad_kernel, dict(x_ptr=f"*{dt}", y_ptr=f"*{dt}", g_ptr=f"*{dt}", dist_ptr=f"*{dt}",
+                                            out_ptr="*fp64" if dt == "fp64" else "*fp32", R="i32", C="i32",
+                                            D="i32", s_r="i32", s_c="i32"),
+                      dict(P=0.7, METRIC=metric, SQUARED=False, ACC=acc, BR=16, BC=32, BD=16))
+                count += 1
+    print(count)
+
+
+@requires_triton
+def test_triton_kernels_compile_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = "import tests.test_distance as t; t.compile_triton_kernels_for_sm90()"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-1] == "62"
+
+
+# ---- GPU only ----
+@requires_cuda
+def test_cuda_distances_beyond_2_to_the_31():
+    a = make((46400, 3), device="cuda", seed=56)
+    b = make((46400, 3), device="cuda", seed=57)
+    assert a.shape[0] * b.shape[0] > 2**31
+    for bk in ("cuda", "triton"):
+        with backend(bk):
+            out = fused.pairwise_distances(a, b)
+        assert_close(out[-3:, -5:], ref.pairwise_distances(a[-3:], b[-5:]))
+        del out
+
+
+@requires_cuda
+def test_cuda_topk_memory_does_not_grow_with_n_times_m():
+    a = make((20000, 16), device="cuda", seed=58)
+    b = make((20000, 16), device="cuda", seed=59)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    v, i = fused.pairwise_topk(a, b, 8)
+    torch.cuda.synchronize()
+    assert torch.cuda.max_memory_allocated() - base < 64 * 2**20  # the matrix would be 1.6 GB
+    rv, ri = ref.pairwise_topk(a[:5].cpu(), b.cpu(), 8)
+    assert_close(v[:5].cpu(), rv)
