@@ -2,10 +2,13 @@
 from fused import _ext  # noqa: F401  loads fused._C: schemas and C++ kernels
 from fused._backend import get_backend, set_backend
 from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
+from fused.linear import linear_act
+from fused import nn
 
 __version__ = "0.1.0"
 
 __all__ = [
     "bias_act", "glu", "bias_dropout_add", "unary_chain",
+    "linear_act", "nn",
     "set_backend", "get_backend",
 ]
