@@ -245,10 +245,27 @@ def test_triton_forward_strided_and_empty():
     xs, ws = noncontiguous(x), w.t().contiguous().t()
     out, _ = triton_kernels.linear_act_fwd(xs, ws, b, "silu", False)
     assert_close(out, reference(x, w, b, "silu"), scale=10)
+    x, w, b = inputs((130, 40), 96, torch.float32, device)  # 5 x 3 tiles: a partial group of row tiles
+    out, _ = triton_kernels.linear_act_fwd(x, w, b, "relu", False)
+    assert_close(out, reference(x, w, b, "relu"), scale=10)
     out, _ = triton_kernels.linear_act_fwd(x[:0], w, b, "silu", False)
     assert out.shape == (0, 20)
     out, _ = triton_kernels.linear_act_fwd(x[:, :0], w[:, :0], b, "gelu", False)  # in_features == 0
     assert_close(out, reference(x[:, :0], w[:, :0], b, "gelu"))
+
+
+@requires_triton
+def test_triton_tf32_only_when_allowed():
+    from fused.linear.triton_kernels import dot_precision
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert dot_precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert dot_precision(torch.float32) == "tf32"
+        assert dot_precision(torch.bfloat16) == "ieee"  # 16-bit inputs: tensor cores, exact products
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
 
 
 @requires_triton
