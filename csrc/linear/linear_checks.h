@@ -8,6 +8,9 @@
 
 namespace fused {
 
+// The activations whose derivative needs the pre-activation; relu, sigmoid, tanh take it from their output.
+constexpr bool act_needs_pre(Act a) { return a == Act::gelu || a == Act::gelu_tanh || a == Act::silu; }
+
 // x [..., K], weight [N, K], bias [N].
 inline void check_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,
                          const std::optional<at::Tensor>& bias) {

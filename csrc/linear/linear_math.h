@@ -6,8 +6,6 @@
 
 namespace fused {
 
-FUSED_HD constexpr bool act_needs_pre(Act a) { return a == Act::gelu || a == Act::gelu_tanh || a == Act::silu; }
-
 template <Act A, typename V> FUSED_HD V act_grad_from_saved(V s) {
   if constexpr (A == Act::relu) return p_where_pos(s, V(1));  // relu(x) > 0 iff x > 0
   else if constexpr (A == Act::sigmoid) return s * (V(1) - s);
