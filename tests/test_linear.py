@@ -5,7 +5,7 @@ import torch
 
 import fused
 from fused.linear.reference import linear_act as reference
-from harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend, check_compile,
+from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend, check_compile,
                      device_backends, make, noncontiguous, raises, requires_cuda, requires_triton)
 
 ACTS = ["identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]

@@ -6,7 +6,7 @@ from torch import nn
 
 import fused
 from fused.elementwise.reference import ACT_FNS
-from harness import assert_close, make, raises
+from tests.harness import assert_close, make, raises
 
 
 class Act(nn.Module):
