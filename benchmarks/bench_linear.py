@@ -15,11 +15,11 @@ def _fwd_bwd(fn, inputs):
 
 
 def _with_backend(name, fn):
-    def run():
+    def run(*args):
         old = fused.get_backend()
         fused.set_backend(name)
         try:
-            return fn()
+            return fn(*args)
         finally:
             fused.set_backend(old)
     return run
@@ -30,23 +30,23 @@ def _linear_cases(device, M, K, N, dtype, act):
     layer = torch.nn.Linear(K, N, device=device, dtype=dtype)
     w, b = layer.weight.detach(), layer.bias.detach()
     compiled = torch.compile(reference)
-    fused_impls = {"fused": lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act)} if device == "cpu" else {
-        f"fused[{name}]": _with_backend(name, lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act))
-        for name in ("cuda", "triton")}
     impls = {
         "eager": lambda xx, ww, bb: ACT_FNS[act](torch.nn.functional.linear(xx, ww, bb)),
         "torch.compile": lambda xx, ww, bb: compiled(xx, ww, bb, act),
-        **{label: (lambda f: lambda xx, ww, bb: f(xx, ww, bb))(f) if device == "cpu" else
-           (lambda f: lambda xx, ww, bb: f(xx, ww, bb))(f) for label, f in fused_impls.items()},
     }
-    if device != "cpu":  # the forward floor: the cuBLAS GEMM alone, no bias, no activation
-        impls["torch.mm (cuBLAS floor)"] = lambda xx, ww, bb: torch.mm(xx, ww.t())
+    if device == "cpu":
+        impls["fused"] = lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act)
+    else:
+        for backend in ("cuda", "triton"):
+            impls[f"fused[{backend}]"] = _with_backend(backend, lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act))
+        impls["torch.mm (cuBLAS floor)"] = lambda xx, ww, bb: torch.mm(xx, ww.t())  # no bias, no activation
     size = torch.finfo(dtype).bits // 8
     name = f"linear_act {act} {M}x{K}x{N} {str(dtype).replace('torch.', '')}"
-    fwd = {"name": f"{name} fwd", "bytes": (M * K + N * K + N + M * N) * size, "flops": 2 * M * N * K,
+    io_bytes = (M * K + N * K + N + M * N) * size
+    fwd = {"name": f"{name} fwd", "bytes": io_bytes, "flops": 2 * M * N * K,
            "impls": {label: (lambda f: lambda: f(x, w, b))(f) for label, f in impls.items()}}
     xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
-    bwd = {"name": f"{name} fwd+bwd", "bytes": 2 * (M * K + N * K + N + M * N) * size, "flops": 6 * M * N * K,
+    bwd = {"name": f"{name} fwd+bwd", "bytes": 2 * io_bytes, "flops": 6 * M * N * K,
            "impls": {label: _fwd_bwd((lambda f: lambda: f(xg, wg, bg))(f), (xg, wg, bg))
                      for label, f in impls.items() if "floor" not in label}}
     return [fwd, bwd]

@@ -13,15 +13,11 @@ namespace {
 #define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
 
-// Output rows per GEMM call: the epilogue then reads a slice of the output that the GEMM just wrote, from L2.
-constexpr int64_t kEpilogueBytes = 1 << 20;
-
-// y[i] = act(y[i] + bias[i % N]) in place over the flat row-major block [begin, end); pre (if not null) gets
+// y[i] = act(y[i] + bias[i % N]) in place over the n elements of row-major y [*, N]; pre (if not null) gets
 // y + bias.
 template <Act A, typename T, typename scalar_t>
-void bias_act_inplace(scalar_t* y, scalar_t* pre, const T* bias, int64_t N, int64_t begin, int64_t end) {
-  parallel_blocks(end - begin, [&](int64_t off, int64_t len) {
-    const int64_t i = begin + off;
+void bias_act_inplace(scalar_t* y, scalar_t* pre, const T* bias, int64_t N, int64_t n) {
+  parallel_blocks(n, [&](int64_t i, int64_t len) {
     T buf[kBlock];
     load_block(y + i, buf, len);
     if (bias) {
@@ -50,7 +46,6 @@ std::tuple<at::Tensor, at::Tensor> linear_act_fwd_cpu(const at::Tensor& x, const
   // 16-bit outputs take the bias inside the GEMM (rounded once, as nn.Linear does); fp32 / fp64 add it in the
   // activation pass, which saves addmm's extra pass over the output.
   const bool round_once = x.element_size() < 4;
-  const int64_t rows_per_chunk = std::max<int64_t>(64, kEpilogueBytes / std::max<int64_t>(1, N * x.element_size()));
   FUSED_DISPATCH_FLOATING(x.scalar_type(), "linear_act", [&] {
     using T = at::opmath_type<scalar_t>;
     std::vector<T> bias;
@@ -58,18 +53,16 @@ std::tuple<at::Tensor, at::Tensor> linear_act_fwd_cpu(const at::Tensor& x, const
       bias.resize(N);
       load_block(bias_in->contiguous().data_ptr<scalar_t>(), bias.data(), N);
     }
+    // One GEMM call over all rows: BLAS packs the weight once per call, so splitting the rows costs more than
+    // the activation pass gains from reading a cache-resident slice.
+    if (bias_in && round_once) at::addmm_out(y, *bias_in, x2, wt);
+    else at::mm_out(y, x2, wt);
+    const bool add_bias = bias_in && !round_once;
     visit_act(a, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      for (int64_t r0 = 0; r0 < M; r0 += rows_per_chunk) {
-        const int64_t r1 = std::min(M, r0 + rows_per_chunk);
-        at::Tensor y_rows = y.narrow(0, r0, r1 - r0);
-        if (bias_in && round_once) at::addmm_out(y_rows, *bias_in, x2.narrow(0, r0, r1 - r0), wt);
-        else at::mm_out(y_rows, x2.narrow(0, r0, r1 - r0), wt);
-        const bool add_bias = bias_in && !round_once;
-        if (!add_bias && !keep_pre && A == Act::identity) continue;
-        bias_act_inplace<A, T>(y.data_ptr<scalar_t>(), keep_pre ? pre.data_ptr<scalar_t>() : nullptr,
-                               add_bias ? bias.data() : nullptr, N, r0 * N, r1 * N);
-      }
+      if (!add_bias && !keep_pre && A == Act::identity) return;
+      bias_act_inplace<A, T>(y.data_ptr<scalar_t>(), keep_pre ? pre.data_ptr<scalar_t>() : nullptr,
+                             add_bias ? bias.data() : nullptr, N, M * N);
     });
   });
   const auto shape = linear_out_shape(x, weight);

@@ -77,8 +77,10 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_grad_pre(const at::Tensor& gr
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_linear_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act, bool save_pre) -> (Tensor out, Tensor pre)");
-  m.def("cuda_linear_act_grad_pre(Tensor grad, Tensor saved, str act, bool bias_grad) -> (Tensor grad_pre, Tensor grad_bias)");
+  m.def("cuda_linear_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act, bool save_pre) "
+        "-> (Tensor out, Tensor pre)");
+  m.def("cuda_linear_act_grad_pre(Tensor grad, Tensor saved, str act, bool bias_grad) "
+        "-> (Tensor grad_pre, Tensor grad_bias)");
 }
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {

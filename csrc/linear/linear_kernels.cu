@@ -20,7 +20,9 @@ __device__ __forceinline__ float to_math(__nv_bfloat16 v) { return __bfloat162fl
 template <typename T> __device__ __forceinline__ T from_math(float v);
 template <> __device__ __forceinline__ float from_math<float>(float v) { return v; }
 template <> __device__ __forceinline__ __half from_math<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <typename T> __device__ __forceinline__ T from_math(double v) { return v; }
 
 constexpr int kThreads = 256;

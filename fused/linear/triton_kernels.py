@@ -172,7 +172,8 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
     if M and N:
         args = (x2, weight, bias if bias is not None else y, y, pre if keep_pre else y, M, N, K,
                 x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
-        flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": ACT_CODES[act], "PRECISION": dot_precision(x.dtype),
+        flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": ACT_CODES[act],
+                 "PRECISION": dot_precision(x.dtype),
                  "UPCAST": INTERPRET and x.dtype == torch.bfloat16}
         if INTERPRET:
             _linear_act_fixed[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](
