@@ -113,8 +113,9 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, stride_xm, 
     # Rows and columns past the edge wrap around (always in bounds, never stored): no masks in the K loop.
     rows = tl.max_contiguous(tl.multiple_of(offs_m % M, BLOCK_M), BLOCK_M)
     cols = tl.max_contiguous(tl.multiple_of(offs_n % N, BLOCK_N), BLOCK_N)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + offs_k[None, :] * stride_xk
-    w_ptrs = w_ptr + cols[None, :] * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, BLOCK_N] of weight.T
+    # int64 row offsets: tensors past 2^31 elements stay addressable.
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xm + offs_k[None, :] * stride_xk
+    w_ptrs = w_ptr + cols[None, :].to(tl.int64) * stride_wn + offs_k[:, None] * stride_wk  # [BLOCK_K, BLOCK_N]: W.T
 
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k in range(0, tl.cdiv(K, BLOCK_K)):
@@ -134,7 +135,7 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, stride_xm, 
     # Epilogue: bias and activation in fp32, one rounding to the output dtype.
     if HAS_BIAS:
         acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-    out_offs = offs_m[:, None] * N + offs_n[None, :]
+    out_offs = offs_m[:, None].to(tl.int64) * N + offs_n[None, :]
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SAVE_PRE:
         tl.store(pre_ptr + out_offs, acc.to(pre_ptr.dtype.element_ty), mask=mask)
