@@ -1,5 +1,4 @@
 """FusedLinear and FusedMLP: nn.Linear-compatible layers whose bias and activation run inside the GEMM."""
-import copy
 import math
 from typing import Optional, Sequence
 
@@ -82,14 +81,12 @@ class FusedMLP(nn.Module):
                     folded[-1] = (w @ w1, bias, layer.act)
                     continue
             folded.append((w, b, layer.act))
-        out = copy.deepcopy(self)
-        dtype = self.layers[0].weight.dtype
-        out.sizes = [folded[0][0].shape[1]] + [w.shape[0] for w, _, _ in folded]
-        out.layers = nn.ModuleList()
-        for w, b, act in folded:
-            layer = FusedLinear(w.shape[1], w.shape[0], b is not None, act, device=w.device, dtype=dtype)
+        # Joins that stay are those of the original: `act` between layers, `final_act` after the last.
+        first = self.layers[0].weight
+        out = FusedMLP([folded[0][0].shape[1]] + [w.shape[0] for w, _, _ in folded], self.act,
+                       self.layers[0].bias is not None, self.final_act, device=first.device, dtype=first.dtype)
+        for layer, (w, b, _) in zip(out.layers, folded):
             layer.weight.copy_(w)
             if b is not None:
                 layer.bias.copy_(b)
-            out.layers.append(layer)
         return out.eval().requires_grad_(False)
