@@ -63,15 +63,19 @@ def _mlp_cases(device, sizes, M, dtype, act):
     seq = torch.nn.Sequential(*seq)
     compiled = torch.compile(seq)
     x = torch.randn(M, sizes[0], device=device, dtype=dtype, requires_grad=True)
-    label = "fused" if device == "cpu" else "fused[auto]"
-    models = {"eager": seq, "torch.compile": compiled, label: mlp}
+    models = {"eager": seq, "torch.compile": compiled}
+    if device == "cpu":
+        models["fused"] = mlp
+    else:
+        models.update({f"fused[{b}]": _with_backend(b, mlp) for b in ("cuda", "triton")})
+    params = {"eager": list(seq.parameters()), "torch.compile": list(seq.parameters())}
+    params.update({k: list(mlp.parameters()) for k in models if k.startswith("fused")})
     flops = 2 * M * sum(a * b for a, b in zip(sizes, sizes[1:]))
     name = f"FusedMLP {'-'.join(map(str, sizes))} {act} M={M} {str(dtype).replace('torch.', '')}"
     fwd = {"name": f"{name} fwd", "bytes": None, "flops": flops,
            "impls": {k: (lambda m: lambda: m(x.detach()))(m) for k, m in models.items()}}
-    params = {k: [x] + list(m.parameters()) for k, m in models.items()}
     bwd = {"name": f"{name} fwd+bwd", "bytes": None, "flops": 3 * flops,
-           "impls": {k: _fwd_bwd((lambda m: lambda: m(x))(m), params[k]) for k, m in models.items()}}
+           "impls": {k: _fwd_bwd((lambda m: lambda: m(x))(m), [x] + params[k]) for k, m in models.items()}}
     return [fwd, bwd]
 
 
