@@ -310,10 +310,15 @@ def test_cuda_kernels_each_act(bk, act):
     grad, saved = make((2, 150, 200), seed=1), make((2, 150, 200), seed=2)
     want_out, want_pre = torch.ops.fused.linear_act_fwd(x, w, b, act, True)
     want_gpre, want_gbias = torch.ops.fused.linear_act_grad_pre(grad, saved, act, True)
-    with backend(bk), torch.backends.cuda.matmul.flags(allow_tf32=False):
-        out, pre = torch.ops.fused.linear_act_fwd(x.cuda(), w.cuda(), b.cuda(), act, True)
-        gpre, gbias = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)
-        again = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)[1]
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products exact, as on the CPU
+    try:
+        with backend(bk):
+            out, pre = torch.ops.fused.linear_act_fwd(x.cuda(), w.cuda(), b.cuda(), act, True)
+            gpre, gbias = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)
+            again = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)[1]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
     assert_close(out.cpu(), want_out, scale=10)
     assert pre.shape == want_pre.shape
     if pre.numel():
