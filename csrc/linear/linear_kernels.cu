@@ -1,0 +1,161 @@
+// CUDA kernels of the fused linear family; see linear_kernels.h. Math in float (double for double).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "common/scalar_math.h"
+#include "linear/linear_kernels.h"
+#include "linear/linear_math.h"
+
+namespace fused {
+namespace linear {
+namespace {
+
+template <typename T> struct MathType { using type = float; };
+template <> struct MathType<double> { using type = double; };
+
+__device__ __forceinline__ float to_math(float v) { return v; }
+__device__ __forceinline__ double to_math(double v) { return v; }
+__device__ __forceinline__ float to_math(__half v) { return __half2float(v); }
+__device__ __forceinline__ float to_math(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <typename T> __device__ __forceinline__ T from_math(float v);
+template <> __device__ __forceinline__ float from_math<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_math<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+template <typename T> __device__ __forceinline__ T from_math(double v) { return v; }
+
+constexpr int kThreads = 256;
+// act_grad_bias tiles: 32 columns (one warp wide) x kRowLanes rows per block, kRowsPerChunk rows per partial sum.
+constexpr int kCols = 32, kRowLanes = 8;
+constexpr int64_t kRowsPerChunk = 128;
+
+// Blocks stride over rows, threads over the columns of a row: the bias index needs no division.
+template <Act A, typename T>
+__global__ void bias_act_epilogue_kernel(T* __restrict__ y, T* __restrict__ pre, const T* __restrict__ bias,
+                                         int64_t M, int64_t N) {
+  using MT = typename MathType<T>::type;
+  for (int64_t r = blockIdx.x; r < M; r += gridDim.x) {
+    for (int64_t c = threadIdx.x; c < N; c += blockDim.x) {
+      const int64_t i = r * N + c;
+      MT v = to_math(y[i]);
+      if (bias) v += to_math(bias[c]);
+      if (pre) pre[i] = from_math<T>(v);
+      y[i] = from_math<T>(act_fwd<A>(v));
+    }
+  }
+}
+
+// Block (chunk, column tile): grad_pre for its rows; the column sums of its rows into partial[chunk][col].
+template <Act A, typename T>
+__global__ void act_grad_bias_kernel(const T* __restrict__ grad, const T* __restrict__ saved,
+                                     T* __restrict__ grad_pre, typename MathType<T>::type* __restrict__ partial,
+                                     int64_t M, int64_t N) {
+  using MT = typename MathType<T>::type;
+  __shared__ MT sums[kRowLanes][kCols + 1];
+  const int64_t col = int64_t(blockIdx.y) * kCols + threadIdx.x;
+  const int64_t row0 = int64_t(blockIdx.x) * kRowsPerChunk;
+  const int64_t row1 = row0 + kRowsPerChunk < M ? row0 + kRowsPerChunk : M;
+  MT acc = MT(0);
+  if (col < N) {
+    for (int64_t r = row0 + threadIdx.y; r < row1; r += kRowLanes) {
+      const int64_t i = r * N + col;
+      MT g = to_math(grad[i]);
+      if constexpr (A != Act::identity) g *= act_grad_from_saved<A>(to_math(saved[i]));
+      grad_pre[i] = from_math<T>(g);
+      acc += g;
+    }
+  }
+  if (!partial) return;
+  sums[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < N) {
+    MT total = MT(0);
+    for (int j = 0; j < kRowLanes; ++j) total += sums[j][threadIdx.x];  // fixed order
+    partial[int64_t(blockIdx.x) * N + col] = total;
+  }
+}
+
+template <typename T>
+__global__ void sum_partials_kernel(const typename MathType<T>::type* __restrict__ partial, T* __restrict__ out,
+                                    int64_t chunks, int64_t N) {
+  const int64_t col = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (col >= N) return;
+  typename MathType<T>::type total = 0;
+  for (int64_t c = 0; c < chunks; ++c) total += partial[c * N + col];  // fixed order
+  out[col] = from_math<T>(total);
+}
+
+template <typename Fn> cudaError_t visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(float{});
+    case DType::f16: return fn(__half{});
+    case DType::bf16: return fn(__nv_bfloat16{});
+    case DType::f64: return fn(double{});
+  }
+  return cudaErrorInvalidValue;
+}
+
+// visit_act for host code (pointwise_math.h's is __host__ __device__, which host-only lambdas cannot use).
+template <typename Fn> cudaError_t visit_act_host(Act act, Fn&& fn) {
+  switch (act) {
+    case Act::relu: return fn(Tag<Act, Act::relu>{});
+    case Act::gelu: return fn(Tag<Act, Act::gelu>{});
+    case Act::gelu_tanh: return fn(Tag<Act, Act::gelu_tanh>{});
+    case Act::silu: return fn(Tag<Act, Act::silu>{});
+    case Act::sigmoid: return fn(Tag<Act, Act::sigmoid>{});
+    case Act::tanh: return fn(Tag<Act, Act::tanh>{});
+    default: return fn(Tag<Act, Act::identity>{});
+  }
+}
+
+}  // namespace
+
+cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act,
+                                     DType dtype, cudaStream_t stream) {
+  if (M == 0 || N == 0) return cudaSuccess;
+  const unsigned blocks = static_cast<unsigned>(M < 65536 * 4 ? M : 65536 * 4);  // row-stride loop beyond
+  const int threads = N >= kThreads ? kThreads : static_cast<int>((N + 31) / 32 * 32);
+  return visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    return visit_act_host(act, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      bias_act_epilogue_kernel<A, T><<<blocks, threads, 0, stream>>>(
+          static_cast<T*>(y), static_cast<T*>(pre), static_cast<const T*>(bias), M, N);
+      return cudaGetLastError();
+    });
+  });
+}
+
+size_t act_grad_bias_workspace_bytes(int64_t M, int64_t N, DType dtype) {
+  const int64_t chunks = (M + kRowsPerChunk - 1) / kRowsPerChunk;
+  return static_cast<size_t>(chunks * N) * (dtype == DType::f64 ? sizeof(double) : sizeof(float));
+}
+
+cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad_pre, void* grad_bias,
+                                 void* workspace, int64_t M, int64_t N, Act act, DType dtype, cudaStream_t stream) {
+  if (M == 0 || N == 0) return cudaSuccess;
+  const int64_t chunks = (M + kRowsPerChunk - 1) / kRowsPerChunk;
+  const int64_t col_tiles = (N + kCols - 1) / kCols;
+  if (chunks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidConfiguration;
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_tiles)), block(kCols, kRowLanes);
+  return visit_dtype(dtype, [&](auto zero) {
+    using T = decltype(zero);
+    using MT = typename MathType<T>::type;
+    MT* partial = grad_bias ? static_cast<MT*>(workspace) : nullptr;
+    cudaError_t err = visit_act_host(act, [&](auto tag) {
+      constexpr Act A = decltype(tag)::value;
+      act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
+                                                             static_cast<const T*>(saved),
+                                                             static_cast<T*>(grad_pre), partial, M, N);
+      return cudaGetLastError();
+    });
+    if (err != cudaSuccess || !grad_bias) return err;
+    sum_partials_kernel<T><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+        partial, static_cast<T*>(grad_bias), chunks, N);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace linear
+}  // namespace fused

@@ -1,0 +1,382 @@
+"""Parity, accuracy, gradients, compile and error tests of fused.linear_act (CPU kernel, Triton launchers under
+the interpreter, and the CUDA kernels when a GPU is present)."""
+import pytest
+import torch
+
+import fused
+from fused.linear.reference import linear_act as reference
+from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
+                           check_compile, device_backends, make, noncontiguous, raises, requires_cuda,
+                           requires_triton)
+
+ACTS = ["identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"]
+# Per-dtype tolerance scale for a K-long dot product against the same-dtype reference (different summation order).
+GEMM_SCALE = {torch.float64: 10.0, torch.float32: 10.0, torch.float16: 2.0, torch.bfloat16: 2.0}
+# Gradients go through a second GEMM over 16-bit grad_pre whose last-bit roundings may differ from eager's.
+GRAD_SCALE = {torch.float64: 20.0, torch.float32: 20.0, torch.float16: 10.0, torch.bfloat16: 4.0}
+
+
+def inputs(x_shape, n_out, dtype, device="cpu", bias=True, requires_grad=False, seed=0):
+    k = x_shape[-1]
+    bound = 1.0 / max(k, 1) ** 0.5  # nn.Linear's scale keeps pre-activations O(1) whatever K
+    x = make(x_shape, dtype, device, seed=seed, requires_grad=requires_grad)
+    w = make((n_out, k), dtype, device, low=-bound, high=bound, seed=seed + 1, requires_grad=requires_grad)
+    b = make((n_out,), dtype, device, seed=seed + 2, requires_grad=requires_grad) if bias else None
+    return x, w, b
+
+
+def grads(fn, tensors, grad_out):
+    out = fn(*tensors)
+    leaves = [t for t in tensors if t is not None]
+    return out, torch.autograd.grad(out, leaves, grad_out)
+
+
+# ---- forward and backward against the reference in the same dtype ----
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_parity_odd_shape(device, bk, act, dtype):
+    x, w, b = inputs((3, 5, 131), 67, dtype, device, requires_grad=True)
+    if bk == "triton" and dtype == torch.float64:  # the Triton GEMM takes fp32, fp16, bf16 and says so
+        with backend(bk), raises("fused.linear_act: the Triton kernel takes float32, float16 or bfloat16"):
+            fused.linear_act(x, w, b, act)
+        return
+    g = make((3, 5, 67), dtype, device, seed=9)
+    with backend(bk):
+        out, got = grads(lambda *t: fused.linear_act(*t, act=act), (x, w, b), g)
+    ref, want = grads(lambda *t: reference(*t, act=act), (x, w, b), g)
+    assert out.shape == (3, 5, 67) and out.dtype == dtype
+    assert_close(out, ref, scale=GEMM_SCALE[dtype])
+    for name, a, e in zip(("x", "weight", "bias"), got, want):
+        assert a.shape == e.shape, name
+        assert_close(a, e, scale=GRAD_SCALE[dtype])
+
+
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("act", ["identity", "relu", "gelu"])
+def test_no_bias_noncontiguous_and_1d(device, bk, act):
+    x, w, _ = inputs((7, 40), 24, torch.float32, device)
+    xs, ws = noncontiguous(x).requires_grad_(), noncontiguous(w).t().contiguous().t().requires_grad_()  # w.T strides
+    assert not xs.is_contiguous() and not ws.is_contiguous()
+    g = make((7, 24), torch.float32, device, seed=3)
+    with backend(bk):
+        out, got = grads(lambda a, c: fused.linear_act(a, c, None, act), (xs, ws), g)
+        one = fused.linear_act(x[0], w, None, act)
+    ref, want = grads(lambda a, c: reference(a, c, None, act), (xs, ws), g)
+    assert_close(out, ref, scale=10)
+    assert_close(one, ref[0], scale=10)
+    for a, e in zip(got, want):
+        assert_close(a, e, scale=10)
+
+
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("act", ["gelu", "tanh"])
+def test_large_shape(device, bk, act):
+    x, w, b = inputs((4, 256, 384), 320, torch.float32, device, requires_grad=True)
+    g = make((4, 256, 320), torch.float32, device, seed=5)
+    with backend(bk):
+        out, got = grads(lambda *t: fused.linear_act(*t, act=act), (x, w, b), g)
+    ref, want = grads(lambda *t: reference(*t, act=act), (x, w, b), g)
+    assert_close(out, ref, scale=10)
+    for a, e in zip(got, want):
+        assert_close(a, e, scale=50)  # the weight and bias gradients sum over 1024 rows
+
+
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("shape,n_out", [((0, 8), 5), ((4, 0), 5), ((4, 8), 0), ((2, 0, 8), 3)])
+def test_empty(device, bk, shape, n_out):
+    x, w, b = inputs(shape, n_out, torch.float32, device, requires_grad=True)
+    with backend(bk):
+        out = fused.linear_act(x, w, b, "gelu")
+        gx, gw, gb = torch.autograd.grad(out.sum(), (x, w, b))
+    ref = reference(x, w, b, "gelu")
+    assert out.shape == ref.shape
+    assert_close(out, ref)  # with in_features == 0: gelu(bias) on every row
+    assert gx.shape == x.shape and gw.shape == w.shape and gb.shape == b.shape
+    want = torch.autograd.grad(ref.sum(), (x, w, b))
+    for a, e in zip((gx, gw, gb), want):
+        assert_close(a, e)
+
+
+# ---- accuracy against float64: no worse than eager nn.Linear + activation (x2) ----
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+def test_accuracy_vs_float64(device, bk, act, dtype):
+    x, w, b = inputs((96, 160), 72, dtype, device, requires_grad=True)
+    g = make((96, 72), dtype, device, seed=4)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    with backend(bk):
+        out, got = grads(lambda *t: fused.linear_act(*t, act=act), (x, w, b), g)
+    eager, want = grads(lambda *t: reference(*t, act=act), (x, w, b), g)
+    ref64, exact = grads(lambda *t: reference(*t, act=act), (x64, w64, b64), g.double())
+    assert_accuracy(out, eager, ref64)
+    for a, e, r in zip(got, want, exact):
+        assert_accuracy(a, e, r)
+
+
+def test_gradcheck_float64():
+    for act in ACTS:
+        x, w, b = inputs((2, 3, 6), 5, torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(lambda *t: fused.linear_act(*t, act=act), (x, w, b))
+    x, w, _ = inputs((4, 6), 5, torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, c: fused.linear_act(a, c, None, "silu"), (x, w))
+
+
+def test_pre_activation_saved_only_when_needed():
+    """gelu, gelu_tanh, silu keep the pre-activation for backward; relu, sigmoid, tanh keep only the output."""
+    x, w, b = inputs((8, 16), 12, torch.float32, requires_grad=True)
+    for act in ACTS:
+        out, pre = torch.ops.fused.linear_act_fwd(x, w, b, act, True)
+        assert pre.shape == ((8, 12) if act in ("gelu", "gelu_tanh", "silu") else (0,)), act
+        if pre.numel():
+            torch.testing.assert_close(pre, torch.nn.functional.linear(x, w, b))
+    with torch.no_grad():
+        assert torch.ops.fused.linear_act_fwd(x, w, b, "gelu", False)[1].numel() == 0
+    # called directly without the pre-activation, autograd recomputes it and the gradient is still right
+    out = torch.ops.fused.linear_act_fwd(x, w, b, "gelu", False)[0]
+    got = torch.autograd.grad(out.sum(), (x, w, b))
+    want = torch.autograd.grad(reference(x, w, b, "gelu").sum(), (x, w, b))
+    for a, e in zip(got, want):
+        assert_close(a, e, scale=10)
+
+
+def test_bias_gradient_deterministic():
+    x, w, b = inputs((2000, 33), 300, torch.float32, requires_grad=True)
+    g = make((2000, 300), torch.float32, seed=6)
+    first = torch.autograd.grad(fused.linear_act(x, w, b, "silu"), b, g)[0]
+    for threads in (1, 2):
+        old = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            again = torch.autograd.grad(fused.linear_act(x, w, b, "silu"), b, g)[0]
+        finally:
+            torch.set_num_threads(old)
+        assert torch.equal(first, again)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_nan_inf_propagate(act):
+    x, w, b = inputs((4, 16), 8, torch.float32)
+    x[1, 3] = float("nan")
+    if act in ("identity", "relu", "sigmoid", "tanh"):  # eager's CPU gelu / silu map +-inf to NaN
+        x[2, 0] = float("inf")
+    out, ref = fused.linear_act(x, w, b, act), reference(x, w, b, act)
+    assert out[1].isnan().all()
+    assert_close(out, ref, scale=10)  # equal_nan: the same NaN and inf pattern
+
+
+def test_opcheck():
+    x, w, b = inputs((3, 5, 16), 12, torch.float32, requires_grad=True)
+    for act in ("relu", "gelu"):
+        torch.library.opcheck(torch.ops.fused.linear_act_fwd, (x, w, b, act, True))
+        torch.library.opcheck(torch.ops.fused.linear_act_fwd, (x, w, None, act, False))
+        torch.library.opcheck(torch.ops.fused.linear_act, (x, w, b, act))
+    g, s = make((3, 5, 12), seed=1), make((3, 5, 12), seed=2)
+    torch.library.opcheck(torch.ops.fused.linear_act_grad_pre, (g, s, "gelu", True))
+    torch.library.opcheck(torch.ops.fused.linear_act_grad_pre, (g, s, "tanh", False))
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+def test_compile_fullgraph(act):
+    x, w, b = inputs((6, 24), 20, torch.float32, requires_grad=True)
+
+    check_compile(lambda x, w, b: fused.linear_act(x, w, b, act), x.detach(), w.detach(), b.detach())
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, b: fused.linear_act(x, w, b, act).square().sum(), fullgraph=True)
+    got = torch.autograd.grad(compiled(x, w, b), (x, w, b))
+    want = torch.autograd.grad(reference(x, w, b, act).square().sum(), (x, w, b))
+    for a, e in zip(got, want):
+        assert_close(a, e, scale=10)
+
+
+def test_errors_name_op_and_argument():
+    x, w, b = inputs((4, 8), 5, torch.float32)
+    with raises("fused.linear_act: unknown act 'swish'"):
+        fused.linear_act(x, w, b, "swish")
+    with raises("fused.linear_act: weight must be 2-D .* got weight of shape \\(5, 7\\)"):
+        fused.linear_act(x, w[:, :7], b)
+    with raises("fused.linear_act: weight must be 2-D"):
+        fused.linear_act(x, w[0], b)
+    with raises("fused.linear_act: bias must be 1-D with out_features"):
+        fused.linear_act(x, w, b[:4])
+    with raises("fused.linear_act: weight has dtype torch.float64 but x has dtype torch.float32"):
+        fused.linear_act(x, w.double(), b)
+    with raises("fused.linear_act: bias has dtype torch.float16"):
+        fused.linear_act(x, w, b.half())
+    with raises("fused.linear_act: x must be a floating-point tensor"):
+        fused.linear_act(x.long(), w.long())
+    with raises("fused.linear_act: weight is on meta but x is on cpu"):
+        fused.linear_act(x, w.to("meta"), b)
+    # the C++ kernels check the same, naming op and argument
+    with raises("fused.linear_act: weight must be 2-D"):
+        torch.ops.fused.linear_act_fwd.default.redispatch(torch._C.DispatchKeySet("CPU"), x, w[:, :7], b, "relu",
+                                                          False)
+    with raises("fused.linear_act_grad_pre: grad shape"):
+        torch.ops.fused.linear_act_grad_pre(x, x[:, :3], "gelu", True)
+    with raises("fused.linear_act_grad_pre: unknown act 'bad'"):
+        torch.ops.fused.linear_act_grad_pre(x, x, "bad", True)
+
+
+# ---- the Triton kernels, under the interpreter on CPU where no GPU is present ----
+@requires_triton
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_triton_forward(dtype, act):
+    from fused.linear import triton_kernels
+    device = "cuda" if HAS_CUDA else "cpu"
+    x, w, b = inputs((2, 19, 45), 37, dtype, device)
+    save = act in ("gelu", "gelu_tanh", "silu")
+    out, pre = triton_kernels.linear_act_fwd(x, w, b if act != "relu" else None, act, True)
+    ref = reference(x, w, b if act != "relu" else None, act)
+    assert out.shape == ref.shape and out.dtype == dtype
+    assert_close(out, ref, scale=GEMM_SCALE[dtype])
+    assert pre.shape == (ref.shape if save else (0,))
+    if save:
+        assert_close(pre, torch.nn.functional.linear(x, w, b), scale=GEMM_SCALE[dtype])
+    x64, w64, b64 = (t.double() for t in (x, w, b))
+    if act != "relu":
+        assert_accuracy(out, ref, reference(x64, w64, b64, act))
+
+
+@requires_triton
+def test_triton_forward_strided_and_empty():
+    from fused.linear import triton_kernels
+    device = "cuda" if HAS_CUDA else "cpu"
+    x, w, b = inputs((33, 40), 20, torch.float32, device)
+    xs, ws = noncontiguous(x), w.t().contiguous().t()
+    out, _ = triton_kernels.linear_act_fwd(xs, ws, b, "silu", False)
+    assert_close(out, reference(x, w, b, "silu"), scale=10)
+    x, w, b = inputs((130, 40), 96, torch.float32, device)  # 5 x 3 tiles: a partial group of row tiles
+    out, _ = triton_kernels.linear_act_fwd(x, w, b, "relu", False)
+    assert_close(out, reference(x, w, b, "relu"), scale=10)
+    out, _ = triton_kernels.linear_act_fwd(x[:0], w, b, "silu", False)
+    assert out.shape == (0, 96)
+    out, _ = triton_kernels.linear_act_fwd(x[:, :0], w[:, :0], b, "gelu", False)  # in_features == 0
+    assert_close(out, reference(x[:, :0], w[:, :0], b, "gelu"))
+
+
+@requires_triton
+def test_triton_tf32_only_when_allowed():
+    from fused.linear.triton_kernels import dot_precision
+    old = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = False
+        assert dot_precision(torch.float32) == "ieee"
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert dot_precision(torch.float32) == "tf32"
+        assert dot_precision(torch.bfloat16) == "ieee"  # 16-bit inputs: tensor cores, exact products
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("act", ACTS)
+def test_triton_grad_pre(dtype, act):
+    from fused.linear import triton_kernels
+    device = "cuda" if HAS_CUDA else "cpu"
+    grad, saved = make((3, 41, 70), dtype, device, seed=1), make((3, 41, 70), dtype, device, seed=2)
+    if act in ("sigmoid", "tanh"):
+        saved = saved.sigmoid() if act == "sigmoid" else saved.tanh()
+    got_pre, got_bias = triton_kernels.linear_act_grad_pre(grad, saved, act, True)
+    want_pre, want_bias = torch.ops.fused.linear_act_grad_pre(grad.cpu(), saved.cpu(), act, True)
+    assert_close(got_pre.cpu(), want_pre, scale=2)
+    assert_close(got_bias.cpu(), want_bias, scale=20)
+    assert triton_kernels.linear_act_grad_pre(grad, saved, act, False)[1].numel() == 0
+
+
+# ---- the CUDA kernels (GPU only) ----
+@requires_cuda
+@pytest.mark.parametrize("bk", ["cuda", "triton"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_cuda_matches_cpu_kernel(bk, dtype):
+    x, w, b = inputs((300, 256), 520, dtype, requires_grad=True)
+    g = make((300, 520), dtype, seed=8)
+    want_out, want = grads(lambda *t: fused.linear_act(*t, act="gelu"), (x, w, b), g)
+    xc, wc, bc = (t.detach().cuda().requires_grad_() for t in (x, w, b))
+    with backend(bk):
+        out, got = grads(lambda *t: fused.linear_act(*t, act="gelu"), (xc, wc, bc), g.cuda())
+    assert_close(out.cpu(), want_out, scale=GEMM_SCALE[dtype] * 2)
+    for a, e in zip(got, want):
+        assert_close(a.cpu(), e, scale=GRAD_SCALE[dtype] * 2)
+
+
+@requires_cuda
+@pytest.mark.parametrize("bk", ["cuda", "triton"])
+@pytest.mark.parametrize("act", ACTS)
+def test_cuda_kernels_each_act(bk, act):
+    x, w, b = inputs((2, 150, 96), 200, torch.float32)
+    grad, saved = make((2, 150, 200), seed=1), make((2, 150, 200), seed=2)
+    want_out, want_pre = torch.ops.fused.linear_act_fwd(x, w, b, act, True)
+    want_gpre, want_gbias = torch.ops.fused.linear_act_grad_pre(grad, saved, act, True)
+    old_tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False  # fp32 products exact, as on the CPU
+    try:
+        with backend(bk):
+            out, pre = torch.ops.fused.linear_act_fwd(x.cuda(), w.cuda(), b.cuda(), act, True)
+            gpre, gbias = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)
+            again = torch.ops.fused.linear_act_grad_pre(grad.cuda(), saved.cuda(), act, True)[1]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    assert_close(out.cpu(), want_out, scale=10)
+    assert pre.shape == want_pre.shape
+    if pre.numel():
+        assert_close(pre.cpu(), want_pre, scale=10)
+    assert_close(gpre.cpu(), want_gpre)
+    assert_close(gbias.cpu(), want_gbias, scale=10)
+    assert torch.equal(gbias, again)  # deterministic bias reduction
+
+
+@requires_cuda
+def test_cuda_backend_float64():
+    x, w, b = inputs((33, 20), 17, torch.float64, requires_grad=True)
+    with backend("cuda"):
+        xc, wc, bc = (t.detach().cuda().requires_grad_() for t in (x, w, b))
+        assert torch.autograd.gradcheck(lambda *t: fused.linear_act(*t, act="gelu"), (xc, wc, bc))
+
+
+AOT_HOPPER = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from fused.linear import triton_kernels as tk
+
+fn, names, out = tk._linear_act_kernel, tk._linear_act_kernel.arg_names, []
+for dtype, precision in (("bf16", "ieee"), ("fp32", "tf32")):
+    cfg = tk.HOPPER_CONFIGS[0] if dtype == "bf16" else tk.HOPPER_CONFIGS[-2]
+    const = {"HAS_BIAS": True, "SAVE_PRE": True, "ACT": 2, "PRECISION": precision, "UPCAST": False, "EVEN_K": True,
+             "stride_xk": 1, "stride_wk": 1, **cfg.kwargs}
+    # what the JIT specializes at run time: 16-aligned pointers, sizes and row strides divisible by 16
+    div16 = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "pre_ptr", "M", "N", "K", "stride_xm", "stride_wn"]
+    sig = {n: "constexpr" if n in const else (f"*{dtype}" if n.endswith("_ptr") else "i32") for n in names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(a),): v for a, v in const.items()},
+                    attrs={(names.index(a),): [["tt.divisibility", 16]] for a in div16})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    ptx = k.asm["ptx"]
+    out.append({"dtype": dtype, "shared": k.metadata.shared, "wgmma": ptx.count("wgmma.mma_async"),
+                "cp_async": ptx.count("cp.async")})
+print(json.dumps(out))
+"""
+
+
+@requires_triton
+def test_triton_gemm_compiles_for_hopper():
+    """Compiled ahead of time for sm_90 (no GPU needed): Hopper tensor-core instructions (wgmma) fed by a
+    multi-stage cp.async pipeline that fits the 227 KB of shared memory a block may use."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    run = subprocess.run([sys.executable, "-c", AOT_HOPPER], env=env, cwd=root, capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-2000:]
+    for kernel in json.loads(run.stdout.strip().splitlines()[-1]):
+        assert kernel["wgmma"] > 0 and kernel["cp_async"] > 0, kernel
+        assert 2 * 48 * 1024 <= kernel["shared"] <= 227 * 1024, kernel  # at least two stages in flight
