@@ -4,7 +4,7 @@ Environment:
   FUSED_NO_CUDA=1        CPU-only build even where CUDA is available
   DEBUG=1                -O0 -g
   TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0")
-  FUSED_CPU_ARCH         -march value for the CPU kernels (default: native AVX2 if the build machine has it)
+  FUSED_CPU_ARCH         -march value for the CPU kernels (default: AVX-512 or AVX2 when the build machine has it)
 """
 import glob
 import os
@@ -34,8 +34,13 @@ def cpu_arch_flags():
             info = f.read()
     except OSError:
         return []
-    # at::vec picks its AVX2 implementation from CPU_CAPABILITY_AVX2; the flags must agree.
-    if " avx2" in info and " fma" in info:
+    # at::vec picks its implementation from CPU_CAPABILITY_<ISA>; the -m flags must agree. pip builds on the
+    # machine that runs the kernels, so the widest ISA it has is the one torch's own kernels use too.
+    flags = set(info.split())
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
+        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
+                "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+    if {"avx2", "fma"} <= flags:
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return []
 
