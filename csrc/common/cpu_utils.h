@@ -23,23 +23,47 @@ template <typename scalar_t, typename T> inline void load_block(const scalar_t* 
   else at::vec::convert(src, dst, n);
 }
 template <typename T, typename scalar_t> inline void store_block(const T* src, scalar_t* dst, int64_t n) {
-  if constexpr (std::is_same_v<scalar_t, T>) std::copy(src, src + n, dst);
-  else at::vec::convert(src, dst, n);
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    if (src != dst) std::copy(src, src + n, dst);
+  } else {
+    at::vec::convert(src, dst, n);
+  }
+}
+// The block buffer to compute in: the output itself when it holds the math type (one pass less through L1),
+// else `local`.
+template <typename T, typename scalar_t> inline T* work_buffer(scalar_t* out, T* local) {
+  if constexpr (std::is_same_v<scalar_t, T>) return out;
+  else return local;
 }
 
-// buf[k] = f(buf[k]) with f taking and returning Vectorized<T>.
-template <typename T, typename F> inline void vec_map(T* buf, int64_t n, const F& f) {
-  using V = Vec<T>;
-  int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) f(V::loadu(buf + i)).store(buf + i);
-  if (i < n) f(V::loadu(buf + i, n - i)).store(buf + i, n - i);
+// An input block in the math type: the input itself when it already is one (no copy), else converted into
+// `local`.
+template <typename T, typename scalar_t> inline const T* math_view(const scalar_t* src, T* local, int64_t n) {
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    return src;
+  } else {
+    at::vec::convert(src, local, n);
+    return local;
+  }
 }
-// a[k] = f(a[k], b[k]).
-template <typename T, typename F> inline void vec_map2(T* a, const T* b, int64_t n, const F& f) {
+
+// dst[k] = f(a[k]) with f taking and returning Vectorized<T>; dst may be a.
+template <typename T, typename F> inline void vec_map_to(T* dst, const T* a, int64_t n, const F& f) {
   using V = Vec<T>;
   int64_t i = 0;
-  for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i), V::loadu(b + i)).store(a + i);
-  if (i < n) f(V::loadu(a + i, n - i), V::loadu(b + i, n - i)).store(a + i, n - i);
+  for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i)).store(dst + i);
+  if (i < n) f(V::loadu(a + i, n - i)).store(dst + i, n - i);
+}
+// dst[k] = f(a[k], b[k]); dst may be a or b.
+template <typename T, typename F> inline void vec_map2_to(T* dst, const T* a, const T* b, int64_t n, const F& f) {
+  using V = Vec<T>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i), V::loadu(b + i)).store(dst + i);
+  if (i < n) f(V::loadu(a + i, n - i), V::loadu(b + i, n - i)).store(dst + i, n - i);
+}
+template <typename T, typename F> inline void vec_map(T* buf, int64_t n, const F& f) { vec_map_to(buf, buf, n, f); }
+template <typename T, typename F> inline void vec_map2(T* a, const T* b, int64_t n, const F& f) {
+  vec_map2_to(a, a, b, n, f);
 }
 
 // Applies f(dst + k, row_vec + j, len) over a flat block that starts at column col0 of rows of width C,

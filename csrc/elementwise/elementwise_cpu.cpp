@@ -43,10 +43,16 @@ at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
     visit_act(a, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       parallel_blocks(n, [&](int64_t i, int64_t len) {
-        T buf[kBlock];
-        load_block(xp + i, buf, len);
-        if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
-        vec_map(buf, len, [](auto v) { return act_fwd<A>(v); });
+        T local[kBlock];
+        const T* xv = math_view(xp + i, local, len);
+        T* buf = work_buffer(yp + i, local);
+        if (bias.empty()) {
+          vec_map_to(buf, xv, len, [](auto v) { return act_fwd<A>(v); });
+        } else {
+          for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
+            vec_map2_to(buf + k, xv + k, bias.data() + j, seg, [](auto v, auto b) { return act_fwd<A>(v + b); });
+          });
+        }
         store_block(buf, yp + i, len);
       });
     });
@@ -127,10 +133,11 @@ at::Tensor glu_cpu(const at::Tensor& gate_in, const at::Tensor& up_in, c10::stri
       constexpr Act A = decltype(tag)::value;
       parallel_rows(g.rows, g.cols, [&](int64_t r, int64_t c, int64_t len) {
         T gb[kBlock], ub[kBlock];
-        load_block(gp + r * g.stride + c, gb, len);
-        load_block(up + r * u.stride + c, ub, len);
-        vec_map2(gb, ub, len, [](auto x, auto v) { return act_fwd<A>(x) * v; });
-        store_block(gb, yp + r * g.cols + c, len);
+        const T* gv = math_view(gp + r * g.stride + c, gb, len);
+        const T* uv = math_view(up + r * u.stride + c, ub, len);
+        T* out = work_buffer(yp + r * g.cols + c, gb);
+        vec_map2_to(out, gv, uv, len, [](auto x, auto v) { return act_fwd<A>(x) * v; });
+        store_block(out, yp + r * g.cols + c, len);
       });
     });
   });
@@ -208,13 +215,20 @@ at::Tensor bias_dropout_add_seeded_cpu(const at::Tensor& x_in, const std::option
     const scalar_t *xp = x.data_ptr<scalar_t>(), *rp = res.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     parallel_blocks(n, [&](int64_t i, int64_t len) {
-      T buf[kBlock], keep[kBlock], rb[kBlock];
-      load_block(xp + i, buf, len);
-      load_block(rp + i, rb, len);
-      if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
+      T local[kBlock], keep[kBlock], rb[kBlock];
+      const T* xv = math_view(xp + i, local, len);
+      const T* rv = math_view(rp + i, rb, len);
+      T* buf = work_buffer(yp + i, local);
       dropout_scale_block(keep, i, len, seed, threshold, scale);
-      vec_map2(buf, keep, len, [](auto v, auto s) { return v * s; });
-      vec_map2(buf, rb, len, [](auto v, auto r) { return r + v; });
+      if (bias.empty()) {
+        vec_map2_to(buf, xv, keep, len, [](auto v, auto s) { return v * s; });
+      } else {
+        for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
+          vec_map2_to(buf + k, xv + k, bias.data() + j, seg, [](auto v, auto b) { return v + b; });
+        });
+        vec_map2(buf, keep, len, [](auto v, auto s) { return v * s; });
+      }
+      vec_map2(buf, rv, len, [](auto v, auto r) { return r + v; });
       store_block(buf, yp + i, len);
     });
   });
@@ -282,7 +296,8 @@ at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string
     const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
     parallel_blocks(n, [&](int64_t i, int64_t len) {
-      T buf[kBlock];
+      T local[kBlock];
+      T* buf = work_buffer(yp + i, local);
       load_block(xp + i, buf, len);
       for (auto [op, s] : chain) apply_op(buf, len, op, s);
       store_block(buf, yp + i, len);
