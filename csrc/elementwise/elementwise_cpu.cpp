@@ -162,16 +162,18 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
     visit_act(a, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       parallel_rows(g.rows, g.cols, [&](int64_t r, int64_t c, int64_t len) {
-        T gb[kBlock], ub[kBlock], db[kBlock], tmp[kBlock];
-        load_block(gp + r * g.stride + c, gb, len);
-        load_block(up + r * u.stride + c, ub, len);
-        load_block(dp + r * g.cols + c, db, len);
-        std::copy(gb, gb + len, tmp);
-        vec_map2(tmp, db, len, [](auto x, auto d) { return d * act_fwd<A>(x); });  // grad_up
-        store_block(tmp, dup + r * g.cols + c, len);
-        vec_map2(db, ub, len, [](auto d, auto v) { return d * v; });
-        vec_map2(gb, db, len, [](auto x, auto dv) { return dv * act_grad<A>(x); });  // grad_gate
-        store_block(gb, dgp + r * g.cols + c, len);
+        T gb[kBlock], ub[kBlock], db[kBlock], out_gate[kBlock], out_up[kBlock];
+        const int64_t o = r * g.cols + c;
+        const T* gv = math_view(gp + r * g.stride + c, gb, len);
+        const T* uv = math_view(up + r * u.stride + c, ub, len);
+        const T* dv = math_view(dp + o, db, len);
+        T* d_up = work_buffer(dup + o, out_up);
+        vec_map2_to(d_up, gv, dv, len, [](auto x, auto d) { return d * act_fwd<A>(x); });
+        store_block(d_up, dup + o, len);
+        T* d_gate = work_buffer(dgp + o, out_gate);
+        vec_map2_to(d_gate, dv, uv, len, [](auto d, auto v) { return d * v; });
+        vec_map2(d_gate, gv, len, [](auto dv, auto x) { return dv * act_grad<A>(x); });
+        store_block(d_gate, dgp + o, len);
       });
     });
   });
