@@ -74,13 +74,21 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
       const auto operands = matmul_operands<T>(x);
-      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        scalar_t* dst = outp + (bi * N + r0) * M;
-        if constexpr (std::is_same_v<T, scalar_t>) {
-          matmul_rows(operands[bi], r0, nr, squared, reinterpret_cast<T*>(dst));
-        } else {
-          matmul_rows(operands[bi], r0, nr, squared, buf);
-          store_block(buf, dst, nr * M);
+      // Tiles of about 2^17 outputs (512 KB in float): each is written by BLAS and finished while in L2.
+      const int64_t cols = std::min<int64_t>(M, 1024), rows = std::min<int64_t>(N, std::max<int64_t>(8, (1 << 17) / cols));
+      const int64_t row_tiles = (N + rows - 1) / rows, col_tiles = (M + cols - 1) / cols;
+      at::parallel_for(0, x.B * row_tiles * col_tiles, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<T> buf(std::is_same_v<T, scalar_t> ? 0 : rows * cols);
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t bi = t / (row_tiles * col_tiles), r0 = (t / col_tiles % row_tiles) * rows,
+                        c0 = t % col_tiles * cols, nr = std::min(rows, N - r0), nc = std::min(cols, M - c0);
+          scalar_t* dst = outp + (bi * N + r0) * M + c0;
+          if constexpr (std::is_same_v<T, scalar_t>) {
+            matmul_tile(operands[bi], r0, nr, c0, nc, squared, reinterpret_cast<T*>(dst), M);
+          } else {
+            matmul_tile(operands[bi], r0, nr, c0, nc, squared, buf.data(), nc);
+            for (int64_t i = 0; i < nr; ++i) store_block(buf.data() + i * nc, dst + i * M, nc);
+          }
         }
       });
       return;
@@ -249,55 +257,68 @@ template <typename T> struct Order {
   }
 };
 
-// The k best (value, index) of one row: a heap whose top is the worst kept. Columns arrive in increasing
-// order, so a newcomer equal to the worst loses the tie.
+// The k best (value, index) of one row, by filtering against a threshold: candidates go into a buffer only if
+// strictly better than `worst`, a value that at least k candidates seen so far match or beat (columns arrive in
+// increasing order, so a newcomer equal to it loses the tie). When the buffer fills up, it is cut back to its k
+// best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
 template <typename T> struct KBest {
-  std::vector<std::pair<T, int64_t>> heap;
-  void offer(T v, int64_t j, int64_t k, const Order<T>& order) {
-    if (static_cast<int64_t>(heap.size()) < k) {
-      heap.emplace_back(v, j);
-      std::push_heap(heap.begin(), heap.end(), order);
-    } else if (k > 0 && order.better(v, heap.front().first)) {
-      std::pop_heap(heap.begin(), heap.end(), order);
-      heap.back() = {v, j};
-      std::push_heap(heap.begin(), heap.end(), order);
+  std::vector<std::pair<T, int64_t>> cand;
+  T worst = 0;
+  bool bounded = false;  // worst is set (at least k candidates seen)
+  int64_t k = 0, capacity = 0;
+  Order<T> order{false};
+
+  KBest(int64_t k_, const Order<T>& o) : k(k_), capacity(std::max<int64_t>(2 * k_, 128)), order(o) {
+    cand.reserve(capacity);
+  }
+  void cut_to_k() {
+    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), order);
+    cand.resize(k);
+    worst = cand[k - 1].first;
+  }
+  void add(T v, int64_t j) {
+    if (bounded && !order.better(v, worst)) return;
+    cand.emplace_back(v, j);
+    const int64_t n = static_cast<int64_t>(cand.size());
+    if (n == capacity) {
+      cut_to_k();
+    } else if (!bounded && n == k) {  // the first k: the worst of them is a valid threshold
+      worst = std::max_element(cand.begin(), cand.end(), order)->first;
+      bounded = true;
     }
   }
-  template <typename scalar_t> void write(const Order<T>& order, scalar_t* values, int64_t* indices) {
-    std::sort_heap(heap.begin(), heap.end(), order);
-    for (size_t t = 0; t < heap.size(); ++t) {
-      values[t] = static_cast<scalar_t>(heap[t].first);
-      indices[t] = heap[t].second;
+  // Lanes of x that may be strictly better than worst (a superset: x not yet rounded to the output dtype,
+  // rounding is monotone).
+  int may_beat(const Vec<T>& x) const {
+    using V = Vec<T>;
+    constexpr int all = (1 << V::size()) - 1;
+    if (std::isnan(worst)) return order.largest ? 0 : (x != x).zero_mask() & all;  // smallest: any non-NaN
+    const V w(worst), m = order.largest ? (x > w) | (x != x) : x < w;
+    return all & ~m.zero_mask();
+  }
+  template <typename scalar_t> void write(scalar_t* values, int64_t* indices) {
+    if (static_cast<int64_t>(cand.size()) > k) cut_to_k();
+    std::sort(cand.begin(), cand.end(), order);
+    for (size_t t = 0; t < cand.size(); ++t) {
+      values[t] = static_cast<scalar_t>(cand[t].first);
+      indices[t] = cand[t].second;
     }
-    heap.clear();
+    cand.clear();
+    bounded = false;
   }
 };
 
 // Offers `len` distances from column j0 on, rounded to the output dtype first (the selection sees the values
-// it returns, so ties are the output's ties). Once the heap is full, vectors of candidates that cannot beat the
-// worst kept value are skipped whole (rounding is monotone, so comparing unrounded values is conservative).
-template <typename scalar_t, typename T>
-inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len, int64_t k, const Order<T>& order) {
+// it returns, so ties are the output's ties).
+template <typename scalar_t, typename T> inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len) {
   using V = Vec<T>;
   constexpr int64_t L = V::size();
+  auto add = [&](int64_t l) { best.add(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l); };
   int64_t l = 0;
-  while (l < len) {
-    const bool full = static_cast<int64_t>(best.heap.size()) == k;
-    if (full && l + L <= len && !std::isnan(best.heap.front().first)) {
-      const V worst(best.heap.front().first), x = V::loadu(v + l);
-      // Lanes that could be better: strictly smaller (largest: strictly larger or NaN).
-      const V maybe = order.largest ? (x > worst) | (x != x) : x < worst;
-      if (maybe.zero_mask() == (1 << L) - 1) {
-        l += L;
-        continue;
-      }
-      for (int64_t e = l + L; l < e; ++l)
-        best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
-      continue;
-    }
-    best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
-    ++l;
-  }
+  for (; l < len && !best.bounded; ++l) add(l);
+  for (; l + L <= len; l += L)
+    for (int mask = best.may_beat(V::loadu(v + l)); mask; mask &= mask - 1) add(l + __builtin_ctz(mask));
+  for (; l < len; ++l) add(l);
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
@@ -320,13 +341,12 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
     if (use_matmul(metric, D)) {
       const auto operands = matmul_operands<T>(x);
       for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        matmul_rows(operands[bi], r0, nr, squared, buf);
-        KBest<T> best;
-        best.heap.reserve(k);
+        matmul_tile(operands[bi], r0, nr, 0, M, squared, buf, M);
+        KBest<T> best(k, order);
         for (int64_t i = 0; i < nr; ++i) {
-          offer_all<scalar_t>(best, buf + i * M, 0, M, k, order);
+          offer_all<scalar_t>(best, buf + i * M, 0, M);
           const int64_t row = bi * N + r0 + i;
-          best.write(order, vp + row * k, ip + row * k);
+          best.write(vp + row * k, ip + row * k);
         }
       });
       return;
@@ -339,17 +359,16 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
       constexpr Metric Mt = decltype(tag)::value;
       parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
         constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
-        std::vector<KBest<T>> best(R);
-        for (auto& h : best) h.heap.reserve(k);
+        std::vector<KBest<T>> best(R, KBest<T>(k, order));
         for (int64_t s = r0; s < r1; s += R) {
           const int64_t nr = std::min(R, r1 - s);
           direct_rows<Mt>(ap + (bi * N + s) * D, nr, D, pp + bi * plen, M, prm,
                           [&](int64_t r, int64_t j0, int64_t len, const T* v) {
-                            offer_all<scalar_t>(best[r], v, j0, len, k, order);
+                            offer_all<scalar_t>(best[r], v, j0, len);
                           });
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t row = bi * N + s + r;
-            best[r].write(order, vp + row * k, ip + row * k);
+            best[r].write(vp + row * k, ip + row * k);
           }
         }
       });
