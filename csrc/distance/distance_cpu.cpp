@@ -3,6 +3,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "distance/distance_args.h"
@@ -244,64 +246,82 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
 
 // ---- pairwise_topk: distances and a running k-best per row, never the N x M matrix ----
 
-// Value order for the selection: smallest (or largest) first, NaN last (or first) as torch.topk ranks it.
-template <typename T> struct Order {
+// The selection order as one integer per candidate: the value's rank key in the high 64 bits (smallest first,
+// or largest first; NaN last, or first, as torch.topk ranks it; -0 == +0) and the column in the low 64 bits, so
+// ties go to the lower index and every comparison is a plain integer compare.
+using Key = unsigned __int128;
+struct Order {
   bool largest;
-  bool better(T x, T y) const {  // strictly better value
-    if (largest) return !std::isnan(y) && (std::isnan(x) || x > y);
-    return !std::isnan(x) && (std::isnan(y) || x < y);
+  static uint64_t monotone(double v) {  // bits of v, mapped so that unsigned order is numeric order
+    uint64_t u;
+    v += 0.0;  // -0 -> +0
+    std::memcpy(&u, &v, sizeof u);
+    return u >> 63 ? ~u : u | (uint64_t(1) << 63);
   }
-  // Ties to the lower index.
-  bool operator()(const std::pair<T, int64_t>& x, const std::pair<T, int64_t>& y) const {
-    return better(x.first, y.first) || (!better(y.first, x.first) && x.second < y.second);
+  uint64_t rank(double v) const {
+    if (std::isnan(v)) return largest ? 0 : ~uint64_t(0);
+    return largest ? ~monotone(v) : monotone(v);
   }
+  double value(Key key) const {
+    uint64_t r = static_cast<uint64_t>(key >> 64);
+    if (r == (largest ? 0 : ~uint64_t(0))) return std::numeric_limits<double>::quiet_NaN();
+    if (largest) r = ~r;
+    const uint64_t u = r >> 63 ? r & ~(uint64_t(1) << 63) : ~r;
+    double v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+  Key key(double v, int64_t j) const { return Key(rank(v)) << 64 | Key(static_cast<uint64_t>(j)); }
 };
 
-// The k best (value, index) of one row, by filtering against a threshold: candidates go into a buffer only if
-// strictly better than `worst`, a value that at least k candidates seen so far match or beat (columns arrive in
-// increasing order, so a newcomer equal to it loses the tie). When the buffer fills up, it is cut back to its k
-// best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
+// The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if
+// it ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in
+// increasing order, so a newcomer with an equal value loses the tie). When the buffer fills up, it is cut back
+// to its k best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
 template <typename T> struct KBest {
-  std::vector<std::pair<T, int64_t>> cand;
-  T worst = 0;
+  std::vector<Key> cand;
+  Key worst = 0;
+  T worst_value = 0;
   bool bounded = false;  // worst is set (at least k candidates seen)
   int64_t k = 0, capacity = 0;
-  Order<T> order{false};
+  Order order{false};
 
-  KBest(int64_t k_, const Order<T>& o) : k(k_), capacity(std::max<int64_t>(2 * k_, 128)), order(o) {
+  KBest(int64_t k_, const Order& o) : k(k_), capacity(std::max<int64_t>(4 * k_, 64)), order(o) {
     cand.reserve(capacity);
   }
-  void cut_to_k() {
-    std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), order);
-    cand.resize(k);
-    worst = cand[k - 1].first;
+  void set_worst(Key w) {
+    worst = w;
+    worst_value = static_cast<T>(order.value(w));
+    bounded = true;
   }
   void add(T v, int64_t j) {
-    if (bounded && !order.better(v, worst)) return;
-    cand.emplace_back(v, j);
+    const Key key = order.key(v, j);
+    if (bounded && !(key < worst)) return;
+    cand.push_back(key);
     const int64_t n = static_cast<int64_t>(cand.size());
     if (n == capacity) {
-      cut_to_k();
+      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
+      cand.resize(k);
+      set_worst(cand[k - 1]);
     } else if (!bounded && n == k) {  // the first k: the worst of them is a valid threshold
-      worst = std::max_element(cand.begin(), cand.end(), order)->first;
-      bounded = true;
+      set_worst(*std::max_element(cand.begin(), cand.end()));
     }
   }
-  // Lanes of x that may be strictly better than worst (a superset: x not yet rounded to the output dtype,
-  // rounding is monotone).
+  // Lanes of x that may rank before worst (a superset: x is not yet rounded to the output dtype, and rounding
+  // is monotone).
   int may_beat(const Vec<T>& x) const {
     using V = Vec<T>;
     constexpr int all = (1 << V::size()) - 1;
-    if (std::isnan(worst)) return order.largest ? 0 : (x != x).zero_mask() & all;  // smallest: any non-NaN
-    const V w(worst), m = order.largest ? (x > w) | (x != x) : x < w;
+    if (std::isnan(worst_value)) return order.largest ? 0 : (x != x).zero_mask() & all;  // smallest: any number
+    const V w(worst_value), m = order.largest ? (x > w) | (x != x) : x < w;
     return all & ~m.zero_mask();
   }
   template <typename scalar_t> void write(scalar_t* values, int64_t* indices) {
-    if (static_cast<int64_t>(cand.size()) > k) cut_to_k();
-    std::sort(cand.begin(), cand.end(), order);
-    for (size_t t = 0; t < cand.size(); ++t) {
-      values[t] = static_cast<scalar_t>(cand[t].first);
-      indices[t] = cand[t].second;
+    if (static_cast<int64_t>(cand.size()) > k) std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
+    std::sort(cand.begin(), cand.begin() + k);
+    for (int64_t t = 0; t < k; ++t) {
+      values[t] = static_cast<scalar_t>(order.value(cand[t]));
+      indices[t] = static_cast<int64_t>(static_cast<uint64_t>(cand[t]));
     }
     cand.clear();
     bounded = false;
@@ -334,7 +354,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
   const Metric metric = metric_of(p);
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "pairwise_topk", [&] {
     using T = at::opmath_type<scalar_t>;
-    const Order<T> order{largest};
+    const Order order{largest};
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
