@@ -455,6 +455,27 @@ def test_triton_backward(D, p):
 
 
 @requires_triton
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_triton_topk_backward_sums_grad_b_in_a_fixed_order(p):
+    # Few points in b, many rows: every point of b is selected by many pairs. The segment sum adds them in the
+    # pairs' (batch, row, rank) order, the CPU kernel's order: with p = 1 each term is exactly +-grad, so only
+    # the order of the sums can make the two differ, and they agree bit for bit, run after run.
+    tk = triton_kernels()
+    a = make((2, 40, 5), torch.float32, TRITON_DEVICE, seed=66)
+    b = make((1, 6, 5), torch.float32, TRITON_DEVICE, seed=67)
+    v, i = tk.pairwise_topk(a, b, 4, p)
+    g = make(v.shape, torch.float32, TRITON_DEVICE, seed=68)
+    first = tk.pairwise_topk_backward(g, a, b, v, i, p, False)
+    again = tk.pairwise_topk_backward(g, a, b, v, i, p, False)
+    cpu = torch.ops.fused.pairwise_topk_backward(g.cpu(), a.cpu(), b.cpu(), v.cpu(), i.cpu(), p, False)
+    assert torch.equal(first[1], again[1])
+    if p == 1.0:
+        assert torch.equal(first[1].cpu(), cpu[1])
+    assert_close(first[1].cpu(), cpu[1])
+    assert first[1].abs().sum() > 0
+
+
+@requires_triton
 def test_triton_edge_cases():
     tk = triton_kernels()
     a = torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=TRITON_DEVICE)

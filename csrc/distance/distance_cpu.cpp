@@ -3,6 +3,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 #include "distance/distance_args.h"
@@ -74,13 +76,21 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
       const auto operands = matmul_operands<T>(x);
-      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        scalar_t* dst = outp + (bi * N + r0) * M;
-        if constexpr (std::is_same_v<T, scalar_t>) {
-          matmul_rows(operands[bi], r0, nr, squared, reinterpret_cast<T*>(dst));
-        } else {
-          matmul_rows(operands[bi], r0, nr, squared, buf);
-          store_block(buf, dst, nr * M);
+      // Tiles of about 2^17 outputs (512 KB in float): each is written by BLAS and finished while in L2.
+      const int64_t cols = std::min<int64_t>(M, 1024), rows = std::min<int64_t>(N, std::max<int64_t>(8, (1 << 17) / cols));
+      const int64_t row_tiles = (N + rows - 1) / rows, col_tiles = (M + cols - 1) / cols;
+      at::parallel_for(0, x.B * row_tiles * col_tiles, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<T> buf(std::is_same_v<T, scalar_t> ? 0 : rows * cols);
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t bi = t / (row_tiles * col_tiles), r0 = (t / col_tiles % row_tiles) * rows,
+                        c0 = t % col_tiles * cols, nr = std::min(rows, N - r0), nc = std::min(cols, M - c0);
+          scalar_t* dst = outp + (bi * N + r0) * M + c0;
+          if constexpr (std::is_same_v<T, scalar_t>) {
+            matmul_tile(operands[bi], r0, nr, c0, nc, squared, reinterpret_cast<T*>(dst), M);
+          } else {
+            matmul_tile(operands[bi], r0, nr, c0, nc, squared, buf.data(), nc);
+            for (int64_t i = 0; i < nr; ++i) store_block(buf.data() + i * nc, dst + i * M, nc);
+          }
         }
       });
       return;
@@ -236,68 +246,99 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
 
 // ---- pairwise_topk: distances and a running k-best per row, never the N x M matrix ----
 
-// Value order for the selection: smallest (or largest) first, NaN last (or first) as torch.topk ranks it.
-template <typename T> struct Order {
+// The selection order as one integer per candidate: the value's rank key in the high 64 bits (smallest first,
+// or largest first; NaN last, or first, as torch.topk ranks it; -0 == +0) and the column in the low 64 bits, so
+// ties go to the lower index and every comparison is a plain integer compare.
+using Key = unsigned __int128;
+struct Order {
   bool largest;
-  bool better(T x, T y) const {  // strictly better value
-    if (largest) return !std::isnan(y) && (std::isnan(x) || x > y);
-    return !std::isnan(x) && (std::isnan(y) || x < y);
+  static uint64_t monotone(double v) {  // bits of v, mapped so that unsigned order is numeric order
+    uint64_t u;
+    v += 0.0;  // -0 -> +0
+    std::memcpy(&u, &v, sizeof u);
+    return u >> 63 ? ~u : u | (uint64_t(1) << 63);
   }
-  // Ties to the lower index.
-  bool operator()(const std::pair<T, int64_t>& x, const std::pair<T, int64_t>& y) const {
-    return better(x.first, y.first) || (!better(y.first, x.first) && x.second < y.second);
+  uint64_t rank(double v) const {
+    if (std::isnan(v)) return largest ? 0 : ~uint64_t(0);
+    return largest ? ~monotone(v) : monotone(v);
   }
+  double value(Key key) const {
+    uint64_t r = static_cast<uint64_t>(key >> 64);
+    if (r == (largest ? 0 : ~uint64_t(0))) return std::numeric_limits<double>::quiet_NaN();
+    if (largest) r = ~r;
+    const uint64_t u = r >> 63 ? r & ~(uint64_t(1) << 63) : ~r;
+    double v;
+    std::memcpy(&v, &u, sizeof v);
+    return v;
+  }
+  Key key(double v, int64_t j) const { return Key(rank(v)) << 64 | Key(static_cast<uint64_t>(j)); }
 };
 
-// The k best (value, index) of one row: a heap whose top is the worst kept. Columns arrive in increasing
-// order, so a newcomer equal to the worst loses the tie.
+// The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if
+// it ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in
+// increasing order, so a newcomer with an equal value loses the tie). When the buffer fills up, it is cut back
+// to its k best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
 template <typename T> struct KBest {
-  std::vector<std::pair<T, int64_t>> heap;
-  void offer(T v, int64_t j, int64_t k, const Order<T>& order) {
-    if (static_cast<int64_t>(heap.size()) < k) {
-      heap.emplace_back(v, j);
-      std::push_heap(heap.begin(), heap.end(), order);
-    } else if (k > 0 && order.better(v, heap.front().first)) {
-      std::pop_heap(heap.begin(), heap.end(), order);
-      heap.back() = {v, j};
-      std::push_heap(heap.begin(), heap.end(), order);
+  std::vector<Key> cand;
+  Key worst = 0;
+  T worst_value = 0;
+  bool bounded = false;  // worst is set (at least k candidates seen)
+  int64_t k = 0, capacity = 0;
+  Order order{false};
+
+  KBest(int64_t k_, const Order& o) : k(k_), capacity(std::max<int64_t>(4 * k_, 64)), order(o) {
+    cand.reserve(capacity);
+  }
+  void set_worst(Key w) {
+    worst = w;
+    worst_value = static_cast<T>(order.value(w));
+    bounded = true;
+  }
+  void add(T v, int64_t j) {
+    const Key key = order.key(v, j);
+    if (bounded && !(key < worst)) return;
+    cand.push_back(key);
+    const int64_t n = static_cast<int64_t>(cand.size());
+    if (n == capacity) {
+      std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
+      cand.resize(k);
+      set_worst(cand[k - 1]);
+    } else if (!bounded && n == k) {  // the first k: the worst of them is a valid threshold
+      set_worst(*std::max_element(cand.begin(), cand.end()));
     }
   }
-  template <typename scalar_t> void write(const Order<T>& order, scalar_t* values, int64_t* indices) {
-    std::sort_heap(heap.begin(), heap.end(), order);
-    for (size_t t = 0; t < heap.size(); ++t) {
-      values[t] = static_cast<scalar_t>(heap[t].first);
-      indices[t] = heap[t].second;
+  // Lanes of x that may rank before worst (a superset: x is not yet rounded to the output dtype, and rounding
+  // is monotone).
+  int may_beat(const Vec<T>& x) const {
+    using V = Vec<T>;
+    constexpr int all = (1 << V::size()) - 1;
+    if (std::isnan(worst_value)) return order.largest ? 0 : (x != x).zero_mask() & all;  // smallest: any number
+    const V w(worst_value), m = order.largest ? (x > w) | (x != x) : x < w;
+    return all & ~m.zero_mask();
+  }
+  template <typename scalar_t> void write(scalar_t* values, int64_t* indices) {
+    if (static_cast<int64_t>(cand.size()) > k) std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
+    std::sort(cand.begin(), cand.begin() + k);
+    for (int64_t t = 0; t < k; ++t) {
+      values[t] = static_cast<scalar_t>(order.value(cand[t]));
+      indices[t] = static_cast<int64_t>(static_cast<uint64_t>(cand[t]));
     }
-    heap.clear();
+    cand.clear();
+    bounded = false;
   }
 };
 
 // Offers `len` distances from column j0 on, rounded to the output dtype first (the selection sees the values
-// it returns, so ties are the output's ties). Once the heap is full, vectors of candidates that cannot beat the
-// worst kept value are skipped whole (rounding is monotone, so comparing unrounded values is conservative).
-template <typename scalar_t, typename T>
-inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len, int64_t k, const Order<T>& order) {
+// it returns, so ties are the output's ties).
+template <typename scalar_t, typename T> inline void offer_all(KBest<T>& best, const T* v, int64_t j0, int64_t len) {
   using V = Vec<T>;
   constexpr int64_t L = V::size();
+  auto add = [&](int64_t l) { best.add(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l); };
   int64_t l = 0;
-  while (l < len) {
-    const bool full = static_cast<int64_t>(best.heap.size()) == k;
-    if (full && l + L <= len && !std::isnan(best.heap.front().first)) {
-      const V worst(best.heap.front().first), x = V::loadu(v + l);
-      // Lanes that could be better: strictly smaller (largest: strictly larger or NaN).
-      const V maybe = order.largest ? (x > worst) | (x != x) : x < worst;
-      if (maybe.zero_mask() == (1 << L) - 1) {
-        l += L;
-        continue;
-      }
-      for (int64_t e = l + L; l < e; ++l)
-        best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
-      continue;
-    }
-    best.offer(static_cast<T>(static_cast<scalar_t>(v[l])), j0 + l, k, order);
-    ++l;
-  }
+  for (; l < len && !best.bounded; ++l) add(l);
+  for (; l + L <= len; l += L)
+    for (int mask = best.may_beat(V::loadu(v + l)); mask; mask &= mask - 1) add(l + __builtin_ctz(mask));
+  for (; l < len; ++l) add(l);
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
@@ -313,20 +354,19 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
   const Metric metric = metric_of(p);
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "pairwise_topk", [&] {
     using T = at::opmath_type<scalar_t>;
-    const Order<T> order{largest};
+    const Order order{largest};
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
       const auto operands = matmul_operands<T>(x);
       for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        matmul_rows(operands[bi], r0, nr, squared, buf);
-        KBest<T> best;
-        best.heap.reserve(k);
+        matmul_tile(operands[bi], r0, nr, 0, M, squared, buf, M);
+        KBest<T> best(k, order);
         for (int64_t i = 0; i < nr; ++i) {
-          offer_all<scalar_t>(best, buf + i * M, 0, M, k, order);
+          offer_all<scalar_t>(best, buf + i * M, 0, M);
           const int64_t row = bi * N + r0 + i;
-          best.write(order, vp + row * k, ip + row * k);
+          best.write(vp + row * k, ip + row * k);
         }
       });
       return;
@@ -339,17 +379,16 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
       constexpr Metric Mt = decltype(tag)::value;
       parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
         constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
-        std::vector<KBest<T>> best(R);
-        for (auto& h : best) h.heap.reserve(k);
+        std::vector<KBest<T>> best(R, KBest<T>(k, order));
         for (int64_t s = r0; s < r1; s += R) {
           const int64_t nr = std::min(R, r1 - s);
           direct_rows<Mt>(ap + (bi * N + s) * D, nr, D, pp + bi * plen, M, prm,
                           [&](int64_t r, int64_t j0, int64_t len, const T* v) {
-                            offer_all<scalar_t>(best[r], v, j0, len, k, order);
+                            offer_all<scalar_t>(best[r], v, j0, len);
                           });
           for (int64_t r = 0; r < nr; ++r) {
             const int64_t row = bi * N + s + r;
-            best[r].write(order, vp + row * k, ip + row * k);
+            best[r].write(vp + row * k, ip + row * k);
           }
         }
       });

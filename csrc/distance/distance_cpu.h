@@ -187,41 +187,40 @@ template <typename T> struct MatmulOperands {
   }
 };
 
-// dst[0..nr, 0..M) = distances of rows [r0, r0 + nr) of a to every row of b. Single-threaded: callers run it on
-// row chunks whose output stays in L2 (about 512 KB), in parallel.
+// dst (row stride ld) = distances of rows [r0, r0 + nr) of a to rows [c0, c0 + nc) of b: one BLAS call (at::mm)
+// writes a.b into dst, then one vectorised pass over the tile while it is still in L2 adds the norms, takes the
+// root, and checks for entries to recompute directly. Single-threaded: callers run it on L2-sized tiles, in
+// parallel.
 template <typename T>
-void matmul_rows(const MatmulOperands<T>& op, int64_t r0, int64_t nr, bool squared, T* dst) {
+void matmul_tile(const MatmulOperands<T>& op, int64_t r0, int64_t nr, int64_t c0, int64_t nc, bool squared, T* dst,
+                 int64_t ld) {
   using V = Vec<T>;
-  const int64_t M = op.b.size(0), D = op.b.size(1);
-  at::Tensor out = at::from_blob(dst, {nr, M}, op.a.options());
-  at::mm_out(out, op.ac.narrow(0, r0, nr), op.bc.t());
-  const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
-  const T *a = op.a.template data_ptr<T>(), *b = op.b.template data_ptr<T>();
+  const int64_t D = op.b.size(1);
+  at::Tensor tile = at::from_blob(dst, {nr, nc}, {ld, 1}, op.a.options());
+  at::mm_out(tile, op.ac.narrow(0, r0, nr), op.bc.narrow(0, c0, nc).t());
+  const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>() + c0;
+  const T *a = op.a.template data_ptr<T>(), *b = op.b.template data_ptr<T>() + c0 * D;
   const V c = V(T(kRecompute)), two = V(T(2)), inf = V(std::numeric_limits<T>::infinity());
   for (int64_t i = 0; i < nr; ++i) {
-    T* row = dst + i * M;
+    T* row = dst + i * ld;
     const V nai(na[i]);
-    // d^2 from the norms, clamped at 0 (NaN stays), root taken; count the entries to recompute directly: small
-    // against the norms (cancellation), inf or NaN.
-    V flags(0);
-    auto step = [&](int64_t j, int64_t n) {
+    // d^2 = |a|^2 + |b|^2 - 2 a.b. Entries not above c (|a|^2 + |b|^2) (cancellation), inf or NaN are
+    // recomputed below; every other d^2 is positive, so no clamp is needed here.
+    const V all_set = V(T(0)) == V(T(0));
+    V ok = all_set;
+    auto step = [&](int64_t j, int64_t n, V pad) {
       const V s = nai + V::loadu(nb + j, n);
-      const V d2 = s - two * V::loadu(row + j, n);
-      flags = flags + (d2.le(c * s) + (V(1) - d2.abs().lt(inf)));
-      const V pos = V::blendv(d2, V(0), d2 < V(0));
-      (squared ? pos : pos.sqrt()).store(row + j, n);
+      const V d2 = at::vec::fnmadd(two, V::loadu(row + j, n), s);
+      ok = ok & (((d2 > c * s) & (d2 < inf)) | pad);
+      (squared ? d2 : d2.sqrt()).store(row + j, n);
     };
     int64_t j = 0;
-    for (; j + V::size() <= M; j += V::size()) step(j, V::size());
-    if (j < M) step(j, M - j);
-    T f[V::size()];
-    flags.store(f);
-    bool any = false;
-    for (int64_t l = 0; l < V::size(); ++l) any |= f[l] != 0;
-    if (!any) continue;
+    for (; j + V::size() <= nc; j += V::size()) step(j, V::size(), V(T(0)));
+    if (j < nc) step(j, nc - j, V::arange(T(0), T(1)) >= V(T(nc - j)));  // lanes past the end pass
+    if (ok.zero_mask() == 0) continue;
     // Rare (duplicates, near neighbours, inf/NaN): recompute every entry whose stored value could come from a
-    // flagged d^2 (a superset: the root and clamp are monotone; the slack covers their rounding).
-    for (int64_t j = 0; j < M; ++j) {
+    // flagged d^2 (a superset: the root is monotone, NaN for negative d^2; the slack covers its rounding).
+    for (int64_t j = 0; j < nc; ++j) {
       const T y = row[j], y2 = squared ? y : y * y;
       if (!(y2 > T(kRecompute) * (na[i] + nb[j]) * T(1.0001)) || std::isinf(y))
         row[j] = direct_pair<Metric::P2>(a + (r0 + i) * D, b + j * D, D, 2.0, squared);

@@ -8,7 +8,8 @@ tensors under TRITON_INTERPRET=1).
 - pairwise_topk: one program per BN rows sweeps all of b keeping a running k-best per row in registers
   (ties to the lower index, NaN ranked as torch.topk ranks it): memory O(N k), never the N x M matrix;
 - backward: a direct [BR, BC, BD] tile kernel, called once for grad_a and once (with grad and dist read
-  transposed through their strides) for grad_b; fixed-order sums, no atomics.
+  transposed through their strides) for grad_b; pairwise_topk's backward sums grad_b over the selected pairs
+  sorted by index (a segment sum); fixed-order sums, no atomics.
 """
 import math
 
@@ -383,9 +384,9 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared):
 
 
 def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
-    """Gradient through the k selected pairs only (O(N k D) memory), in torch ops: gather the selected rows of b,
-    form each pair's term, sum it into grad_a, and into grad_b with index_put_(accumulate=True), which sorts the
-    indices (deterministic)."""
+    """Gradient through the k selected pairs only (O(N k D) memory): gather the selected rows of b, form each
+    pair's term (torch ops), sum it over k into grad_a, and into grad_b with _segment_sum_kernel over the pairs
+    stably sorted by their point of b: a fixed order, no atomics, so the result is deterministic."""
     batch = _check("pairwise_topk_backward", a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
     metric = metric_of(p)
@@ -414,5 +415,27 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     ga = term.sum(2)
     gb = torch.zeros_like(b3)
     flat = (idx + torch.arange(bsz, device=a.device).view(bsz, 1, 1) * m).reshape(-1)
-    gb.view(bsz * m, d).index_put_((flat,), -term.reshape(-1, d), accumulate=True)
+    keys, order = torch.sort(flat, stable=True)
+    keys = torch.cat([keys, keys.new_full((1,), -1)])  # a sentinel ends the last run
+    pairs, bd = flat.numel(), min(64, triton.next_power_of_2(d))
+    _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](term.reshape(pairs, d).contiguous(), order, keys, gb, d,
+                                                     _acc_type(a.dtype), bd)
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
+
+
+@triton.jit
+def _segment_sum_kernel(term_ptr, order_ptr, key_ptr, out_ptr, D, ACC: tl.constexpr, BD: tl.constexpr):
+    """out[key] = -sum of term[order[e]] over the run of sorted pairs e with that key (a flat point of b), added
+    in sorted order by the program at the run's first pair; the other programs have nothing to do."""
+    e = tl.program_id(0)
+    cols = tl.program_id(1) * BD + tl.arange(0, BD)
+    mask = cols < D
+    key = tl.load(key_ptr + e)
+    prev = tl.load(key_ptr + e - 1, mask=e > 0, other=-1)
+    if key != prev:
+        acc = tl.zeros([BD], dtype=ACC)
+        while tl.load(key_ptr + e) == key:
+            src = tl.load(order_ptr + e).to(tl.int64)
+            acc -= tl.load(term_ptr + src * D + cols, mask=mask, other=0.0)
+            e += 1
+        tl.store(out_ptr + key * D + cols, acc, mask=mask)
