@@ -17,6 +17,10 @@ constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the 
 // or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
 // parameter (list 0, the fp32 master) and the state are float32.
 constexpr uint8_t kMaster = 0x20;
+constexpr uint8_t kF32State = 0x40;  // or'ed into a 16-bit parameter's dtype: its state is float32
+constexpr uint8_t kF32Grad = 0x80;   // or'ed into a 16-bit dtype: the gradient is float32 (accumulated sums)
+// Stochastic rounding: key of tensor t is seed + t * kTensorKeyStep (Philox, csrc/common/philox.h), as on the CPU.
+constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
 constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
 constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
 constexpr int kThreads = 512;
@@ -117,6 +121,8 @@ cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int 
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay, clip_value;
   bool nesterov, maximize, use_momentum;
+  bool stochastic;  // bf16 params rounded stochastically with sr_seed
+  uint64_t sr_seed;
 };
 // lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
 cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
@@ -125,10 +131,15 @@ cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args
 struct AdamArgs {
   float lr, beta1, beta2, eps, weight_decay, clip_value;
   bool amsgrad, decoupled, maximize;
+  bool stochastic;
+  uint64_t sr_seed;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+
+// lists: accs (float32, float64 for float64 grads), grads (dtype code). accs += grads, or accs = grads.
+cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream);
 
 }  // namespace optim_cuda
 }  // namespace fused
