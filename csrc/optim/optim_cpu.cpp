@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "common/cpu_utils.h"
-#include "common/philox.h"
 
 namespace fused {
 namespace {
@@ -72,6 +71,22 @@ float inverse_scale(const std::optional<at::Tensor>& grad_scale, const char* op)
   return float(1.0 / double(grad_scale->item<float>()));
 }
 
+// 16-bit memory into float, vectorised (at::vec::convert widens 16-bit types one element at a time).
+template <typename scalar_t, typename T> inline void widen_block(const scalar_t* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>)) {
+    using VL = Vec<scalar_t>;
+    int64_t i = 0;
+    for (; i + VL::size() <= n; i += VL::size()) {
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(VL::loadu(src + i));
+      lo.store(dst + i);
+      hi.store(dst + i + Vec<float>::size());
+    }
+    for (; i < n; ++i) dst[i] = float(src[i]);
+  } else {
+    load_block(src, dst, n);
+  }
+}
+
 // ---- pass 1: sum of |g|^p with the finite check ----
 enum class Norm { L2, L1, Inf, P };
 
@@ -104,7 +119,7 @@ double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<sca
     const int64_t len = std::min(kBlock, n - i);
     const T* x;
     if constexpr (std::is_same_v<scalar_t, T>) x = g + i;
-    else { load_block(g + i, buf, len); x = buf; }
+    else { widen_block(g + i, buf, len); x = buf; }
     int64_t k = 0;
     for (; k + V::size() <= len; k += V::size()) {
       V v = V::loadu(x + k);
@@ -195,7 +210,7 @@ void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
         T buf[kBlock];
         for (int64_t i = 0; i < ch.len; i += kBlock) {
           const int64_t len = std::min(kBlock, ch.len - i);
-          load_block(gp + i, buf, len);
+          widen_block(gp + i, buf, len);
           vec_map(buf, len, [&](auto v) { return v * decltype(v)(T(coef)); });
           store_block(buf, gp + i, len);
         }
@@ -244,22 +259,56 @@ struct Rounding {
 };
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
 
+// Philox4x32-10 (csrc/common/philox.h) of 16 consecutive counters at once, in plain arrays the compiler
+// vectorises; words[4 * l + k] is word k of counter counter0 + l.
+inline void philox16(uint64_t counter0, uint64_t key, uint32_t words[64]) {
+  uint32_t c0[16], c1[16], c2[16], c3[16];
+  for (int l = 0; l < 16; ++l) {
+    const uint64_t c = counter0 + uint64_t(l);
+    c0[l] = uint32_t(c);
+    c1[l] = uint32_t(c >> 32);
+    c2[l] = c3[l] = 0;
+  }
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    for (int l = 0; l < 16; ++l) {
+      const uint32_t p0 = c0[l], p2 = c2[l];
+      c0[l] = uint32_t((uint64_t(0xCD9E8D57u) * p2) >> 32) ^ c1[l] ^ k0;
+      c2[l] = uint32_t((uint64_t(0xD2511F53u) * p0) >> 32) ^ c3[l] ^ k1;
+      c1[l] = 0xCD9E8D57u * p2;
+      c3[l] = 0xD2511F53u * p0;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  for (int l = 0; l < 16; ++l) {
+    words[4 * l] = c0[l];
+    words[4 * l + 1] = c1[l];
+    words[4 * l + 2] = c2[l];
+    words[4 * l + 3] = c3[l];
+  }
+}
+
+// index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
-  for (int64_t j = 0; j < n;) {
-    const uint64_t idx = uint64_t(index0 + j);
-    const Philox4 w = philox4x32_10(idx / 4, key);
-    for (uint64_t r = idx % 4; r < 4 && j < n; ++r, ++j) {
+  TORCH_INTERNAL_ASSERT(index0 % 4 == 0);
+  uint32_t words[64];
+  for (int64_t j = 0; j < n; j += 64) {
+    philox16(uint64_t(index0 + j) / 4, key, words);
+    const int64_t len = std::min<int64_t>(64, n - j);
+    for (int64_t e = 0; e < len; ++e) {
       uint32_t bits;
-      std::memcpy(&bits, src + j, 4);
-      bits = std::isnan(src[j]) ? 0x7FC00000u : bits + (w.v[r] >> 16);  // inf stays inf; NaN stays NaN
-      dst[j] = c10::BFloat16(uint16_t(bits >> 16), c10::BFloat16::from_bits());
+      std::memcpy(&bits, src + j + e, 4);
+      const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+      bits = nan ? 0x7FC00000u : bits + (words[e] >> 16);  // inf stays inf; NaN stays NaN
+      dst[j + e] = c10::BFloat16(uint16_t(bits >> 16), c10::BFloat16::from_bits());
     }
   }
 }
 
 // Converts n elements of t from element `offset` into the math type, and back (bf16 stochastically if asked).
 template <typename T> void load_any(const at::Tensor& t, int64_t offset, T* dst, int64_t n) {
-  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load", [&] { load_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
+  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load", [&] { widen_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
 }
 template <typename T> void store_any(const T* src, const at::Tensor& t, int64_t offset, int64_t n, const Rounding& rnd) {
   if constexpr (std::is_same_v<T, float>) {
