@@ -204,3 +204,28 @@ def test_step_rejects_fp32_state_with_fp32_mismatch():
         torch.ops.fused.adam_step_([p], [torch.randn(4)], [torch.zeros(4, dtype=torch.float64)], [torch.zeros(4)],
                                    [], [torch.zeros(())], 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False,
                                    torch.ones(()), None, torch.zeros(()), math.inf, [])
+
+
+@pytest.mark.parametrize("name,groups", [
+    ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.0, eps=1e-6)]),
+    ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1, weight_decay=0.01)])])
+def test_param_groups_update_in_one_call(name, groups, monkeypatch):
+    ours = params(torch.float32)
+    theirs = [p.detach().clone().requires_grad_() for p in ours]
+    opt = getattr(fused.optim, name)([dict(params=ours[:2], **groups[0]), dict(params=ours[2:], **groups[1])],
+                                     lr=0.5, max_grad_norm=1.0)
+    ref = getattr(torch.optim, name)([dict(params=theirs[:2], **groups[0]), dict(params=theirs[2:], **groups[1])],
+                                     lr=0.5, foreach=False)
+    op_name = "adam_step_" if name == "AdamW" else "sgd_step_"
+    op = getattr(torch.ops.fused, op_name)
+    calls = []
+    monkeypatch.setattr(torch.ops.fused, op_name, lambda *a: calls.append(1) or op(*a))
+    for step in range(4):
+        for p, q, g in zip(ours, theirs, grads_for(ours, step, torch.float32)):
+            p.grad, q.grad = g, g.clone()
+        opt.step()
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        ref.step()
+    assert len(calls) == 4  # one update call per step for both groups
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -405,23 +405,45 @@ void check_seed(const char* op, const std::optional<at::Tensor>& sr_seed) {
                 op, ": sr_seed must be an int64 tensor with one element on the CPU");
 }
 
+// Per-tensor hyperparameters: row i of `hyper` (float64 [n, H] on the CPU; every param group in one call) where
+// given, else the scalar arguments for every tensor.
+template <size_t H>
+std::vector<std::array<double, H>> per_tensor(const char* op, const std::optional<at::Tensor>& hyper, size_t n,
+                                              const std::array<double, H>& scalars) {
+  std::vector<std::array<double, H>> out(n, scalars);
+  if (!hyper) return out;
+  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
+                  hyper->size(0) == int64_t(n) && hyper->size(1) == int64_t(H),
+              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", H, "], got ",
+              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
+  const auto rows = hyper->contiguous();
+  const double* h = rows.const_data_ptr<double>();
+  for (size_t i = 0; i < n; ++i) std::copy(h + i * H, h + (i + 1) * H, out[i].begin());
+  return out;
+}
+
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                  const std::optional<at::Tensor>& sr_seed) {
+                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "sgd_step_";
   check_params(op, params);
   check_grads(op, grads);
   check_update_lists(op, params, grads, model_params);
   check_seed(op, sr_seed);
-  check_scalar_arg(op, "lr", lr);
-  check_scalar_arg(op, "momentum", momentum);
-  check_scalar_arg(op, "weight_decay", weight_decay);
   check_scalar_arg(op, "clip_value", clip_value);
-  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
-              ": nesterov needs momentum > 0 and dampening == 0");
   const bool use_momentum = momentum != 0;
+  // (lr, momentum, dampening, weight_decay) per tensor
+  const auto hp = per_tensor<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
+  for (const auto& h : hp) {
+    check_scalar_arg(op, "lr", h[0]);
+    check_scalar_arg(op, "momentum", h[1]);
+    check_scalar_arg(op, "weight_decay", h[3]);
+    TORCH_CHECK((h[1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a call "
+                "or for none");
+    TORCH_CHECK(!nesterov || (h[1] > 0 && h[2] == 0), "fused.", op, ": nesterov needs momentum > 0 and dampening == 0");
+  }
   if (use_momentum) {
     check_list(op, "momentum_buffers", bufs, params, true);
     check_steps(op, steps, params.size());
@@ -440,6 +462,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
       const bool is_first = first[t];
+      const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
       run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
                    model_params.empty() ? nullptr : &model_params[t], rounding_for(sr_seed, t), ch,
                    [&](auto b, int64_t len) {
@@ -468,7 +491,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                  const std::optional<at::Tensor>& sr_seed) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "adam_step_";
   check_params(op, params);
   check_grads(op, grads);
@@ -478,12 +501,16 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   check_list(op, "exp_avg_sqs", exp_avg_sqs, params, true);
   if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, true);
   check_steps(op, steps, params.size());
-  check_scalar_arg(op, "lr", lr);
-  check_scalar_arg(op, "eps", eps);
-  check_scalar_arg(op, "weight_decay", weight_decay);
   check_scalar_arg(op, "clip_value", clip_value);
-  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
-              beta1, ", ", beta2, ")");
+  // (lr, beta1, beta2, eps, weight_decay) per tensor
+  const auto hp = per_tensor<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
+  for (const auto& h : hp) {
+    check_scalar_arg(op, "lr", h[0]);
+    check_scalar_arg(op, "eps", h[3]);
+    check_scalar_arg(op, "weight_decay", h[4]);
+    TORCH_CHECK(0 <= h[1] && h[1] < 1 && 0 <= h[2] && h[2] < 1, "fused.", op, ": betas must be in [0, 1), got (",
+                h[1], ", ", h[2], ")");
+  }
   check_flag(op, "clip_coef", clip_coef);
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
@@ -492,8 +519,8 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const double step = *steps[i].const_data_ptr<float>() + 1.0;
-    step_size[i] = lr / (1 - std::pow(beta1, step));
-    bc2_sqrt[i] = std::sqrt(1 - std::pow(beta2, step));
+    step_size[i] = hp[i][0] / (1 - std::pow(hp[i][1], step));
+    bc2_sqrt[i] = std::sqrt(1 - std::pow(hp[i][2], step));
   }
 
   const auto chunks = make_chunks(params);
@@ -501,6 +528,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
+      const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
       run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
                    {true, false, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
                    rounding_for(sr_seed, t), ch, [&](auto b, int64_t len) {

@@ -1,8 +1,9 @@
 """fused.optim.SGD / Adam / AdamW: drop-ins for torch.optim's, whose step is two passes over all parameters:
-grad_norm (global norm over every group, finite check, clip coefficient, on the device) and one update per
-param group (sgd_step_ / adam_step_) that reads the coefficient, the scaler's scale and found_inf through tensors
-and skips itself on inf/NaN (no other launch: two in all for one param group). No .item(), no host sync. State keys and step tensors match torch.optim's,
-so state dicts load in both directions.
+grad_norm (global norm over every group, finite check, clip coefficient, on the device) and one update for all
+param groups alike in their flags (sgd_step_ / adam_step_, lr, betas, weight decay... per tensor) that reads the
+coefficient, the scaler's scale and found_inf through tensors and skips itself on inf/NaN: two launches in all.
+No .item(), no host sync. State keys and step tensors match torch.optim's, so state dicts load in both
+directions.
 
 master_weights=True: each 16-bit parameter gets an fp32 copy in state "master_param" and fp32 state; the update
 reads the 16-bit gradient, updates master and moments in fp32 and writes the rounded 16-bit parameter, in the
@@ -82,8 +83,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.last_grad_norm, coef, found_inf = global_norm(grads, found_inf, grad_scale, 2.0, self.max_grad_norm,
                                                            self.clip_value)
         clip_value = INF if self.clip_value is None else float(self.clip_value)
-        for group, params in groups:
-            self._update_group(group, params, coef, grad_scale, found_inf, clip_value)
+        self._update_groups(groups, coef, grad_scale, found_inf, clip_value)
         self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
         return found_inf
 
@@ -121,10 +121,22 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._acc_live.clear()
         super().zero_grad(set_to_none)
 
-    def _update_group(self, group, params, coef, grad_scale, found_inf, clip_value):
-        for kind in self._split_master(params):
-            if kind:
-                self._update(group, kind, coef, grad_scale, found_inf, clip_value)
+    def _update_groups(self, groups, coef, grad_scale, found_inf, clip_value):
+        """One update call for every group alike in the kernel's flags (and in having master weights), whatever
+        their learning rates, betas or weight decays: those go per tensor (the op's `hyper`)."""
+        calls = {}
+        for group, params in groups:
+            for kind in self._split_master(params):
+                if kind:
+                    calls.setdefault((self._uses_master(kind[0]),) + self._flags(group), []).append((group, kind))
+        for entries in calls.values():
+            self._update(entries, coef, grad_scale, found_inf, clip_value)
+
+    def _hyper(self, entries):
+        """Per-tensor hyperparameter rows (float64 [n, H]) for several groups; None for one (the scalars)."""
+        if len(entries) == 1:
+            return None
+        return torch.tensor([self._row(group) for group, params in entries for _ in params], dtype=torch.float64)
 
     def _grad_of(self, p, from_buffer=True):
         """The local gradient (the fp32 sums after accumulate_grads), with the strides of the parameter (the
@@ -212,23 +224,31 @@ class SGD(_FusedOptimizer):
                         maximize=maximize, foreach=None, differentiable=False, fused=None)
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
-    def _update(self, group, params, coef, grad_scale, found_inf, clip_value):
-        momentum = group["momentum"]
+    def _flags(self, group):
+        return group["momentum"] != 0, bool(group["nesterov"]), bool(group["maximize"])
+
+    def _row(self, group):
+        return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]), float(group["weight_decay"])]
+
+    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+        group = entries[0][0]
+        params = [p for _, ps in entries for p in ps]
+        use_momentum = group["momentum"] != 0
         bufs, steps = [], []
         for p in params:
             state = self.state[p]
-            if momentum != 0 and state.get("momentum_buffer") is None:
+            if use_momentum and state.get("momentum_buffer") is None:
                 state["momentum_buffer"] = self._state_like(p)
                 state["step"] = self._new_step(p)  # step 0: the buffer starts as the gradient itself
             self._ensure_master(p)
-            if momentum != 0:
+            if use_momentum:
                 bufs.append(local(state["momentum_buffer"]))
                 steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
         torch.ops.fused.sgd_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
-                                  float(group["lr"]), float(momentum), float(group["dampening"]),
-                                  float(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
-                                  coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params))
+                                  *self._row(group), bool(group["nesterov"]), bool(group["maximize"]),
+                                  coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params),
+                                  self._hyper(entries))
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -251,8 +271,18 @@ class Adam(_FusedOptimizer):
                         decoupled_weight_decay=self._decoupled)
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
-    def _update(self, group, params, coef, grad_scale, found_inf, clip_value):
-        amsgrad = bool(group["amsgrad"])
+    def _flags(self, group):
+        return (bool(group["amsgrad"]), bool(group.get("decoupled_weight_decay", self._decoupled)),
+                bool(group["maximize"]))
+
+    def _row(self, group):
+        beta1, beta2 = group["betas"]
+        return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"])]
+
+    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+        group = entries[0][0]
+        params = [p for _, ps in entries for p in ps]
+        amsgrad, decoupled, maximize = self._flags(group)
         exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], []
         for p in params:
             state = self.state[p]
@@ -267,14 +297,11 @@ class Adam(_FusedOptimizer):
             if amsgrad:
                 max_sqs.append(local(state["max_exp_avg_sq"]))
             steps.append(state["step"])
-        beta1, beta2 = group["betas"]
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
         torch.ops.fused.adam_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], exp_avgs,
-                                   exp_avg_sqs, max_sqs, steps, float(group["lr"]), float(beta1), float(beta2),
-                                   float(group["eps"]), float(group["weight_decay"]), amsgrad,
-                                   bool(group.get("decoupled_weight_decay", self._decoupled)),
-                                   bool(group["maximize"]), coef, grad_scale, found_inf, clip_value, model,
-                                   self._sr_seed(params))
+                                   exp_avg_sqs, max_sqs, steps, *self._row(group), amsgrad, decoupled, maximize, coef,
+                                   grad_scale, found_inf, clip_value, model, self._sr_seed(params),
+                                   self._hyper(entries))
 
 
 class AdamW(Adam):
