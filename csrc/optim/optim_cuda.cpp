@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -80,10 +81,25 @@ uint8_t update_code(const char* op, const at::Tensor& param, const at::Tensor& g
   return d;
 }
 
-// The device-resident description of `lists` (K lists of n tensors each) and `steps` (n or none). codes: the
-// dtype code of each tensor (default: list 0's dtype); kAligned is added here.
+// Per-tensor hyperparameters (float64 CPU [n, width], several param groups in one call) as float32 rows for the
+// metadata; empty when not given (the kernel takes the scalar arguments).
+std::vector<float> hyper_rows(const char* op, const std::optional<at::Tensor>& hyper, size_t n, int width) {
+  if (!hyper) return {};
+  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
+                  hyper->size(0) == int64_t(n) && hyper->size(1) == width,
+              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", width, "], got ",
+              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
+  const auto rows = hyper->contiguous().to(at::kFloat);
+  return std::vector<float>(rows.const_data_ptr<float>(), rows.const_data_ptr<float>() + rows.numel());
+}
+
+// The device-resident description of `lists` (K lists of n tensors each), `steps` (n or none) and per-tensor
+// hyperparameter rows (hyper: n * hyper_width floats, or empty). codes: the dtype code of each tensor (default:
+// list 0's dtype); kAligned is added here.
 oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
-                             const at::Device& device, cudaStream_t stream, const std::vector<uint8_t>& codes = {}) {
+                             const at::Device& device, cudaStream_t stream, const std::vector<uint8_t>& codes = {},
+                             const std::vector<float>& hyper = {}, int hyper_width = 0) {
+  if (hyper.empty()) hyper_width = 0;
   const size_t n = lists[0].size();
   std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
   std::vector<int64_t> numel(n);
@@ -107,6 +123,12 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
     step_ptrs.push_back(s.data_ptr<float>());
     key.push_back(reinterpret_cast<int64_t>(step_ptrs.back()));
   }
+  key.push_back(hyper_width);
+  for (float h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
+    int32_t bits;
+    std::memcpy(&bits, &h, sizeof bits);
+    key.push_back(bits);
+  }
 
   static std::mutex mu;
   static std::list<CachedLists> cache;  // most recent first
@@ -122,9 +144,9 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   check_launch(cudaStreamIsCapturing(stream, &capture), op);
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
               "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
-  CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty()), {}};
+  CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty(), hyper_width), {}};
   std::vector<uint8_t> host(entry.layout.bytes, 0);
-  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs);
+  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs, hyper);
   entry.buffer = at::empty({int64_t(entry.layout.bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
   // From pageable memory: the copy is staged before this returns, so `host` may go.
   check_launch(cudaMemcpyAsync(entry.buffer.data_ptr(), host.data(), host.size(), cudaMemcpyHostToDevice, stream), op);
@@ -243,7 +265,7 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -277,7 +299,17 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   for (size_t i = 0; i < params.size(); ++i)
     codes.push_back(update_code(op, params[i], grads[i], use_momentum ? &bufs[i] : nullptr,
                                 model_params.empty() ? nullptr : &model_params[i]));
-  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes);
+  const auto rows = hyper_rows(op, hyper, params.size(), 4);
+  for (size_t i = 0; i < rows.size(); i += 4) {
+    check_nonneg(op, "lr", rows[i]);
+    check_nonneg(op, "momentum", rows[i + 1]);
+    check_nonneg(op, "weight_decay", rows[i + 3]);
+    TORCH_CHECK((rows[i + 1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a "
+                "call or for none");
+    TORCH_CHECK(!nesterov || (rows[i + 1] > 0 && rows[i + 2] == 0), "fused.", op,
+                ": nesterov needs momentum > 0 and dampening == 0");
+  }
+  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
                          nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
   check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
@@ -289,7 +321,7 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                     const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                    const std::optional<at::Tensor>& sr_seed) {
+                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "adam_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -322,7 +354,15 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   for (size_t i = 0; i < params.size(); ++i)
     codes.push_back(update_code(op, params[i], grads[i], &exp_avgs[i],
                                 model_params.empty() ? nullptr : &model_params[i]));
-  const auto dl = device_lists(op, lists, steps, device, stream, codes);
+  const auto rows = hyper_rows(op, hyper, params.size(), 5);
+  for (size_t i = 0; i < rows.size(); i += 5) {
+    check_nonneg(op, "lr", rows[i]);
+    check_nonneg(op, "eps", rows[i + 3]);
+    check_nonneg(op, "weight_decay", rows[i + 4]);
+    TORCH_CHECK(0 <= rows[i + 1] && rows[i + 1] < 1 && 0 <= rows[i + 2] && rows[i + 2] < 1, "fused.", op,
+                ": betas must be in [0, 1), got (", rows[i + 1], ", ", rows[i + 2], ")");
+  }
+  const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
                           amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};
   check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
@@ -361,11 +401,11 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
         "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
-        "Tensor? sr_seed=None) -> ()");
+        "Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
   m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
   m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }
 

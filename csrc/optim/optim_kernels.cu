@@ -252,12 +252,30 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
   store4(p, i, end, aligned, in);
 }
 
-__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs a, const float* coef_p,
-                                                       const float* grad_scale, const float* found_inf) {
+// The hyperparameters of tensor t: its row of L.hyper where there is one (several param groups in one launch).
+__device__ __forceinline__ SgdArgs args_for(SgdArgs a, const TensorLists& L, int t) {
+  if (L.hyper) {
+    const float* h = L.hyper + t * L.hyper_width;
+    a.lr = h[0], a.momentum = h[1], a.dampening = h[2], a.weight_decay = h[3];
+  }
+  return a;
+}
+__device__ __forceinline__ AdamArgs args_for(AdamArgs a, const TensorLists& L, int t) {
+  if (L.hyper) {
+    const float* h = L.hyper + t * L.hyper_width;
+    a.lr = h[0], a.beta1 = h[1], a.beta2 = h[2], a.eps = h[3], a.weight_decay = h[4];
+  }
+  return a;
+}
+
+__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args,
+                                                       const float* coef_p, const float* grad_scale,
+                                                       const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
+    const SgdArgs a = args_for(args, L, r.t);
     const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
     const bool master = (L.dtype[r.t] & kMaster) != 0;
     const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
@@ -292,15 +310,17 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
       }
     });
   }
-  if (a.use_momentum) advance_steps(L, ws);
+  if (args.use_momentum) advance_steps(L, ws);
 }
 
-__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs a, const float* coef_p,
-                                                        const float* grad_scale, const float* found_inf) {
+__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args,
+                                                        const float* coef_p, const float* grad_scale,
+                                                        const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
+    const AdamArgs a = args_for(args, L, r.t);
     const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
     const double step_size = a.lr / (1.0 - pow(double(a.beta1), step));
     const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(double(a.beta2), step));
