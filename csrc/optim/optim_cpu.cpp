@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/cpu_utils.h"
+#include "common/philox.h"
 
 namespace fused {
 namespace {
@@ -259,44 +260,87 @@ struct Rounding {
 };
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
 
-// Philox4x32-10 (csrc/common/philox.h) of 16 consecutive counters at once, in plain arrays the compiler
-// vectorises; words[4 * l + k] is word k of counter counter0 + l.
-inline void philox16(uint64_t counter0, uint64_t key, uint32_t words[64]) {
-  uint32_t c0[16], c1[16], c2[16], c3[16];
-  for (int l = 0; l < 16; ++l) {
+// Philox4x32-10 (csrc/common/philox.h) of 64 consecutive counters at once; words[4 * l + k] is word k of counter
+// counter0 + l. With AVX-512 one counter per 32-bit lane; elsewhere one at a time.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+// (hi, lo) 32-bit halves of the 32x32-bit products a * m in every lane.
+inline void mulhilo16(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(a, m);  // lanes 0, 2, ...: 64-bit products
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), _mm512_srli_epi64(m, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+  lo = _mm512_mullo_epi32(a, m);
+}
+
+// 64 counters: four independent 16-lane states, so the multiplies of one round overlap.
+inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
+  constexpr int G = 4;
+  alignas(64) uint32_t lo32[16 * G], hi32[16 * G];
+  for (int l = 0; l < 16 * G; ++l) {
     const uint64_t c = counter0 + uint64_t(l);
-    c0[l] = uint32_t(c);
-    c1[l] = uint32_t(c >> 32);
-    c2[l] = c3[l] = 0;
+    lo32[l] = uint32_t(c);
+    hi32[l] = uint32_t(c >> 32);
   }
+  __m512i c0[G], c1[G], c2[G], c3[G];
+  for (int g = 0; g < G; ++g) {
+    c0[g] = _mm512_load_si512(lo32 + 16 * g);
+    c1[g] = _mm512_load_si512(hi32 + 16 * g);
+    c2[g] = c3[g] = _mm512_setzero_si512();
+  }
+  const __m512i m0 = _mm512_set1_epi32(int(0xD2511F53u)), m1 = _mm512_set1_epi32(int(0xCD9E8D57u));
   uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
   for (int r = 0; r < 10; ++r) {
-    for (int l = 0; l < 16; ++l) {
-      const uint32_t p0 = c0[l], p2 = c2[l];
-      c0[l] = uint32_t((uint64_t(0xCD9E8D57u) * p2) >> 32) ^ c1[l] ^ k0;
-      c2[l] = uint32_t((uint64_t(0xD2511F53u) * p0) >> 32) ^ c3[l] ^ k1;
-      c1[l] = 0xCD9E8D57u * p2;
-      c3[l] = 0xD2511F53u * p0;
+    const __m512i vk0 = _mm512_set1_epi32(int(k0)), vk1 = _mm512_set1_epi32(int(k1));
+    for (int g = 0; g < G; ++g) {
+      __m512i hi0, lo0, hi1, lo1;
+      mulhilo16(c0[g], m0, hi0, lo0);  // D2511F53 * c0
+      mulhilo16(c2[g], m1, hi1, lo1);  // CD9E8D57 * c2
+      c0[g] = _mm512_xor_si512(_mm512_xor_si512(hi1, c1[g]), vk0);
+      c2[g] = _mm512_xor_si512(_mm512_xor_si512(hi0, c3[g]), vk1);
+      c1[g] = lo1;
+      c3[g] = lo0;
     }
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
-  for (int l = 0; l < 16; ++l) {
-    words[4 * l] = c0[l];
-    words[4 * l + 1] = c1[l];
-    words[4 * l + 2] = c2[l];
-    words[4 * l + 3] = c3[l];
+  // words in element order: element 4 * l + k takes word k of counter l
+  for (int g = 0; g < G; ++g) {
+    alignas(64) uint32_t w[4][16];
+    _mm512_store_si512(w[0], c0[g]);
+    _mm512_store_si512(w[1], c1[g]);
+    _mm512_store_si512(w[2], c2[g]);
+    _mm512_store_si512(w[3], c3[g]);
+    for (int l = 0; l < 16; ++l)
+      for (int k = 0; k < 4; ++k) words[64 * g + 4 * l + k] = w[k][l];
   }
 }
+#else
+inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
+  for (int l = 0; l < 64; ++l) {
+    const Philox4 w = philox4x32_10(counter0 + uint64_t(l), key);
+    for (int k = 0; k < 4; ++k) words[4 * l + k] = w.v[k];
+  }
+}
+#endif
 
 // index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
   TORCH_INTERNAL_ASSERT(index0 % 4 == 0);
-  uint32_t words[64];
-  for (int64_t j = 0; j < n; j += 64) {
-    philox16(uint64_t(index0 + j) / 4, key, words);
-    const int64_t len = std::min<int64_t>(64, n - j);
-    for (int64_t e = 0; e < len; ++e) {
+  uint32_t words[256];
+  for (int64_t j = 0; j < n; j += 256) {
+    philox64(uint64_t(index0 + j) / 4, key, words);
+    const int64_t len = std::min<int64_t>(256, n - j);
+    int64_t e = 0;
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+    for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
+      __m512i bits = _mm512_loadu_si512(src + j + e);
+      const __m512 x = _mm512_castsi512_ps(bits);
+      const __m512i r = _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
+      bits = _mm512_mask_mov_epi32(_mm512_add_epi32(bits, r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                                   _mm512_set1_epi32(0x7FC00000));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    }
+#endif
+    for (; e < len; ++e) {
       uint32_t bits;
       std::memcpy(&bits, src + j + e, 4);
       const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
