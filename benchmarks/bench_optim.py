@@ -1,7 +1,8 @@
 """Clip-and-step: fused.optim.X(max_grad_norm=1.0).step() against clip_grad_norm_ + torch.optim.X, in three
 flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
 Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 28 (reads p, g, m, v; writes p, m, v); SGD with
-momentum 4 + 20. torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
+momentum 4 + 20; bf16 AdamW with fp32 master weights 2 + 28 (against fp32 masters in torch's fused AdamW with
+casts of the gradients in and the parameters out). torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
 
 python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
 """
@@ -49,6 +50,32 @@ def impls(name, shapes, dtype, device, hyper):
     return out
 
 
+def master_impls(shapes, device):
+    """bf16 model, fp32 master weights and moments. What users do today with torch: cast the bf16 gradients
+    into fp32 .grad of fp32 master params, clip_grad_norm_ + AdamW on the masters, cast the masters back into
+    the bf16 model. fused: one AdamW(master_weights=True) step on the bf16 params."""
+    out = {}
+    for label, kw in [("eager", dict(foreach=False)), ("torch.optim.AdamW(fused=True)+casts", dict(fused=True))]:
+        model = make_params(shapes, torch.bfloat16, device)
+        master = [p.detach().float().requires_grad_() for p in model]
+        for m in master:
+            m.grad = torch.empty_like(m)
+        opt = torch.optim.AdamW(master, lr=1e-3, **kw)
+        foreach = kw.get("fused", False)
+
+        def step(model=model, master=master, opt=opt, foreach=foreach):
+            torch._foreach_copy_([m.grad for m in master], [p.grad for p in model])
+            torch.nn.utils.clip_grad_norm_(master, 1.0, foreach=foreach)
+            opt.step()
+            with torch.no_grad():
+                torch._foreach_copy_(model, master)
+        out[label] = step
+    model = make_params(shapes, torch.bfloat16, device)
+    out["fused" if device == "cpu" else "fused[cuda]"] = fused.optim.AdamW(model, lr=1e-3, master_weights=True,
+                                                                           max_grad_norm=1.0).step
+    return out
+
+
 def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
@@ -68,6 +95,14 @@ def cases(device: str, quick: bool) -> list:
                 "flops": None,
                 "impls": impls(name, shapes, dtype, device, hyper),
             })
+    # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
+    # master, m, v and the bf16 param (14 B): 30 B per parameter.
+    out.append({
+        "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
+        "bytes": 30 * n,
+        "flops": None,
+        "impls": master_impls(shapes, device),
+    })
     return out
 
 

@@ -91,3 +91,56 @@ def worker(rank, init_file, mode, opt_name, hyper):
 def test_same_numbers_as_one_process(mode, opt_name, hyper):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(worker, args=(os.path.join(tmp, "init"), mode, opt_name, hyper), nprocs=WORLD, join=True)
+
+
+def master_worker(rank, init_file, mode):
+    """A bf16 model with fp32 master weights (and fp32 accumulation of two micro-batches) under DDP / FSDP2: the
+    masters equal those of one process stepping fused.optim.AdamW on the same (gathered) bf16 gradients."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    torch.set_num_threads(1)
+    try:
+        model = make_model().to(torch.bfloat16)
+        start = [p.detach().clone() for p in model.parameters()]
+        if mode == "ddp":
+            model = nn.parallel.DistributedDataParallel(model)
+        else:
+            from torch.distributed.device_mesh import init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = init_device_mesh("cpu", (WORLD,))
+            for layer in model:
+                if isinstance(layer, nn.Linear):
+                    fully_shard(layer, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        hyper = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=MAX_NORM, master_weights=True)
+        opt = fused.optim.AdamW(model.parameters(), **hyper)
+        seen = []  # per step, per parameter: the full bf16 gradients of both micro-batches
+        for step in range(STEPS):
+            opt.zero_grad()
+            micro = []
+            for m in range(2):
+                x, y = batch(step, rank)
+                loss_fn(model, x[4 * m:4 * m + 4].bfloat16(), y[4 * m:4 * m + 4].bfloat16()).backward()
+                micro.append([full(p.grad).clone() for p in model.parameters()])
+                opt.accumulate_grads()
+            seen.append(micro)
+            opt.step()
+        ref_params = [p.clone().requires_grad_() for p in start]
+        ref = fused.optim.AdamW(ref_params, **hyper)
+        for micro in seen:
+            for grads in micro:
+                for p, g in zip(ref_params, grads):
+                    p.grad = g
+                ref.accumulate_grads()
+            ref.step()
+        for p, q in zip(model.parameters(), ref_params):
+            torch.testing.assert_close(full(opt.state[p]["master_param"]), ref.state[q]["master_param"],
+                                       rtol=1e-5, atol=1e-6)
+            assert torch.equal(full(p.detach()), q.detach())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_master_weights_distributed(mode):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(master_worker, args=(os.path.join(tmp, "init"), mode), nprocs=WORLD, join=True)

@@ -261,7 +261,7 @@ def test_ops_reject_bad_arguments():
     with raises("fused.adam_step_: lr must be >= 0"):
         torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
                                    1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
-    with raises("fused.sgd_step_: grads has dtype"):
+    with raises(r"fused.sgd_step_: grads\[0\] has dtype Double but params\[0\] has Float"):
         torch.ops.fused.sgd_step_([p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None,
                                   found, math.inf, [])
     with raises("fused.grad_norm: norm_type must be > 0"):

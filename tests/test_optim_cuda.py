@@ -139,3 +139,55 @@ def test_cuda_master_weights_match_cpu(name, hyper):
     for p, q in zip(cpu, gpu):
         torch.testing.assert_close(b.state[q]["master_param"].cpu(), a.state[p]["master_param"], rtol=1e-5, atol=1e-6)
         assert torch.equal(q.detach(), b.state[q]["master_param"].bfloat16())
+
+
+def test_cuda_stochastic_rounding_same_bits_as_cpu():
+    cpu, gpu = pair(torch.bfloat16)
+    a = fused.optim.AdamW(cpu, lr=1e-2, stochastic_rounding=True)
+    b = fused.optim.AdamW(gpu, lr=1e-2, stochastic_rounding=True)
+    for step in range(3):
+        set_grads(cpu, gpu, step)
+        torch.manual_seed(step)
+        a.step()
+        torch.manual_seed(step)
+        b.step()
+    for p, q in zip(cpu, gpu):
+        # the same Philox bits; the fp32 update may differ in the last bit (fma), so compare within one bf16 ulp
+        torch.testing.assert_close(q.detach().cpu().float(), p.detach().float(), rtol=2**-7, atol=1e-6)
+        assert b.state[q]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_master_weights_with_accumulation(dtype):
+    cpu, gpu = pair(dtype)
+    a = fused.optim.AdamW(cpu, lr=1e-2, master_weights=True, max_grad_norm=1.0)
+    b = fused.optim.AdamW(gpu, lr=1e-2, master_weights=True, max_grad_norm=1.0)
+    for step in range(3):
+        for micro in range(4):
+            set_grads(cpu, gpu, 10 * step + micro)
+            a.accumulate_grads()
+            b.accumulate_grads()
+        a.step()
+        b.step()
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(b.state[q]["master_param"].cpu(), a.state[p]["master_param"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(q.detach(), b.state[q]["master_param"].to(dtype))
+
+
+@pytest.mark.parametrize("name,groups", [
+    ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6), dict(lr=1e-3)]),
+    ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1), dict(lr=0.2, momentum=0.1)])])
+def test_param_groups_two_launches_and_cpu_numbers(name, groups):
+    cpu, gpu = pair()
+    def grouped(ps):
+        return [dict(params=ps[:2], **groups[0]), dict(params=ps[2:4], **groups[1]), dict(params=ps[4:], **groups[2])]
+    a = getattr(fused.optim, name)(grouped(cpu), lr=0.5, max_grad_norm=1.0)
+    b = getattr(fused.optim, name)(grouped(gpu), lr=0.5, max_grad_norm=1.0)
+    for step in range(3):
+        set_grads(cpu, gpu, step)
+        a.step()
+        b.step()
+    assert count_launches(b.step) == 2  # norm + one update for the three groups
+    a.step()
+    for p, q in zip(cpu, gpu):
+        torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)

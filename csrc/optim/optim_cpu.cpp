@@ -6,7 +6,10 @@
 #include <cmath>
 #include <limits>
 
+#include <cstring>
+
 #include "common/cpu_utils.h"
+#include "common/philox.h"
 
 namespace fused {
 namespace {
@@ -48,19 +51,6 @@ void check_grads(const char* op, at::TensorList grads) {
   }
 }
 
-// state[i] (and grads[i]) must match params[i] in device, dtype, shape and strides: the kernels walk flat memory.
-void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params) {
-  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
-              params.size());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    TORCH_CHECK(ts[i].layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
-    check_like(op, name, ts[i], "params", params[i]);
-    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
-                name, "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
-                params[i].sizes());
-  }
-}
-
 void check_params(const char* op, at::TensorList params) {
   for (const auto& p : params) {
     TORCH_CHECK(p.device().is_cpu(), "fused.", op, ": params must all be on one device; got ", p.device(),
@@ -80,6 +70,22 @@ float inverse_scale(const std::optional<at::Tensor>& grad_scale, const char* op)
   if (!grad_scale) return 1.f;
   check_flag(op, "grad_scale", *grad_scale);
   return float(1.0 / double(grad_scale->item<float>()));
+}
+
+// 16-bit memory into float, vectorised (at::vec::convert widens 16-bit types one element at a time).
+template <typename scalar_t, typename T> inline void widen_block(const scalar_t* src, T* dst, int64_t n) {
+  if constexpr (std::is_same_v<T, float> && (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>)) {
+    using VL = Vec<scalar_t>;
+    int64_t i = 0;
+    for (; i + VL::size() <= n; i += VL::size()) {
+      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(VL::loadu(src + i));
+      lo.store(dst + i);
+      hi.store(dst + i + Vec<float>::size());
+    }
+    for (; i < n; ++i) dst[i] = float(src[i]);
+  } else {
+    load_block(src, dst, n);
+  }
 }
 
 // ---- pass 1: sum of |g|^p with the finite check ----
@@ -114,7 +120,7 @@ double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<sca
     const int64_t len = std::min(kBlock, n - i);
     const T* x;
     if constexpr (std::is_same_v<scalar_t, T>) x = g + i;
-    else { load_block(g + i, buf, len); x = buf; }
+    else { widen_block(g + i, buf, len); x = buf; }
     int64_t k = 0;
     for (; k + V::size() <= len; k += V::size()) {
       V v = V::loadu(x + k);
@@ -205,7 +211,7 @@ void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
         T buf[kBlock];
         for (int64_t i = 0; i < ch.len; i += kBlock) {
           const int64_t len = std::min(kBlock, ch.len - i);
-          load_block(gp + i, buf, len);
+          widen_block(gp + i, buf, len);
           vec_map(buf, len, [&](auto v) { return v * decltype(v)(T(coef)); });
           store_block(buf, gp + i, len);
         }
@@ -226,29 +232,6 @@ template <typename T> struct GradTransform {
   }
 };
 
-// Runs body(T* ptrs[K], len) over a chunk of K same-dtype tensors in blocks, in the math type: fp32/fp64
-// memory is used in place, 16-bit memory is converted into L1 buffers and back (only `writes` are stored).
-template <int K, typename scalar_t, typename F>
-inline void for_blocks(std::array<scalar_t*, K> ptrs, std::array<bool, K> writes, int64_t n, const F& body) {
-  using T = at::opmath_type<scalar_t>;
-  if constexpr (std::is_same_v<scalar_t, T>) {
-    body(ptrs, n);
-  } else {
-    T buf[K][kBlock];
-    for (int64_t i = 0; i < n; i += kBlock) {
-      const int64_t len = std::min(kBlock, n - i);
-      std::array<T*, K> b;
-      for (int k = 0; k < K; ++k) {
-        if (ptrs[k]) load_block(ptrs[k] + i, buf[k], len);
-        b[k] = ptrs[k] ? buf[k] : nullptr;
-      }
-      body(b, len);
-      for (int k = 0; k < K; ++k)
-        if (ptrs[k] && writes[k]) store_block(buf[k], ptrs[k] + i, len);
-    }
-  }
-}
-
 // body(vector index i, count) over [0, n): full vectors, then the tail (count < size).
 template <typename T, typename F> inline void for_vectors(int64_t n, const F& body) {
   int64_t i = 0;
@@ -268,81 +251,245 @@ bool skipped(const at::Tensor& found_inf, const char* op) {
   return found_inf.item<float>() != 0.f;
 }
 
-// Master weights: params and state are fp32 memory used in place; the 16-bit gradient is converted block by block
-// (into slot 1) and each updated fp32 block is rounded into the 16-bit model parameter.
-template <int K, typename scalar_t, typename F>
-inline void for_blocks_master(std::array<float*, K> ptrs, const scalar_t* grad, scalar_t* model, int64_t n,
-                              const F& body) {
-  float gbuf[kBlock];
-  for (int64_t i = 0; i < n; i += kBlock) {
-    const int64_t len = std::min(kBlock, n - i);
-    load_block(grad + i, gbuf, len);
-    std::array<float*, K> b;
-    for (int k = 0; k < K; ++k) b[k] = ptrs[k] ? ptrs[k] + i : nullptr;
-    b[1] = gbuf;
-    body(b, len);
-    store_block(b[0], model + i, len);
+// Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
+// a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Element i of tensor t
+// uses Philox4x32-10 word i % 4 of counter i / 4 under key seed + t * golden (csrc/common/philox.h), top 16 bits.
+struct Rounding {
+  bool stochastic = false;
+  uint64_t key = 0;  // this tensor's Philox key
+};
+constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
+
+// Philox4x32-10 (csrc/common/philox.h) of 64 consecutive counters at once; words[4 * l + k] is word k of counter
+// counter0 + l. With AVX-512 one counter per 32-bit lane; elsewhere one at a time.
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+// (hi, lo) 32-bit halves of the 32x32-bit products a * m in every lane.
+inline void mulhilo16(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
+  const __m512i even = _mm512_mul_epu32(a, m);  // lanes 0, 2, ...: 64-bit products
+  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), _mm512_srli_epi64(m, 32));
+  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
+  lo = _mm512_mullo_epi32(a, m);
+}
+
+// 64 counters: four independent 16-lane states, so the multiplies of one round overlap.
+inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
+  constexpr int G = 4;
+  alignas(64) uint32_t lo32[16 * G], hi32[16 * G];
+  for (int l = 0; l < 16 * G; ++l) {
+    const uint64_t c = counter0 + uint64_t(l);
+    lo32[l] = uint32_t(c);
+    hi32[l] = uint32_t(c >> 32);
+  }
+  __m512i c0[G], c1[G], c2[G], c3[G];
+  for (int g = 0; g < G; ++g) {
+    c0[g] = _mm512_load_si512(lo32 + 16 * g);
+    c1[g] = _mm512_load_si512(hi32 + 16 * g);
+    c2[g] = c3[g] = _mm512_setzero_si512();
+  }
+  const __m512i m0 = _mm512_set1_epi32(int(0xD2511F53u)), m1 = _mm512_set1_epi32(int(0xCD9E8D57u));
+  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
+  for (int r = 0; r < 10; ++r) {
+    const __m512i vk0 = _mm512_set1_epi32(int(k0)), vk1 = _mm512_set1_epi32(int(k1));
+    for (int g = 0; g < G; ++g) {
+      __m512i hi0, lo0, hi1, lo1;
+      mulhilo16(c0[g], m0, hi0, lo0);  // D2511F53 * c0
+      mulhilo16(c2[g], m1, hi1, lo1);  // CD9E8D57 * c2
+      c0[g] = _mm512_xor_si512(_mm512_xor_si512(hi1, c1[g]), vk0);
+      c2[g] = _mm512_xor_si512(_mm512_xor_si512(hi0, c3[g]), vk1);
+      c1[g] = lo1;
+      c3[g] = lo0;
+    }
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  // words in element order: element 4 * l + k takes word k of counter l
+  for (int g = 0; g < G; ++g) {
+    alignas(64) uint32_t w[4][16];
+    _mm512_store_si512(w[0], c0[g]);
+    _mm512_store_si512(w[1], c1[g]);
+    _mm512_store_si512(w[2], c2[g]);
+    _mm512_store_si512(w[3], c3[g]);
+    for (int l = 0; l < 16; ++l)
+      for (int k = 0; k < 4; ++k) words[64 * g + 4 * l + k] = w[k][l];
+  }
+}
+#else
+inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
+  for (int l = 0; l < 64; ++l) {
+    const Philox4 w = philox4x32_10(counter0 + uint64_t(l), key);
+    for (int k = 0; k < 4; ++k) words[4 * l + k] = w.v[k];
+  }
+}
+#endif
+
+// index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
+void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
+  TORCH_INTERNAL_ASSERT(index0 % 4 == 0);
+  uint32_t words[256];
+  for (int64_t j = 0; j < n; j += 256) {
+    philox64(uint64_t(index0 + j) / 4, key, words);
+    const int64_t len = std::min<int64_t>(256, n - j);
+    int64_t e = 0;
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+    for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
+      __m512i bits = _mm512_loadu_si512(src + j + e);
+      const __m512 x = _mm512_castsi512_ps(bits);
+      const __m512i r = _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
+      bits = _mm512_mask_mov_epi32(_mm512_add_epi32(bits, r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
+                                   _mm512_set1_epi32(0x7FC00000));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    }
+#endif
+    for (; e < len; ++e) {
+      uint32_t bits;
+      std::memcpy(&bits, src + j + e, 4);
+      const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+      bits = nan ? 0x7FC00000u : bits + (words[e] >> 16);  // inf stays inf; NaN stays NaN
+      dst[j + e] = c10::BFloat16(uint16_t(bits >> 16), c10::BFloat16::from_bits());
+    }
   }
 }
 
-// Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k][t] (k = 1: the gradient; a null list
-// entry stays null), in the math type T: in place for fp32/fp64, through L1 buffers for 16-bit, and with master
-// weights (model non-empty) on fp32 params/state with the 16-bit gradient and model parameter.
+// Converts n elements of t from element `offset` into the math type, and back (bf16 stochastically if asked).
+template <typename T> void load_any(const at::Tensor& t, int64_t offset, T* dst, int64_t n) {
+  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load", [&] { widen_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
+}
+template <typename T> void store_any(const T* src, const at::Tensor& t, int64_t offset, int64_t n, const Rounding& rnd) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (rnd.stochastic && t.scalar_type() == at::kBFloat16) {
+      store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, rnd.key);
+      return;
+    }
+  }
+  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_store", [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
+}
+
+// Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k] (k = 0: the parameter, k = 1: the
+// gradient; null entries stay null), block by block in the math type T (double for double params, else float).
+// Each tensor has its own dtype: memory already in T is used in place, other memory goes through L1 buffers
+// (only `writes` are stored back; the parameter with `rnd`). With master weights, `model` (16-bit) receives the
+// rounded parameter and is never read.
 template <int K, typename F>
-void run_chunk(const char* op, const std::array<const at::Tensor*, K>& lists, const std::array<bool, K>& writes,
-               at::TensorList model, const Chunk& ch, const F& body) {
-  const int64_t t = ch.tensor;
-  if (!model.empty()) {
-    FUSED_DISPATCH_FLOATING(model[t].scalar_type(), "optim_master", [&] {
-      std::array<float*, K> ptrs;
-      for (int k = 0; k < K; ++k) ptrs[k] = lists[k] && k != 1 ? lists[k]->template data_ptr<float>() + ch.start : nullptr;
-      for_blocks_master<K>(ptrs, lists[1]->template const_data_ptr<scalar_t>() + ch.start,
-                           model[t].data_ptr<scalar_t>() + ch.start, ch.len, body);
-    });
+void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<bool, K>& writes,
+               const at::Tensor* model, const Rounding& rnd, const Chunk& ch, const F& body) {
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    T buf[K][kBlock];
+    for (int64_t i = 0; i < ch.len; i += kBlock) {
+      const int64_t len = std::min(kBlock, ch.len - i), off = ch.start + i;
+      std::array<T*, K> b;
+      for (int k = 0; k < K; ++k) {
+        const at::Tensor* t = lists[k];
+        if (!t) b[k] = nullptr;
+        else if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
+          b[k] = const_cast<T*>(t->template const_data_ptr<T>()) + off;
+        else {
+          load_any(*t, off, buf[k], len);
+          b[k] = buf[k];
+        }
+      }
+      body(b, len);
+      for (int k = 0; k < K; ++k)
+        if (lists[k] && writes[k] && b[k] == buf[k]) store_any(buf[k], *lists[k], off, len, k == 0 ? rnd : Rounding{});
+      if (model) store_any(b[0], *model, off, len, Rounding{});
+    }
+  };
+  if (lists[0]->scalar_type() == at::kDouble) run(double{});
+  else run(float{});
+}
+
+// Memory the update may take for params[i] of a 16-bit dtype: grads and state alike, or float32 (accumulated
+// gradients, fp32 moments); for float32/float64 params everything alike. Same shape and strides throughout.
+void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, bool fp32_ok) {
+  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
+              params.size());
+  for (size_t i = 0; i < ts.size(); ++i) {
+    TORCH_CHECK(ts[i].layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
+    TORCH_CHECK(ts[i].device() == params[i].device(), "fused.", op, ": ", name, " is on ", ts[i].device(),
+                " but params is on ", params[i].device());
+    const bool low = params[i].scalar_type() == at::kHalf || params[i].scalar_type() == at::kBFloat16;
+    TORCH_CHECK(ts[i].scalar_type() == params[i].scalar_type() ||
+                    (fp32_ok && low && ts[i].scalar_type() == at::kFloat),
+                "fused.", op, ": ", name, "[", i, "] has dtype ", ts[i].scalar_type(), " but params[", i, "] has ",
+                params[i].scalar_type(), fp32_ok ? " (float32 is allowed only with 16-bit params)" : "");
+    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
+                name, "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
+                params[i].sizes());
+  }
+}
+
+// Master weights: params (and state) are the fp32 masters, model_params the 16-bit parameters; the gradients
+// come in the model's dtype or in float32 (accumulated).
+void check_update_lists(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model) {
+  if (model.empty()) {
+    check_list(op, "grads", grads, params, true);
     return;
   }
-  FUSED_DISPATCH_FLOATING(lists[0]->scalar_type(), "optim_step", [&] {
-    std::array<scalar_t*, K> ptrs;
-    for (int k = 0; k < K; ++k)
-      ptrs[k] = lists[k] ? const_cast<scalar_t*>(lists[k]->template const_data_ptr<scalar_t>()) + ch.start : nullptr;
-    for_blocks<K, scalar_t>(ptrs, writes, ch.len, body);
-  });
-}
-
-// With master weights: params are fp32, grads and model_params 16-bit (or any float dtype), alike in shape.
-void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model) {
-  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
-              " tensors but params has ", params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i = 0; i < params.size(); ++i)
     TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
                 "weights) must be float32, got ", params[i].scalar_type());
-    check_like(op, "grads", grads[i], "model_params", model[i]);
-    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
-                    grads[i].strides() == params[i].strides(),
-                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
-                i, "]");
-    TORCH_CHECK(model[i].device().is_cpu(), "fused.", op, ": model_params must be on the CPU in a CPU call");
-  }
+  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
+              " tensors but params has ", params.size());
+  for (size_t i = 0; i < params.size(); ++i)
+    TORCH_CHECK(model[i].device() == params[i].device() && model[i].sizes() == params[i].sizes() &&
+                    model[i].strides() == params[i].strides(),
+                "fused.", op, ": model_params[", i, "] must have the device, shape and strides of params[", i, "]");
+  check_list(op, "grads", grads, model, true);
+}
+
+// The per-tensor rounding of the parameter: stochastic for bf16 params when a seed is given.
+Rounding rounding_for(const std::optional<at::Tensor>& sr_seed, int64_t tensor) {
+  if (!sr_seed) return {};
+  return {true, uint64_t(sr_seed->item<int64_t>()) + uint64_t(tensor) * kTensorKeyStep};
+}
+
+void check_seed(const char* op, const std::optional<at::Tensor>& sr_seed) {
+  if (sr_seed)
+    TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.",
+                op, ": sr_seed must be an int64 tensor with one element on the CPU");
+}
+
+// Per-tensor hyperparameters: row i of `hyper` (float64 [n, H] on the CPU; every param group in one call) where
+// given, else the scalar arguments for every tensor.
+template <size_t H>
+std::vector<std::array<double, H>> per_tensor(const char* op, const std::optional<at::Tensor>& hyper, size_t n,
+                                              const std::array<double, H>& scalars) {
+  std::vector<std::array<double, H>> out(n, scalars);
+  if (!hyper) return out;
+  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
+                  hyper->size(0) == int64_t(n) && hyper->size(1) == int64_t(H),
+              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", H, "], got ",
+              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
+  const auto rows = hyper->contiguous();
+  const double* h = rows.const_data_ptr<double>();
+  for (size_t i = 0; i < n; ++i) std::copy(h + i * H, h + (i + 1) * H, out[i].begin());
+  return out;
 }
 
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                  const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+                  const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
+                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "sgd_step_";
   check_params(op, params);
   check_grads(op, grads);
-  if (model_params.empty()) check_list(op, "grads", grads, params);
-  else check_master(op, params, grads, model_params);
-  check_scalar_arg(op, "lr", lr);
-  check_scalar_arg(op, "momentum", momentum);
-  check_scalar_arg(op, "weight_decay", weight_decay);
+  check_update_lists(op, params, grads, model_params);
+  check_seed(op, sr_seed);
   check_scalar_arg(op, "clip_value", clip_value);
-  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
-              ": nesterov needs momentum > 0 and dampening == 0");
   const bool use_momentum = momentum != 0;
+  // (lr, momentum, dampening, weight_decay) per tensor
+  const auto hp = per_tensor<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
+  for (const auto& h : hp) {
+    check_scalar_arg(op, "lr", h[0]);
+    check_scalar_arg(op, "momentum", h[1]);
+    check_scalar_arg(op, "weight_decay", h[3]);
+    TORCH_CHECK((h[1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a call "
+                "or for none");
+    TORCH_CHECK(!nesterov || (h[1] > 0 && h[2] == 0), "fused.", op, ": nesterov needs momentum > 0 and dampening == 0");
+  }
   if (use_momentum) {
-    check_list(op, "momentum_buffers", bufs, params);
+    check_list(op, "momentum_buffers", bufs, params, true);
     check_steps(op, steps, params.size());
   }
   check_flag(op, "clip_coef", clip_coef);
@@ -359,8 +506,10 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
       const bool is_first = first[t];
-      run_chunk<3>(op, {&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
-                   model_params, ch, [&](auto b, int64_t len) {
+      const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
+      run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
+                   model_params.empty() ? nullptr : &model_params[t], rounding_for(sr_seed, t), ch,
+                   [&](auto b, int64_t len) {
         using T = std::remove_pointer_t<typename decltype(b)::value_type>;
         using V = Vec<T>;
         const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
@@ -385,22 +534,27 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "adam_step_";
   check_params(op, params);
   check_grads(op, grads);
-  if (model_params.empty()) check_list(op, "grads", grads, params);
-  else check_master(op, params, grads, model_params);
-  check_list(op, "exp_avgs", exp_avgs, params);
-  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
-  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
+  check_update_lists(op, params, grads, model_params);
+  check_seed(op, sr_seed);
+  check_list(op, "exp_avgs", exp_avgs, params, true);
+  check_list(op, "exp_avg_sqs", exp_avg_sqs, params, true);
+  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, true);
   check_steps(op, steps, params.size());
-  check_scalar_arg(op, "lr", lr);
-  check_scalar_arg(op, "eps", eps);
-  check_scalar_arg(op, "weight_decay", weight_decay);
   check_scalar_arg(op, "clip_value", clip_value);
-  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
-              beta1, ", ", beta2, ")");
+  // (lr, beta1, beta2, eps, weight_decay) per tensor
+  const auto hp = per_tensor<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
+  for (const auto& h : hp) {
+    check_scalar_arg(op, "lr", h[0]);
+    check_scalar_arg(op, "eps", h[3]);
+    check_scalar_arg(op, "weight_decay", h[4]);
+    TORCH_CHECK(0 <= h[1] && h[1] < 1 && 0 <= h[2] && h[2] < 1, "fused.", op, ": betas must be in [0, 1), got (",
+                h[1], ", ", h[2], ")");
+  }
   check_flag(op, "clip_coef", clip_coef);
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
@@ -409,8 +563,8 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
     const double step = *steps[i].const_data_ptr<float>() + 1.0;
-    step_size[i] = lr / (1 - std::pow(beta1, step));
-    bc2_sqrt[i] = std::sqrt(1 - std::pow(beta2, step));
+    step_size[i] = hp[i][0] / (1 - std::pow(hp[i][1], step));
+    bc2_sqrt[i] = std::sqrt(1 - std::pow(hp[i][2], step));
   }
 
   const auto chunks = make_chunks(params);
@@ -418,8 +572,10 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     for (int64_t c = c0; c < c1; ++c) {
       const Chunk& ch = chunks[c];
       const int64_t t = ch.tensor;
-      run_chunk<5>(op, {&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
-                   {true, false, true, true, true}, model_params, ch, [&](auto b, int64_t len) {
+      const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
+      run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
+                   {true, false, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
+                   rounding_for(sr_seed, t), ch, [&](auto b, int64_t len) {
         using T = std::remove_pointer_t<typename decltype(b)::value_type>;
         using V = Vec<T>;
         const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
@@ -451,6 +607,33 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
+// accs += grads (accs = grads when overwrite): the fp32 accumulation of 16-bit micro-batch gradients.
+void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwrite) {
+  const char* op = "accumulate_grads_";
+  check_grads(op, grads);
+  TORCH_CHECK(accs.size() == grads.size(), "fused.", op, ": accs has ", accs.size(), " tensors but grads has ",
+              grads.size());
+  for (size_t i = 0; i < accs.size(); ++i) {
+    const auto want = grads[i].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    TORCH_CHECK(accs[i].scalar_type() == want, "fused.", op, ": accs[", i, "] must be ", want, " for ",
+                grads[i].scalar_type(), " grads, got ", accs[i].scalar_type());
+    TORCH_CHECK(accs[i].device().is_cpu() && accs[i].sizes() == grads[i].sizes() &&
+                    accs[i].strides() == grads[i].strides(),
+                "fused.", op, ": accs[", i, "] must have the device, shape and strides of grads[", i, "]");
+  }
+  const auto chunks = make_chunks(accs);
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      const Chunk& ch = chunks[c];
+      run_chunk<2>({&accs[ch.tensor], &grads[ch.tensor]}, {true, false}, nullptr, Rounding{}, ch,
+                   [&](auto b, int64_t len) {
+        if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+        else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+      });
+    }
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
@@ -458,6 +641,7 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("scale_grads_", &scale_grads_cpu);
   m.impl("sgd_step_", &sgd_step_cpu);
   m.impl("adam_step_", &adam_step_cpu);
+  m.impl("accumulate_grads_", &accumulate_grads_cpu);
 }
 
 }  // namespace fused

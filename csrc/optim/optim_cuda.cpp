@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <cmath>
+#include <cstring>
 #include <list>
 #include <mutex>
 #include <unordered_map>
@@ -66,10 +67,39 @@ struct CachedLists {
   at::Tensor buffer;
 };
 
-// The device-resident description of `lists` (K lists of n tensors each) and `steps` (n or none). master: the
-// last list holds the 16-bit model parameters (whose dtype, the gradients', is the one recorded), list 0 the masters.
+bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
+
+// The kernels' dtype code of tensor i of an update: the parameter's dtype (the model parameter's with master
+// weights: list 0 is then the fp32 master) with the flags for fp32 state and fp32 (accumulated) gradients.
+uint8_t update_code(const char* op, const at::Tensor& param, const at::Tensor& grad, const at::Tensor* state,
+                    const at::Tensor* model) {
+  const at::Tensor& low = model ? *model : param;
+  uint8_t d = dtype_code(op, low);
+  if (model) d |= oc::kMaster;
+  else if (state && is_16bit(param) && state->scalar_type() == at::kFloat) d |= oc::kF32State;
+  if (is_16bit(low) && grad.scalar_type() == at::kFloat) d |= oc::kF32Grad;
+  return d;
+}
+
+// Per-tensor hyperparameters (float64 CPU [n, width], several param groups in one call) as float32 rows for the
+// metadata; empty when not given (the kernel takes the scalar arguments).
+std::vector<float> hyper_rows(const char* op, const std::optional<at::Tensor>& hyper, size_t n, int width) {
+  if (!hyper) return {};
+  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
+                  hyper->size(0) == int64_t(n) && hyper->size(1) == width,
+              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", width, "], got ",
+              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
+  const auto rows = hyper->contiguous().to(at::kFloat);
+  return std::vector<float>(rows.const_data_ptr<float>(), rows.const_data_ptr<float>() + rows.numel());
+}
+
+// The device-resident description of `lists` (K lists of n tensors each), `steps` (n or none) and per-tensor
+// hyperparameter rows (hyper: n * hyper_width floats, or empty). codes: the dtype code of each tensor (default:
+// list 0's dtype); kAligned is added here.
 oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
-                             const at::Device& device, cudaStream_t stream, bool master = false) {
+                             const at::Device& device, cudaStream_t stream, const std::vector<uint8_t>& codes = {},
+                             const std::vector<float>& hyper = {}, int hyper_width = 0) {
+  if (hyper.empty()) hyper_width = 0;
   const size_t n = lists[0].size();
   std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
   std::vector<int64_t> numel(n);
@@ -78,7 +108,7 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   std::vector<float*> step_ptrs;
   for (size_t i = 0; i < n; ++i) {
     numel[i] = lists[0][i].numel();
-    dtype[i] = master ? dtype_code(op, lists.back()[i]) | oc::kMaster : dtype_code(op, lists[0][i]);
+    dtype[i] = codes.empty() ? dtype_code(op, lists[0][i]) : codes[i];
     bool aligned = true;
     for (size_t k = 0; k < lists.size(); ++k) {
       ptrs[k][i] = const_cast<void*>(lists[k][i].const_data_ptr());
@@ -92,6 +122,12 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   for (const auto& s : steps) {
     step_ptrs.push_back(s.data_ptr<float>());
     key.push_back(reinterpret_cast<int64_t>(step_ptrs.back()));
+  }
+  key.push_back(hyper_width);
+  for (float h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
+    int32_t bits;
+    std::memcpy(&bits, &h, sizeof bits);
+    key.push_back(bits);
   }
 
   static std::mutex mu;
@@ -108,9 +144,9 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   check_launch(cudaStreamIsCapturing(stream, &capture), op);
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
               "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
-  CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty()), {}};
+  CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty(), hyper_width), {}};
   std::vector<uint8_t> host(entry.layout.bytes, 0);
-  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs);
+  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs, hyper);
   entry.buffer = at::empty({int64_t(entry.layout.bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
   // From pageable memory: the copy is staged before this returns, so `host` may go.
   check_launch(cudaMemcpyAsync(entry.buffer.data_ptr(), host.data(), host.size(), cudaMemcpyHostToDevice, stream), op);
@@ -137,12 +173,15 @@ const float* optional_ptr(const char* op, const char* name, const std::optional<
   check_scalar(op, name, *t, device);
   return t->const_data_ptr<float>();
 }
-void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, const at::Device& d) {
+// fp32_ok: float32 tensors are accepted for 16-bit params (fp32 state, accumulated gradients), as on the CPU.
+void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, const at::Device& d,
+                bool fp32_ok = true) {
   TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
               params.size());
   for (size_t i = 0; i < ts.size(); ++i) {
     check_on(op, name, ts[i], d);
-    check_like(op, name, ts[i], "params", params[i]);
+    if (!(fp32_ok && is_16bit(params[i]) && ts[i].scalar_type() == at::kFloat))
+      check_like(op, name, ts[i], "params", params[i]);
     TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
                 name, "[", i, "] must have the shape and strides of params[", i, "]");
   }
@@ -155,19 +194,24 @@ void check_master(const char* op, at::TensorList params, at::TensorList grads, a
   for (size_t i = 0; i < params.size(); ++i) {
     TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
                 "weights) must be float32, got ", params[i].scalar_type());
-    check_on(op, "grads", grads[i], d);
     check_on(op, "model_params", model[i], d);
-    check_like(op, "grads", grads[i], "model_params", model[i]);
-    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides() &&
-                    grads[i].sizes() == params[i].sizes() && grads[i].strides() == params[i].strides(),
-                "fused.", op, ": model_params[", i, "] and grads[", i, "] must have the shape and strides of params[",
-                i, "]");
+    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides(), "fused.", op,
+                ": model_params[", i, "] must have the shape and strides of params[", i, "]");
   }
+  check_list(op, "grads", grads, model, d);
 }
 void check_grads_for(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
                      const at::Device& d) {
   if (model.empty()) check_list(op, "grads", grads, params, d);
   else check_master(op, params, grads, model, d);
+}
+
+// The stochastic-rounding seed: an int64 CPU scalar, read on the host (no device sync).
+uint64_t seed_value(const char* op, const std::optional<at::Tensor>& sr_seed) {
+  if (!sr_seed) return 0;
+  TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.",
+              op, ": sr_seed must be an int64 tensor with one element on the CPU");
+  return uint64_t(sr_seed->item<int64_t>());
 }
 
 void check_nonneg(const char* op, const char* name, double v) {
@@ -220,7 +264,8 @@ void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
 void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -250,10 +295,23 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   std::vector<at::TensorList> lists{params, grads};
   if (use_momentum) lists.push_back(bufs);
   if (!model_params.empty()) lists.push_back(model_params);
-  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream,
-                               !model_params.empty());
+  std::vector<uint8_t> codes;
+  for (size_t i = 0; i < params.size(); ++i)
+    codes.push_back(update_code(op, params[i], grads[i], use_momentum ? &bufs[i] : nullptr,
+                                model_params.empty() ? nullptr : &model_params[i]));
+  const auto rows = hyper_rows(op, hyper, params.size(), 4);
+  for (size_t i = 0; i < rows.size(); i += 4) {
+    check_nonneg(op, "lr", rows[i]);
+    check_nonneg(op, "momentum", rows[i + 1]);
+    check_nonneg(op, "weight_decay", rows[i + 3]);
+    TORCH_CHECK((rows[i + 1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a "
+                "call or for none");
+    TORCH_CHECK(!nesterov || (rows[i + 1] > 0 && rows[i + 2] == 0), "fused.", op,
+                ": nesterov needs momentum > 0 and dampening == 0");
+  }
+  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
-                         nesterov, maximize, use_momentum};
+                         nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
   check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
 }
@@ -262,7 +320,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params) {
+                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
+                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
   const char* op = "adam_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -291,11 +350,46 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   std::vector<at::TensorList> lists{params, grads, exp_avgs, exp_avg_sqs};
   if (amsgrad) lists.push_back(max_exp_avg_sqs);
   if (!model_params.empty()) lists.push_back(model_params);
-  const auto dl = device_lists(op, lists, steps, device, stream, !model_params.empty());
+  std::vector<uint8_t> codes;
+  for (size_t i = 0; i < params.size(); ++i)
+    codes.push_back(update_code(op, params[i], grads[i], &exp_avgs[i],
+                                model_params.empty() ? nullptr : &model_params[i]));
+  const auto rows = hyper_rows(op, hyper, params.size(), 5);
+  for (size_t i = 0; i < rows.size(); i += 5) {
+    check_nonneg(op, "lr", rows[i]);
+    check_nonneg(op, "eps", rows[i + 3]);
+    check_nonneg(op, "weight_decay", rows[i + 4]);
+    TORCH_CHECK(0 <= rows[i + 1] && rows[i + 1] < 1 && 0 <= rows[i + 2] && rows[i + 2] < 1, "fused.", op,
+                ": betas must be in [0, 1), got (", rows[i + 1], ", ", rows[i + 2], ")");
+  }
+  const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
-                          amsgrad, decoupled, maximize};
+                          amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};
   check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
                                     found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+}
+
+void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overwrite) {
+  const char* op = "accumulate_grads_";
+  TORCH_CHECK(accs.size() == grads.size(), "fused.", op, ": accs has ", accs.size(), " tensors but grads has ",
+              grads.size());
+  if (grads.empty()) return;
+  const at::Device device = grads[0].device();
+  std::vector<uint8_t> codes;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    check_on(op, "grads", grads[i], device);
+    check_on(op, "accs", accs[i], device);
+    const auto want = grads[i].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    TORCH_CHECK(accs[i].scalar_type() == want, "fused.", op, ": accs[", i, "] must be ", want, " for ",
+                grads[i].scalar_type(), " grads, got ", accs[i].scalar_type());
+    TORCH_CHECK(accs[i].sizes() == grads[i].sizes() && accs[i].strides() == grads[i].strides(), "fused.", op,
+                ": accs[", i, "] must have the shape and strides of grads[", i, "]");
+    codes.push_back(dtype_code(op, grads[i]));
+  }
+  c10::cuda::CUDAGuard guard(device);
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
+  const auto dl = device_lists(op, {accs, grads}, {}, device, stream, codes);
+  check_launch(oc::launch_accumulate_grads(dl, overwrite, num_sms(device.index()), stream), op);
 }
 
 }  // namespace
@@ -306,11 +400,13 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
   m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params) -> ()");
+        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
+        "Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
   m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
+  m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
@@ -318,6 +414,7 @@ TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_scale_grads_", &scale_grads_cuda);
   m.impl("cuda_sgd_step_", &sgd_step_cuda);
   m.impl("cuda_adam_step_", &adam_step_cuda);
+  m.impl("cuda_accumulate_grads_", &accumulate_grads_cuda);
 }
 
 }  // namespace fused

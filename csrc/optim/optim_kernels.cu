@@ -5,6 +5,9 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
+#include "common/philox.h"
 #include "optim/optim_kernels.h"
 
 namespace fused {
@@ -213,30 +216,79 @@ __device__ void advance_steps(const TensorLists& L, Workspace ws) {
   if (threadIdx.x == 0) ws.tickets[1] = 0;
 }
 
-// Runs f(TS{}, TG{}): TS the type of parameter and state, TG of gradient (and model parameter with master weights).
+// Runs f(TP{}, TG{}, TS{}, TM{}): the types of parameter, gradient, state and (master weights) model parameter.
 template <typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
   dispatch(d, [&](auto tag) {
-    if (d & kMaster) f(float{}, tag);
-    else f(tag, tag);
+    using D = decltype(tag);
+    auto with_grad = [&](auto p, auto s, auto m) {
+      if (d & kF32Grad) f(p, float{}, s, m);
+      else f(p, tag, s, m);
+    };
+    if (d & kMaster) with_grad(float{}, float{}, tag);
+    else if (d & kF32State) with_grad(tag, float{}, tag);
+    else with_grad(tag, tag, tag);
   });
 }
 
-__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs a, const float* coef_p,
-                                                       const float* grad_scale, const float* found_inf) {
+// Stores four updated parameters: bf16 stochastically when asked (element i + k uses Philox word k of counter
+// i / 4: i is a multiple of 4), else rounded to nearest.
+template <typename T, typename M>
+__device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool aligned, const M in[4],
+                                             bool stochastic, uint64_t key) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    if (stochastic) {
+      const Philox4 w = philox4x32_10(uint64_t(i) / 4, key);
+      float r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const float x = float(in[k]);
+        const unsigned bits = x != x ? 0x7FC00000u : __float_as_uint(x) + (w.v[k] >> 16);
+        r[k] = __uint_as_float(bits & 0xFFFF0000u);  // exact in bf16: the conversion below keeps it
+      }
+      store4(p, i, end, aligned, r);
+      return;
+    }
+  }
+  store4(p, i, end, aligned, in);
+}
+
+// The hyperparameters of tensor t: its row of L.hyper where there is one (several param groups in one launch).
+__device__ __forceinline__ SgdArgs args_for(SgdArgs a, const TensorLists& L, int t) {
+  if (L.hyper) {
+    const float* h = L.hyper + t * L.hyper_width;
+    a.lr = h[0], a.momentum = h[1], a.dampening = h[2], a.weight_decay = h[3];
+  }
+  return a;
+}
+__device__ __forceinline__ AdamArgs args_for(AdamArgs a, const TensorLists& L, int t) {
+  if (L.hyper) {
+    const float* h = L.hyper + t * L.hyper_width;
+    a.lr = h[0], a.beta1 = h[1], a.beta2 = h[2], a.eps = h[3], a.weight_decay = h[4];
+  }
+  return a;
+}
+
+__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args,
+                                                       const float* coef_p, const float* grad_scale,
+                                                       const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
+    const SgdArgs a = args_for(args, L, r.t);
     const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update(L.dtype[r.t], [&](auto state_tag, auto grad_tag) {
-      using TS = decltype(state_tag);
+    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
+    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
+      using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
-      using M = typename Math<TS>::type;
-      TS* param = list_ptr<TS>(L, 0, r.t);
+      using TS = decltype(state_tag);
+      using TM = decltype(model_tag);
+      using M = typename Math<TP>::type;
+      TP* param = list_ptr<TP>(L, 0, r.t);
       const TG* grad = list_ptr<TG>(L, 1, r.t);
       TS* buf = a.use_momentum ? list_ptr<TS>(L, 2, r.t) : nullptr;
-      TG* model = master ? list_ptr<TG>(L, L.num_lists - 1, r.t) : nullptr;
+      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
       for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
         M p[4], g[4], b[4];
         load4(param, i, r.end, r.aligned, p);
@@ -252,35 +304,40 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
           }
           p[k] -= M(a.lr) * d;
         }
-        store4(param, i, r.end, r.aligned, p);
+        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
         if (master) store4(model, i, r.end, r.aligned, p);
         if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
       }
     });
   }
-  if (a.use_momentum) advance_steps(L, ws);
+  if (args.use_momentum) advance_steps(L, ws);
 }
 
-__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs a, const float* coef_p,
-                                                        const float* grad_scale, const float* found_inf) {
+__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args,
+                                                        const float* coef_p, const float* grad_scale,
+                                                        const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
+    const AdamArgs a = args_for(args, L, r.t);
     const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
     const double step_size = a.lr / (1.0 - pow(double(a.beta1), step));
     const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(double(a.beta2), step));
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update(L.dtype[r.t], [&](auto state_tag, auto grad_tag) {
-      using TS = decltype(state_tag);
+    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
+    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
+      using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
-      using M = typename Math<TS>::type;
-      TS* param = list_ptr<TS>(L, 0, r.t);
+      using TS = decltype(state_tag);
+      using TM = decltype(model_tag);
+      using M = typename Math<TP>::type;
+      TP* param = list_ptr<TP>(L, 0, r.t);
       const TG* grad = list_ptr<TG>(L, 1, r.t);
       TS* exp_avg = list_ptr<TS>(L, 2, r.t);
       TS* exp_avg_sq = list_ptr<TS>(L, 3, r.t);
       TS* max_sq = a.amsgrad ? list_ptr<TS>(L, 4, r.t) : nullptr;
-      TG* model = master ? list_ptr<TG>(L, L.num_lists - 1, r.t) : nullptr;
+      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
       for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
         M p[4], g[4], m[4], v[4], vmax[4];
         load4(param, i, r.end, r.aligned, p);
@@ -302,7 +359,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
           const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
           p[k] -= M(step_size) * m[k] / denom;
         }
-        store4(param, i, r.end, r.aligned, p);
+        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
         if (master) store4(model, i, r.end, r.aligned, p);
         store4(exp_avg, i, r.end, r.aligned, m);
         store4(exp_avg_sq, i, r.end, r.aligned, v);
@@ -311,6 +368,29 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
     });
   }
   advance_steps(L, ws);
+}
+
+// accs (float32; float64 for float64 grads) += grads, or = grads.
+__global__ void __launch_bounds__(kThreads) accumulate_kernel(TensorLists L, bool overwrite) {
+  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
+    const ChunkRange r = chunk_range(L, c);
+    dispatch(L.dtype[r.t], [&](auto tag) {
+      using TG = decltype(tag);
+      using M = typename Math<TG>::type;
+      M* acc = list_ptr<M>(L, 0, r.t);
+      const TG* grad = list_ptr<TG>(L, 1, r.t);
+      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+        M a[4], g[4];
+        load4(grad, i, r.end, r.aligned, g);
+        if (!overwrite) {
+          load4(acc, i, r.end, r.aligned, a);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) g[k] += a[k];
+        }
+        store4(acc, i, r.end, r.aligned, g);
+      }
+    });
+  }
 }
 
 int grid_for(const TensorLists& L, int num_sms) {
@@ -362,6 +442,12 @@ cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
   adam_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream) {
+  if (lists.num_chunks == 0) return cudaSuccess;
+  accumulate_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, overwrite);
   return cudaGetLastError();
 }
 

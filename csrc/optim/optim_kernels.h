@@ -17,6 +17,10 @@ constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the 
 // or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
 // parameter (list 0, the fp32 master) and the state are float32.
 constexpr uint8_t kMaster = 0x20;
+constexpr uint8_t kF32State = 0x40;  // or'ed into a 16-bit parameter's dtype: its state is float32
+constexpr uint8_t kF32Grad = 0x80;   // or'ed into a 16-bit dtype: the gradient is float32 (accumulated sums)
+// Stochastic rounding: key of tensor t is seed + t * kTensorKeyStep (Philox, csrc/common/philox.h), as on the CPU.
+constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
 constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
 constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
 constexpr int kThreads = 512;
@@ -29,7 +33,8 @@ struct TensorLists {
   float* const* steps;          // [n] float32 step counters, or nullptr
   const int32_t* chunk_tensor;  // [chunks]
   const int64_t* chunk_start;   // [chunks]
-  int num_lists, num_tensors, num_chunks;
+  const float* hyper;           // [n][hyper_width] per-tensor hyperparameters (several param groups), or nullptr
+  int num_lists, num_tensors, num_chunks, hyper_width;
 };
 
 // Scratch that persists across launches on one device: pass 1's per-block partials (fixed slots), a non-finite
@@ -43,8 +48,8 @@ constexpr size_t kWorkspaceBytes = kMaxBlocks * sizeof(float) + 4 * sizeof(int);
 
 // ---- host-side packing of the metadata (one buffer, copied to the device once and cached by the binding) ----
 struct ListsLayout {
-  size_t ptrs, numel, dtype, steps, chunk_tensor, chunk_start, bytes;
-  int num_lists, num_tensors, num_chunks;
+  size_t ptrs, numel, dtype, steps, chunk_tensor, chunk_start, hyper, bytes;
+  int num_lists, num_tensors, num_chunks, hyper_width;
 };
 
 inline int64_t count_chunks(const std::vector<int64_t>& numel) {
@@ -53,27 +58,31 @@ inline int64_t count_chunks(const std::vector<int64_t>& numel) {
   return c;
 }
 
-inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel, bool with_steps) {
+inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel, bool with_steps,
+                                int hyper_width = 0) {
   auto align = [](size_t x) { return (x + 15) / 16 * 16; };
   ListsLayout l{};
   l.num_lists = num_lists;
   l.num_tensors = (int)numel.size();
   l.num_chunks = (int)count_chunks(numel);
+  l.hyper_width = hyper_width;
   size_t off = 0;
   l.ptrs = off; off = align(off + sizeof(void*) * num_lists * l.num_tensors);
   l.numel = off; off = align(off + sizeof(int64_t) * l.num_tensors);
   l.steps = off; off = align(off + (with_steps ? sizeof(float*) * l.num_tensors : 0));
   l.chunk_tensor = off; off = align(off + sizeof(int32_t) * l.num_chunks);
   l.chunk_start = off; off = align(off + sizeof(int64_t) * l.num_chunks);
+  l.hyper = off; off = align(off + sizeof(float) * hyper_width * l.num_tensors);
   l.dtype = off; off = align(off + l.num_tensors);
   l.bytes = std::max<size_t>(off, 16);
   return l;
 }
 
-// ptrs[k][i]: list k, tensor i. dtype[i] already or'ed with kAligned where it applies.
+// ptrs[k][i]: list k, tensor i. dtype[i] already or'ed with kAligned where it applies. hyper: [n][hyper_width].
 inline void pack_lists(uint8_t* host, const ListsLayout& l, const std::vector<std::vector<void*>>& ptrs,
                        const std::vector<int64_t>& numel, const std::vector<uint8_t>& dtype,
-                       const std::vector<float*>& steps) {
+                       const std::vector<float*>& steps, const std::vector<float>& hyper = {}) {
+  if (!hyper.empty()) std::memcpy(host + l.hyper, hyper.data(), sizeof(float) * hyper.size());
   auto* p = reinterpret_cast<void**>(host + l.ptrs);
   for (int k = 0; k < l.num_lists; ++k)
     for (int i = 0; i < l.num_tensors; ++i) p[k * l.num_tensors + i] = ptrs[k][i];
@@ -94,7 +103,9 @@ inline TensorLists lists_at(const uint8_t* device, const ListsLayout& l, bool wi
   return {reinterpret_cast<void* const*>(device + l.ptrs), reinterpret_cast<const int64_t*>(device + l.numel),
           device + l.dtype, with_steps ? reinterpret_cast<float* const*>(device + l.steps) : nullptr,
           reinterpret_cast<const int32_t*>(device + l.chunk_tensor),
-          reinterpret_cast<const int64_t*>(device + l.chunk_start), l.num_lists, l.num_tensors, l.num_chunks};
+          reinterpret_cast<const int64_t*>(device + l.chunk_start),
+          l.hyper_width ? reinterpret_cast<const float*>(device + l.hyper) : nullptr, l.num_lists, l.num_tensors,
+          l.num_chunks, l.hyper_width};
 }
 
 inline Workspace workspace_at(void* device) {
@@ -117,18 +128,27 @@ cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int 
 struct SgdArgs {
   float lr, momentum, dampening, weight_decay, clip_value;
   bool nesterov, maximize, use_momentum;
+  bool stochastic;  // bf16 params rounded stochastically with sr_seed
+  uint64_t sr_seed;
 };
 // lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
+// lists.hyper (width 4): per-tensor lr, momentum, dampening, weight_decay in place of args'.
 cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
 
 struct AdamArgs {
   float lr, beta1, beta2, eps, weight_decay, clip_value;
   bool amsgrad, decoupled, maximize;
+  bool stochastic;
+  uint64_t sr_seed;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
+// lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+
+// lists: accs (float32, float64 for float64 grads), grads (dtype code). accs += grads, or accs = grads.
+cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream);
 
 }  // namespace optim_cuda
 }  // namespace fused

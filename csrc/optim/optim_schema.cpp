@@ -18,12 +18,19 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   // momentum_buffers and steps are empty when momentum == 0. steps: float32 scalars, +1 unless skipped.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params) -> ()");
+        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
+        "Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
   // decoupled: AdamW's weight decay. max_exp_avg_sqs is empty unless amsgrad.
   // model_params (both steps): empty, or master weights: params and state are the fp32 masters, grads and
   // model_params 16-bit; the update reads the 16-bit grad and writes the rounded param into model_params.
+  // Without them, 16-bit params may take float32 grads (accumulated) and float32 state. sr_seed (int64 CPU
+  // scalar): bf16 params are rounded stochastically, element i of tensor t by Philox(seed + t * golden, i).
+  // hyper (float64 CPU [n, H]): per-tensor hyperparameters in place of the scalars, so that every param group
+  // updates in one call: SGD (lr, momentum, dampening, weight_decay), Adam (lr, beta1, beta2, eps, weight_decay).
   m.def("adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
+  // accs += grads (accs = grads when overwrite): fp32 accumulation (fp64 for fp64 grads) of micro-batch gradients.
+  m.def("accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }

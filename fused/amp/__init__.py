@@ -18,7 +18,7 @@ class GradScaler(torch.amp.GradScaler):
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("fused.amp.GradScaler.step: step() has already been called since the last update()")
-        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        params = optimizer._params_with_grads()  # .grad, or fp32 sums from accumulate_grads
         if not params:
             return None
         device = local(params[0]).device

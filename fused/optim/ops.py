@@ -20,16 +20,21 @@ def _(grads, clip_coef):
 
 @torch.library.register_fake("fused::sgd_step_")
 def _(params, grads, momentum_buffers, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-      clip_coef, grad_scale, found_inf, clip_value, model_params):
+      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
     return None
 
 
 @torch.library.register_fake("fused::adam_step_")
 def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params):
+      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+    return None
+
+
+@torch.library.register_fake("fused::accumulate_grads_")
+def _(accs, grads, overwrite):
     return None
 
 
 # CUDA C++ only (no Triton versions): fused::cuda_<op> from csrc/optim/optim_cuda.cpp where it was built.
-for _op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_"):
+for _op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
     register_gpu(_op, cuda_op=f"cuda_{_op}")

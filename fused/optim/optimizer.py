@@ -1,12 +1,20 @@
 """fused.optim.SGD / Adam / AdamW: drop-ins for torch.optim's, whose step is two passes over all parameters:
-grad_norm (global norm over every group, finite check, clip coefficient, on the device) and one update per
-param group (sgd_step_ / adam_step_) that reads the coefficient, the scaler's scale and found_inf through tensors
-and skips itself on inf/NaN (no other launch: two in all for one param group). No .item(), no host sync. State keys and step tensors match torch.optim's,
-so state dicts load in both directions.
+grad_norm (global norm over every group, finite check, clip coefficient, on the device) and one update for all
+param groups alike in their flags (sgd_step_ / adam_step_, lr, betas, weight decay... per tensor) that reads the
+coefficient, the scaler's scale and found_inf through tensors and skips itself on inf/NaN: two launches in all.
+No .item(), no host sync. State keys and step tensors match torch.optim's, so state dicts load in both
+directions.
 
 master_weights=True: each 16-bit parameter gets an fp32 copy in state "master_param" and fp32 state; the update
 reads the 16-bit gradient, updates master and moments in fp32 and writes the rounded 16-bit parameter, in the
-same single kernel. Those fp32 tensors stay fp32 through state_dict save and load."""
+same single kernel. Those fp32 tensors stay fp32 through state_dict save and load.
+
+stochastic_rounding=True: bf16 parameters without a master copy keep fp32 state; the update is computed in fp32
+and rounded stochastically (unbiased) back to bf16, from a counter-based RNG seeded from torch's default
+generator on each step (reproducible under torch.manual_seed).
+
+accumulate_grads(): adds every parameter's 16-bit .grad into an fp32 buffer (one multi-tensor call) and clears
+.grad; the next step() uses the fp32 sums (plus any .grad left from a last micro-batch)."""
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
@@ -27,7 +35,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # torch.amp.GradScaler hands `grad_scale` and `found_inf` to optimizers that declare this (no unscale pass).
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, defaults, max_grad_norm, clip_value, master_weights):
+    def __init__(self, params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding):
         name = type(self).__name__
         for key in ("lr", "eps", "weight_decay", "momentum"):
             if key in defaults:
@@ -37,6 +45,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.max_grad_norm = max_grad_norm
         self.clip_value = clip_value
         self.master_weights = bool(master_weights)
+        self.stochastic_rounding = bool(stochastic_rounding)
+        self._grad_acc = {}  # param -> fp32 buffer of accumulated micro-batch gradients (kept across steps)
+        self._acc_live = set()  # params whose buffer holds sums since the last step
         self.last_grad_norm = None  # float32 device tensor after each step: the unscaled norm before clipping
         super().__init__(params, defaults)
 
@@ -54,13 +65,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """Pass 1 and pass 2. grad_scale: the scaler's scale, a float32 device scalar (None: 1); found_inf: a
         float32 device scalar or'ed into the finite check (None: unset). Returns found_inf after the check."""
         name = type(self).__name__
-        groups = [(g, [p for p in g["params"] if p.grad is not None]) for g in self.param_groups]
+        if self._acc_live:
+            self.accumulate_grads()  # a last micro-batch left in .grad joins the sums
+        groups = [(g, [p for p in g["params"] if self._has_grad(p)]) for g in self.param_groups]
         groups = [(g, ps) for g, ps in groups if ps]
         if not groups:
             return found_inf
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
-        grads = [p.grad for p in all_params]
+        grads = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
         check_dense(f"optim.{name}", grads)
         device = local(all_params[0]).device
         if found_inf is not None:
@@ -70,17 +83,66 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.last_grad_norm, coef, found_inf = global_norm(grads, found_inf, grad_scale, 2.0, self.max_grad_norm,
                                                            self.clip_value)
         clip_value = INF if self.clip_value is None else float(self.clip_value)
-        for group, params in groups:
-            self._update_group(group, params, coef, grad_scale, found_inf, clip_value)
+        self._update_groups(groups, coef, grad_scale, found_inf, clip_value)
+        self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
         return found_inf
 
-    def _update_group(self, group, params, coef, grad_scale, found_inf, clip_value):
-        for kind in self._split_master(params):
-            if kind:
-                self._update(group, kind, coef, grad_scale, found_inf, clip_value)
+    def _has_grad(self, p):
+        return p.grad is not None or p in self._acc_live
 
-    def _grad_of(self, p):
-        """The local gradient, with the strides of the parameter (the kernels walk both as flat memory)."""
+    def _params_with_grads(self):
+        return [p for g in self.param_groups for p in g["params"] if self._has_grad(p)]
+
+    @torch.no_grad()
+    def accumulate_grads(self):
+        """Adds the current .grad of every parameter into its fp32 buffer (fp64 for fp64 params) in one
+        multi-tensor call and sets .grad to None. The next step() uses the sums, so micro-batch accumulation
+        loses nothing to 16-bit rounding; with a GradScaler the sums stay scaled until the step unscales them."""
+        fresh, added = ([], []), ([], [])
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                acc = self._grad_acc.get(p)
+                if acc is None:
+                    dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
+                    acc = self._grad_acc[p] = torch.empty_like(p.detach(), dtype=dtype,
+                                                               memory_format=torch.preserve_format)
+                lists = added if p in self._acc_live else fresh
+                lists[0].append(local(acc))
+                lists[1].append(self._grad_of(p, from_buffer=False))
+                self._acc_live.add(p)
+                p.grad = None
+        for (accs, grads), overwrite in ((fresh, True), (added, False)):
+            if accs:
+                torch.ops.fused.accumulate_grads_(accs, grads, overwrite)
+
+    def zero_grad(self, set_to_none=True):
+        self._acc_live.clear()
+        super().zero_grad(set_to_none)
+
+    def _update_groups(self, groups, coef, grad_scale, found_inf, clip_value):
+        """One update call for every group alike in the kernel's flags (and in having master weights), whatever
+        their learning rates, betas or weight decays: those go per tensor (the op's `hyper`)."""
+        calls = {}
+        for group, params in groups:
+            for kind in self._split_master(params):
+                if kind:
+                    calls.setdefault((self._uses_master(kind[0]),) + self._flags(group), []).append((group, kind))
+        for entries in calls.values():
+            self._update(entries, coef, grad_scale, found_inf, clip_value)
+
+    def _hyper(self, entries):
+        """Per-tensor hyperparameter rows (float64 [n, H]) for several groups; None for one (the scalars)."""
+        if len(entries) == 1:
+            return None
+        return torch.tensor([self._row(group) for group, params in entries for _ in params], dtype=torch.float64)
+
+    def _grad_of(self, p, from_buffer=True):
+        """The local gradient (the fp32 sums after accumulate_grads), with the strides of the parameter (the
+        kernels walk both as flat memory)."""
+        if from_buffer and p in self._acc_live:
+            return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
         if g.stride() != lp.stride():
             g = torch.empty_like(lp).copy_(g)
@@ -97,11 +159,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if self._uses_master(p) and "master_param" not in state:
             state["master_param"] = p.detach().float().clone(memory_format=torch.preserve_format)
 
+    def _rounds_stochastically(self, p):
+        return self.stochastic_rounding and p.dtype == torch.bfloat16 and not self._uses_master(p)
+
+    def _fp32_state(self, p):
+        """Whether the state of p is kept in fp32 although p is 16-bit."""
+        return self._uses_master(p) or self._rounds_stochastically(p)
+
     def _state_like(self, p):
-        """A zero state tensor: fp32 for a parameter with an fp32 master, else like the parameter."""
+        """A zero state tensor: fp32 for a parameter with an fp32 master or stochastic rounding, else like it."""
         self._ensure_master(p)
-        return torch.zeros_like(self.state[p]["master_param"] if self._uses_master(p) else p,
-                                memory_format=torch.preserve_format)
+        dtype = torch.float32 if self._fp32_state(p) else p.dtype
+        return torch.zeros_like(p, dtype=dtype, memory_format=torch.preserve_format)
+
+    def _sr_seed(self, params):
+        """A fresh seed from torch's default generator when some parameter of this call rounds stochastically."""
+        if not any(self._rounds_stochastically(p) for p in params):
+            return None
+        return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
 
     def _split_master(self, params):
         """(plain params, params with an fp32 master): the kernels take one kind per call."""
@@ -112,17 +187,18 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return local(self.state[p]["master_param"]) if self._uses_master(p) else local(p)
 
     def load_state_dict(self, state_dict):
-        # torch casts floating state to the parameter's dtype: put fp32 master state back as saved.
-        fp32 = {pid: {k: v for k, v in s.items() if torch.is_tensor(v) and v.dtype == torch.float32 and k != "step"}
-                for pid, s in state_dict["state"].items() if "master_param" in s}
-        super().load_state_dict(state_dict)
+        # torch casts floating state to the parameter's dtype: put fp32 master and state back as saved.
         ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
+        fp32 = {pid: {k: v for k, v in state_dict["state"].get(pid, {}).items()
+                      if torch.is_tensor(v) and v.dtype == torch.float32 and k != "step"}
+                for pid, p in zip(ids, params) if self._fp32_state(p)}
+        super().load_state_dict(state_dict)
         for pid, p in zip(ids, params):
             for k, v in fp32.get(pid, {}).items():
                 self.state[p][k] = v.to(device=local(p).device, copy=True)
             state = self.state.get(p)
-            if state and self._uses_master(p):  # e.g. a torch.optim state dict: moments in 16-bit, no master
+            if state and self._fp32_state(p):  # e.g. a torch.optim state dict: moments in 16-bit, no master
                 self._ensure_master(p)
                 for k, v in state.items():
                     if k != "step" and torch.is_tensor(v) and v.is_floating_point():
@@ -141,30 +217,38 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
 class SGD(_FusedOptimizer):
     def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False, stochastic_rounding=False):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("fused.optim.SGD: nesterov needs momentum > 0 and dampening == 0")
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
                         maximize=maximize, foreach=None, differentiable=False, fused=None)
-        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
+        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
-    def _update(self, group, params, coef, grad_scale, found_inf, clip_value):
-        momentum = group["momentum"]
+    def _flags(self, group):
+        return group["momentum"] != 0, bool(group["nesterov"]), bool(group["maximize"])
+
+    def _row(self, group):
+        return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]), float(group["weight_decay"])]
+
+    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+        group = entries[0][0]
+        params = [p for _, ps in entries for p in ps]
+        use_momentum = group["momentum"] != 0
         bufs, steps = [], []
         for p in params:
             state = self.state[p]
-            if momentum != 0 and state.get("momentum_buffer") is None:
+            if use_momentum and state.get("momentum_buffer") is None:
                 state["momentum_buffer"] = self._state_like(p)
                 state["step"] = self._new_step(p)  # step 0: the buffer starts as the gradient itself
             self._ensure_master(p)
-            if momentum != 0:
+            if use_momentum:
                 bufs.append(local(state["momentum_buffer"]))
                 steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
         torch.ops.fused.sgd_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
-                                  float(group["lr"]), float(momentum), float(group["dampening"]),
-                                  float(group["weight_decay"]), bool(group["nesterov"]), bool(group["maximize"]),
-                                  coef, grad_scale, found_inf, clip_value, model)
+                                  *self._row(group), bool(group["nesterov"]), bool(group["maximize"]),
+                                  coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params),
+                                  self._hyper(entries))
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -176,7 +260,8 @@ class Adam(_FusedOptimizer):
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False,
+                 stochastic_rounding=False):
         name = type(self).__name__
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
@@ -184,10 +269,20 @@ class Adam(_FusedOptimizer):
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
                         foreach=None, capturable=False, differentiable=False, fused=None,
                         decoupled_weight_decay=self._decoupled)
-        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights)
+        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
-    def _update(self, group, params, coef, grad_scale, found_inf, clip_value):
-        amsgrad = bool(group["amsgrad"])
+    def _flags(self, group):
+        return (bool(group["amsgrad"]), bool(group.get("decoupled_weight_decay", self._decoupled)),
+                bool(group["maximize"]))
+
+    def _row(self, group):
+        beta1, beta2 = group["betas"]
+        return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"])]
+
+    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+        group = entries[0][0]
+        params = [p for _, ps in entries for p in ps]
+        amsgrad, decoupled, maximize = self._flags(group)
         exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], []
         for p in params:
             state = self.state[p]
@@ -202,19 +297,19 @@ class Adam(_FusedOptimizer):
             if amsgrad:
                 max_sqs.append(local(state["max_exp_avg_sq"]))
             steps.append(state["step"])
-        beta1, beta2 = group["betas"]
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
         torch.ops.fused.adam_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], exp_avgs,
-                                   exp_avg_sqs, max_sqs, steps, float(group["lr"]), float(beta1), float(beta2),
-                                   float(group["eps"]), float(group["weight_decay"]), amsgrad,
-                                   bool(group.get("decoupled_weight_decay", self._decoupled)),
-                                   bool(group["maximize"]), coef, grad_scale, found_inf, clip_value, model)
+                                   exp_avg_sqs, max_sqs, steps, *self._row(group), amsgrad, decoupled, maximize, coef,
+                                   grad_scale, found_inf, clip_value, model, self._sr_seed(params),
+                                   self._hyper(entries))
 
 
 class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False):
+                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False,
+                 stochastic_rounding=False):
         super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
-                         max_grad_norm=max_grad_norm, clip_value=clip_value, master_weights=master_weights)
+                         max_grad_norm=max_grad_norm, clip_value=clip_value, master_weights=master_weights,
+                         stochastic_rounding=stochastic_rounding)
