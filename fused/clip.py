@@ -8,18 +8,17 @@ from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
 from fused.optim.functional import check_dense, check_one_device, global_norm, local
 
 
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
-    """Scales the gradients of `parameters` so that their global norm is at most max_norm; returns the total
-    norm before clipping (a device tensor). norm_type: any p > 0 or inf. foreach is accepted for torch
-    compatibility and ignored. error_if_nonfinite=True reads the norm on the host (a sync), as torch does."""
-    if isinstance(parameters, torch.Tensor):
-        parameters = [parameters]
-    grads = [p.grad for p in parameters if p.grad is not None]
+def _check_args(max_norm, norm_type):
     max_norm, norm_type = float(max_norm), float(norm_type)
     if max_norm < 0:
         raise ValueError(f"fused.clip_grad_norm_: max_norm must be >= 0, got {max_norm}")
     if not (norm_type > 0):
         raise ValueError(f"fused.clip_grad_norm_: norm_type must be > 0 or inf, got {norm_type}")
+    return max_norm, norm_type
+
+
+def _clip_grads(grads, max_norm, norm_type, error_if_nonfinite=False):
+    """The two passes over `grads` (plain tensors or DTensor shards): norm + finite check, then the scaling."""
     if not grads:
         return torch.tensor(0.0)
     check_dense("clip_grad_norm_", grads)
@@ -30,3 +29,32 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
                            "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
     torch.ops.fused.scale_grads_([local(g) for g in grads], coef)
     return norm
+
+
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, foreach=None):
+    """Scales the gradients of `parameters` so that their global norm is at most max_norm; returns the total
+    norm before clipping (a device tensor). norm_type: any p > 0 or inf. foreach is accepted for torch
+    compatibility and ignored. error_if_nonfinite=True reads the norm on the host (a sync), as torch does."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    grads = [p.grad for p in parameters if p.grad is not None]
+    max_norm, norm_type = _check_args(max_norm, norm_type)
+    return _clip_grads(grads, max_norm, norm_type, error_if_nonfinite)
+
+
+# torch.ops.fused.clip_grad_norm_ takes the gradients themselves (an op cannot take an iterable of parameters).
+_lib = torch.library.Library("fused", "FRAGMENT")
+_lib.define("clip_grad_norm_(Tensor(a!)[] grads, float max_norm, float norm_type=2.0) -> Tensor")
+
+
+def _clip_grad_norm_op(grads, max_norm, norm_type=2.0):
+    return _clip_grads(list(grads), *_check_args(max_norm, norm_type))
+
+
+_lib.impl("clip_grad_norm_", _clip_grad_norm_op, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("fused::clip_grad_norm_")
+def _(grads, max_norm, norm_type=2.0):
+    _check_args(max_norm, norm_type)
+    return grads[0].new_empty((), dtype=torch.float32) if len(grads) else torch.empty(())

@@ -87,3 +87,18 @@ def test_bad_input():
     p.grad = torch.sparse_coo_tensor([[1, 3]], [1.0, 2.0], (10,))
     with raises("fused.clip_grad_norm_: sparse gradients are not supported"):
         fused.clip_grad_norm_([p], 1.0)
+
+
+def test_torch_ops_clip_grad_norm_takes_the_gradients():
+    grads = [torch.randn(10, dtype=torch.float64) * 5, torch.randn(3, 4, dtype=torch.float64)]
+    params = [torch.nn.Parameter(g.clone()) for g in grads]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    expected = torch.nn.utils.clip_grad_norm_(params, 1.0, norm_type=3.0)
+    norm = torch.ops.fused.clip_grad_norm_(grads, 1.0, 3.0)
+    torch.testing.assert_close(norm.double(), expected, rtol=1e-6, atol=0)
+    for g, p in zip(grads, params):
+        torch.testing.assert_close(g, p.grad, rtol=1e-6, atol=1e-12)
+    torch.library.opcheck(torch.ops.fused.clip_grad_norm_.default, ([torch.randn(5), torch.randn(2, 3)], 1.0, 2.0))
+    with pytest.raises(ValueError, match=r"fused\.clip_grad_norm_: max_norm must be >= 0"):
+        torch.ops.fused.clip_grad_norm_([torch.randn(3)], -1.0)
