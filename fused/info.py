@@ -14,8 +14,8 @@ def op_names():
 
 def kernels(op):
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    cpu = "C++" if has(f"fused::{op}", "CPU") else "composite" if has(
-        f"fused::{op}", "CompositeImplicitAutograd") else "-"
+    composite = any(has(f"fused::{op}", k) for k in ("CompositeImplicitAutograd", "CompositeExplicitAutograd"))
+    cpu = "C++" if has(f"fused::{op}", "CPU") else "composite" if composite else "-"
     gpu = GPU_KERNELS.get(op, {})
     cuda = "CUDA C++" if gpu.get("cuda") and cuda_kernel_compiled(gpu["cuda"]) else "-"
     triton = "Triton" if gpu.get("triton") and triton_available() else "-"

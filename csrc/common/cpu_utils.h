@@ -61,6 +61,14 @@ template <typename T, typename F> inline void vec_map2_to(T* dst, const T* a, co
   for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i), V::loadu(b + i)).store(dst + i);
   if (i < n) f(V::loadu(a + i, n - i), V::loadu(b + i, n - i)).store(dst + i, n - i);
 }
+// dst[k] = f(a[k], b[k], c[k]).
+template <typename T, typename F>
+inline void vec_map3_to(T* dst, const T* a, const T* b, const T* c, int64_t n, const F& f) {
+  using V = Vec<T>;
+  int64_t i = 0;
+  for (; i + V::size() <= n; i += V::size()) f(V::loadu(a + i), V::loadu(b + i), V::loadu(c + i)).store(dst + i);
+  if (i < n) f(V::loadu(a + i, n - i), V::loadu(b + i, n - i), V::loadu(c + i, n - i)).store(dst + i, n - i);
+}
 template <typename T, typename F> inline void vec_map(T* buf, int64_t n, const F& f) { vec_map_to(buf, buf, n, f); }
 template <typename T, typename F> inline void vec_map2(T* a, const T* b, int64_t n, const F& f) {
   vec_map2_to(a, a, b, n, f);
@@ -85,25 +93,33 @@ template <typename F> inline void parallel_blocks(int64_t n, const F& body) {
   });
 }
 
-// Like parallel_blocks, and also sums the per-element values body leaves in `buf` over rows of width C into
-// out[C]. Rows are cut into chunks fixed by (n, C) alone, partial sums land in fixed slots and are added in a
-// fixed order: the result does not depend on the thread count (deterministic, no atomics).
+// Runs body(start, len, scratch) over [0, n) in blocks like parallel_blocks. body returns the block's values
+// in the math type (in `scratch` or in the output); when `out` is given they are also summed over rows of width
+// C into out[C]. Rows are cut into chunks fixed by (n, C) alone, partial sums land in fixed slots and are added
+// in a fixed order: the result does not depend on the thread count (deterministic, no atomics).
 template <typename T, typename F>
 inline void parallel_blocks_column_sum(int64_t n, int64_t C, T* out, const F& body) {
+  if (out == nullptr) {
+    parallel_blocks(n, [&](int64_t i, int64_t len) {
+      T scratch[kBlock];
+      body(i, len, scratch);
+    });
+    return;
+  }
   const int64_t rows = n / C;
   const int64_t rows_per_chunk = std::max<int64_t>(1, (32 * kBlock) / C);
   const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
   std::vector<T> partial(chunks * C, T(0));
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    T buf[kBlock];
+    T scratch[kBlock];
     for (int64_t c = c0; c < c1; ++c) {
       T* acc = partial.data() + c * C;
       const int64_t end = std::min(rows, (c + 1) * rows_per_chunk) * C;
       for (int64_t i = c * rows_per_chunk * C; i < end; i += kBlock) {
         const int64_t len = std::min(kBlock, end - i);
-        body(i, len, buf);
+        const T* values = body(i, len, scratch);
         for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
-          vec_map2(acc + j, buf + k, seg, [](auto a, auto b) { return a + b; });
+          vec_map2(acc + j, values + k, seg, [](auto a, auto b) { return a + b; });
         });
       }
     }

@@ -19,12 +19,6 @@ template <typename T, typename scalar_t> std::vector<T> bias_in_math_type(const 
   return out;
 }
 
-template <typename T> inline void add_bias(T* buf, int64_t len, const T* bias, int64_t C, int64_t col0) {
-  for_row_segments(len, C, col0, [&](int64_t k, int64_t j, int64_t seg) {
-    vec_map2(buf + k, bias + j, seg, [](auto a, auto b) { return a + b; });
-  });
-}
-
 at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in, c10::string_view act) {
   const Act a = parse_act("bias_act", act);
   check_floating("bias_act", "x", x_in);
@@ -84,25 +78,26 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_
     scalar_t* gxp = grad_x.data_ptr<scalar_t>();
     visit_act(a, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      // grad_x = grad * act'(x + bias), left in buf (math type) for the bias reduction.
-      auto body = [&](int64_t i, int64_t len, T* buf) {
+      // grad_x = grad * act'(x + bias), computed in the output when it holds the math type.
+      auto body = [&](int64_t i, int64_t len, T* scratch) -> const T* {
         T gbuf[kBlock];
-        load_block(xp + i, buf, len);
-        load_block(gp + i, gbuf, len);
-        if (!bias.empty()) add_bias(buf, len, bias.data(), C, i % C);
-        vec_map2(buf, gbuf, len, [](auto v, auto g) { return g * act_grad<A>(v); });
-        store_block(buf, gxp + i, len);
+        const T* xv = math_view(xp + i, scratch, len);
+        const T* gv = math_view(gp + i, gbuf, len);
+        T* out = work_buffer(gxp + i, scratch);
+        if (bias.empty()) {
+          vec_map2_to(out, xv, gv, len, [](auto v, auto g) { return g * act_grad<A>(v); });
+        } else {
+          for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
+            vec_map3_to(out + k, xv + k, gv + k, bias.data() + j, seg,
+                        [](auto v, auto g, auto b) { return g * act_grad<A>(v + b); });
+          });
+        }
+        store_block(out, gxp + i, len);
+        return out;
       };
-      if (bias.empty()) {
-        parallel_blocks(n, [&](int64_t i, int64_t len) {
-          T buf[kBlock];
-          body(i, len, buf);
-        });
-      } else {
-        std::vector<T> sums(C);
-        parallel_blocks_column_sum(n, C, sums.data(), body);
-        store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
-      }
+      std::vector<T> sums(bias.empty() ? 0 : C);
+      parallel_blocks_column_sum(n, C, bias.empty() ? nullptr : sums.data(), body);
+      if (!bias.empty()) store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
     });
   });
   return {grad_x, grad_bias};
@@ -255,23 +250,18 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
     const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
     const scalar_t* gp = grad.data_ptr<scalar_t>();
     scalar_t* gxp = grad_x.data_ptr<scalar_t>();
-    auto body = [&](int64_t i, int64_t len, T* buf) {
+    auto body = [&](int64_t i, int64_t len, T* scratch) -> const T* {
       T keep[kBlock];
-      load_block(gp + i, buf, len);
+      const T* gv = math_view(gp + i, scratch, len);
+      T* out = work_buffer(gxp + i, scratch);
       dropout_scale_block(keep, i, len, seed, threshold, scale);
-      vec_map2(buf, keep, len, [](auto g, auto s) { return g * s; });
-      store_block(buf, gxp + i, len);
+      vec_map2_to(out, gv, keep, len, [](auto g, auto s) { return g * s; });
+      store_block(out, gxp + i, len);
+      return out;
     };
-    if (!bias_grad) {
-      parallel_blocks(n, [&](int64_t i, int64_t len) {
-        T buf[kBlock];
-        body(i, len, buf);
-      });
-    } else {
-      std::vector<T> sums(C);
-      parallel_blocks_column_sum(n, C, sums.data(), body);
-      store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
-    }
+    std::vector<T> sums(C);
+    parallel_blocks_column_sum(n, C, bias_grad ? sums.data() : nullptr, body);
+    if (bias_grad) store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
   });
   return {grad_x, grad_bias};
 }

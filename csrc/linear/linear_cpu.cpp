@@ -85,25 +85,22 @@ std::tuple<at::Tensor, at::Tensor> linear_act_grad_pre_cpu(const at::Tensor& gra
     visit_act(a, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       // grad_pre in buf (math type), left there for the bias reduction.
-      auto body = [&](int64_t i, int64_t len, T* buf) {
-        load_block(gp + i, buf, len);
+      auto body = [&](int64_t i, int64_t len, T* scratch) -> const T* {
+        const T* gv = math_view(gp + i, scratch, len);
+        T* out = work_buffer(gpre + i, scratch);
         if constexpr (A != Act::identity) {
           T sbuf[kBlock];
-          load_block(sp + i, sbuf, len);
-          vec_map2(buf, sbuf, len, [&](auto g, auto s) { return g * act_grad_from_saved<A>(s); });
+          const T* sv = math_view(sp + i, sbuf, len);
+          vec_map2_to(out, gv, sv, len, [&](auto g, auto s) { return g * act_grad_from_saved<A>(s); });
+        } else if (out != gv) {
+          std::copy(gv, gv + len, out);
         }
-        store_block(buf, gpre + i, len);
+        store_block(out, gpre + i, len);
+        return out;
       };
-      if (!bias_grad) {
-        parallel_blocks(n, [&](int64_t i, int64_t len) {
-          T buf[kBlock];
-          body(i, len, buf);
-        });
-      } else {
-        std::vector<T> sums(N);
-        parallel_blocks_column_sum(n, N, sums.data(), body);
-        store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), N);
-      }
+      std::vector<T> sums(N);
+      parallel_blocks_column_sum(n, N, bias_grad ? sums.data() : nullptr, body);
+      if (bias_grad) store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), N);
     });
   });
   return {grad_pre, grad_bias};
