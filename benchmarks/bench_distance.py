@@ -4,6 +4,7 @@ cdist + topk."""
 import torch
 
 import fused
+from benchmarks.common import forward_and_backward, our_labels, with_backend
 
 K = 16
 # The broadcasting formula materialises B x N x M x D: run it only where that stays under 1 GiB.
@@ -40,39 +41,7 @@ def shapes(device, quick):
 
 
 def ours(device):
-    """Our implementations on this device: label -> backend to select (None: CPU kernels)."""
-    if device == "cpu":
-        return {"fused": None}
-    labels = {}
-    for backend in ("cuda", "triton"):
-        try:
-            fused.set_backend(backend)
-            fused.pairwise_distances(torch.ones(2, 3, device=device), torch.ones(2, 3, device=device))
-            labels[f"fused[{backend}]"] = backend
-        except RuntimeError:
-            pass
-        finally:
-            fused.set_backend("auto")
-    return labels
-
-
-def with_backend(backend, fn):
-    if backend is None:
-        return fn
-
-    def run():
-        fused.set_backend(backend)
-        try:
-            return fn()
-        finally:
-            fused.set_backend("auto")
-    return run
-
-
-def forward_and_backward(fn, a, b, grad):
-    def run():
-        return torch.autograd.grad(fn(a, b), (a, b), grad)
-    return run
+    return our_labels(device, lambda: fused.pairwise_distances(torch.ones(2, 3, device=device), torch.ones(2, 3, device=device)))
 
 
 def cases(device: str, quick: bool) -> list:
@@ -103,11 +72,11 @@ def cases(device: str, quick: bool) -> list:
         grad = torch.randn(n, m, device=device, generator=g)
         impls = {}
         if small:
-            impls["eager"] = forward_and_backward(eager_distances, ag, bg, grad)
-        impls["torch.cdist"] = forward_and_backward(cdist_mm, ag, bg, grad)
-        impls["torch.cdist[direct]"] = forward_and_backward(cdist_direct, ag, bg, grad)
+            impls["eager"] = forward_and_backward(eager_distances, (ag, bg), grad)
+        impls["torch.cdist"] = forward_and_backward(cdist_mm, (ag, bg), grad)
+        impls["torch.cdist[direct]"] = forward_and_backward(cdist_direct, (ag, bg), grad)
         for label, backend in ours(device).items():
-            impls[label] = with_backend(backend, forward_and_backward(fused.pairwise_distances, ag, bg, grad))
+            impls[label] = with_backend(backend, forward_and_backward(fused.pairwise_distances, (ag, bg), grad))
         # fwd + bwd: inputs read twice, grad read, distances written then read, gradients written.
         out.append({"name": f"pairwise_distances {shape} fwd+bwd", "bytes": 3 * io_bytes + 3 * n * m * size,
                     "flops": 3 * flops, "impls": impls})

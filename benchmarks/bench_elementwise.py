@@ -3,44 +3,12 @@ forward and forward+backward, against eager, torch.compile and each of our backe
 import torch
 
 import fused
+from benchmarks.common import forward_and_backward, our_labels, with_backend
 from fused.elementwise import reference as ref
 
 
 def ours(device):
-    """Our implementations on this device: label -> backend to select (None: CPU kernels)."""
-    if device == "cpu":
-        return {"fused": None}
-    labels = {}
-    for backend in ("cuda", "triton"):
-        try:
-            fused.set_backend(backend)
-            fused.bias_act(torch.ones(8, device=device), None, "relu")
-            labels[f"fused[{backend}]"] = backend
-        except RuntimeError:
-            pass
-        finally:
-            fused.set_backend("auto")
-    return labels
-
-
-def with_backend(backend, fn):
-    if backend is None:
-        return fn
-
-    def run():
-        fused.set_backend(backend)
-        try:
-            return fn()
-        finally:
-            fused.set_backend("auto")
-    return run
-
-
-def forward_and_backward(fn, inputs, grad):
-    def run():
-        out = fn(*inputs)
-        return torch.autograd.grad(out, inputs, grad)
-    return run
+    return our_labels(device, lambda: fused.bias_act(torch.ones(8, device=device), None, "relu"))
 
 
 def make_cases(device, quick, name, fn_ref, fn_ours, inputs, out_numel, fwd_bytes, bwd_bytes):

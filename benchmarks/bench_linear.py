@@ -3,6 +3,7 @@ torch.compile of the reference, and on GPU the cuBLAS GEMM alone (torch.mm: the 
 import torch
 
 import fused
+from benchmarks.common import with_backend
 from fused.elementwise.reference import ACT_FNS
 from fused.linear.reference import linear_act as reference
 
@@ -11,17 +12,6 @@ def _fwd_bwd(fn, inputs):
     def run():
         out = fn()
         torch.autograd.grad(out, inputs, torch.ones_like(out))
-    return run
-
-
-def _with_backend(name, fn):
-    def run(*args):
-        old = fused.get_backend()
-        fused.set_backend(name)
-        try:
-            return fn(*args)
-        finally:
-            fused.set_backend(old)
     return run
 
 
@@ -38,7 +28,7 @@ def _linear_cases(device, M, K, N, dtype, act):
         impls["fused"] = lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act)
     else:
         for backend in ("cuda", "triton"):
-            impls[f"fused[{backend}]"] = _with_backend(backend, lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act))
+            impls[f"fused[{backend}]"] = with_backend(backend, lambda xx, ww, bb: fused.linear_act(xx, ww, bb, act))
         impls["torch.mm (cuBLAS floor)"] = lambda xx, ww, bb: torch.mm(xx, ww.t())  # no bias, no activation
     size = torch.finfo(dtype).bits // 8
     name = f"linear_act {act} {M}x{K}x{N} {str(dtype).replace('torch.', '')}"
@@ -67,7 +57,7 @@ def _mlp_cases(device, sizes, M, dtype, act):
     if device == "cpu":
         models["fused"] = mlp
     else:
-        models.update({f"fused[{b}]": _with_backend(b, mlp) for b in ("cuda", "triton")})
+        models.update({f"fused[{b}]": with_backend(b, mlp) for b in ("cuda", "triton")})
     params = {"eager": list(seq.parameters()), "torch.compile": list(seq.parameters())}
     params.update({k: list(mlp.parameters()) for k in models if k.startswith("fused")})
     flops = 2 * M * sum(a * b for a, b in zip(sizes, sizes[1:]))
