@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "common/cuda_convert.cuh"
 #include "common/scalar_math.h"
 #include "linear/linear_kernels.h"
 #include "linear/linear_math.h"
@@ -10,20 +11,6 @@ namespace fused {
 namespace linear {
 namespace {
 
-template <typename T> struct MathType { using type = float; };
-template <> struct MathType<double> { using type = double; };
-
-__device__ __forceinline__ float to_math(float v) { return v; }
-__device__ __forceinline__ double to_math(double v) { return v; }
-__device__ __forceinline__ float to_math(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_math(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T> __device__ __forceinline__ T from_math(float v);
-template <> __device__ __forceinline__ float from_math<float>(float v) { return v; }
-template <> __device__ __forceinline__ __half from_math<__half>(float v) { return __float2half_rn(v); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-template <typename T> __device__ __forceinline__ T from_math(double v) { return v; }
 
 constexpr int kThreads = 256;
 // act_grad_bias tiles: 32 columns (one warp wide) x kRowLanes rows per block, kRowsPerChunk rows per partial sum.

@@ -7,6 +7,7 @@
 
 #include <type_traits>
 
+#include "common/cuda_convert.cuh"
 #include "common/philox.h"
 #include "optim/optim_kernels.h"
 
@@ -14,18 +15,7 @@ namespace fused {
 namespace optim_cuda {
 namespace {
 
-template <typename T> struct Math { using type = float; };
-template <> struct Math<double> { using type = double; };
-
-__device__ __forceinline__ float to_math(float x) { return x; }
-__device__ __forceinline__ double to_math(double x) { return x; }
-__device__ __forceinline__ float to_math(__half x) { return __half2float(x); }
-__device__ __forceinline__ float to_math(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename T> __device__ __forceinline__ T from_math(float x);
-template <> __device__ __forceinline__ float from_math<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_math<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-__device__ __forceinline__ double from_math_d(double x) { return x; }
+template <typename T> using Math = MathType<T>;
 
 // Four consecutive elements: one vector access when the tensor is 16-byte aligned and the group is whole.
 template <typename T> struct alignas(4 * sizeof(T) > 16 ? 16 : 4 * sizeof(T)) Pack4 { T v[4]; };
@@ -45,7 +35,7 @@ __device__ __forceinline__ void load4(const T* p, int64_t i, int64_t end, bool a
 template <typename T, typename M>
 __device__ __forceinline__ void store4(T* p, int64_t i, int64_t end, bool aligned, const M in[4]) {
   auto cvt = [](M x) -> T {
-    if constexpr (sizeof(T) == 8) return from_math_d(x);
+    if constexpr (sizeof(T) == 8) return static_cast<double>(x);
     else return from_math<T>(x);
   };
   if (aligned && i + 4 <= end) {
