@@ -1,6 +1,6 @@
 """FusedLinear and FusedMLP: nn.Linear-compatible layers whose bias and activation run inside the GEMM."""
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
