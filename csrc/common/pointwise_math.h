@@ -119,7 +119,8 @@ template <typename Fn> FUSED_HD auto visit_unary(UnaryOp op, Fn&& fn) {
   }
 }
 
-template <typename Fn> FUSED_HD auto visit_act(Act act, Fn&& fn) {
+// Host code only (CPU kernels and CUDA launchers pick the kernel instantiation per act).
+template <typename Fn> inline auto visit_act(Act act, Fn&& fn) {
   switch (act) {
     case Act::relu: return fn(Tag<Act, Act::relu>{});
     case Act::gelu: return fn(Tag<Act, Act::gelu>{});

@@ -355,19 +355,6 @@ template <typename F> cudaError_t dispatch(DType dtype, F&& f) {
   return cudaErrorInvalidValue;
 }
 
-template <typename F> cudaError_t dispatch_act(Act act, F&& f) {
-  switch (act) {
-    case Act::identity: return f(Tag<Act, Act::identity>{});
-    case Act::relu: return f(Tag<Act, Act::relu>{});
-    case Act::gelu: return f(Tag<Act, Act::gelu>{});
-    case Act::gelu_tanh: return f(Tag<Act, Act::gelu_tanh>{});
-    case Act::silu: return f(Tag<Act, Act::silu>{});
-    case Act::sigmoid: return f(Tag<Act, Act::sigmoid>{});
-    case Act::tanh: return f(Tag<Act, Act::tanh>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 bool aligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -455,7 +442,7 @@ cudaError_t bias_act(DType dtype, Act act, const void* x, const void* bias, void
                      cudaStream_t stream) {
   return dispatch(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
-    return dispatch_act(act, [&](auto tag) {
+    return visit_act(act, [&](auto tag) {
       constexpr int N = kVec<S>;
       const BiasActFwd<S, N, decltype(tag)::value> body{static_cast<const S*>(x), static_cast<const S*>(bias),
                                                         static_cast<S*>(y), bias ? C : 1};
@@ -469,7 +456,7 @@ cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void
                               cudaStream_t stream) {
   return dispatch(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
-    return dispatch_act(act, [&](auto tag) {
+    return visit_act(act, [&](auto tag) {
       constexpr int N = kVec<S>;
       const BiasActGrad<S, N, decltype(tag)::value> body{static_cast<const S*>(grad), static_cast<const S*>(x),
                                                          static_cast<const S*>(bias), static_cast<S*>(grad_x),
@@ -490,7 +477,7 @@ cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, con
     dim3 grid, block;
     if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
     const bool vec = aligned({gate, up, y}) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
-    return dispatch_act(act, [&](auto tag) {
+    return visit_act(act, [&](auto tag) {
       glu_kernel<S, decltype(tag)::value><<<grid, block, 0, stream>>>(
           static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride, static_cast<S*>(y), rows,
           cols, vec);
@@ -510,7 +497,7 @@ cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gat
     if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
     const bool vec = aligned({grad, gate, up, grad_gate, grad_up}) && cols % N == 0 && gate_stride % N == 0 &&
                      up_stride % N == 0;
-    return dispatch_act(act, [&](auto tag) {
+    return visit_act(act, [&](auto tag) {
       glu_backward_kernel<S, decltype(tag)::value><<<grid, block, 0, stream>>>(
           static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up),
           up_stride, static_cast<S*>(grad_gate), static_cast<S*>(grad_up), rows, cols, vec);

@@ -83,19 +83,6 @@ template <typename Fn> cudaError_t visit_dtype(DType dtype, Fn&& fn) {
   return cudaErrorInvalidValue;
 }
 
-// visit_act for host code (pointwise_math.h's is __host__ __device__, which host-only lambdas cannot use).
-template <typename Fn> cudaError_t visit_act_host(Act act, Fn&& fn) {
-  switch (act) {
-    case Act::relu: return fn(Tag<Act, Act::relu>{});
-    case Act::gelu: return fn(Tag<Act, Act::gelu>{});
-    case Act::gelu_tanh: return fn(Tag<Act, Act::gelu_tanh>{});
-    case Act::silu: return fn(Tag<Act, Act::silu>{});
-    case Act::sigmoid: return fn(Tag<Act, Act::sigmoid>{});
-    case Act::tanh: return fn(Tag<Act, Act::tanh>{});
-    default: return fn(Tag<Act, Act::identity>{});
-  }
-}
-
 }  // namespace
 
 cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act,
@@ -105,7 +92,7 @@ cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64
   const int threads = N >= kThreads ? kThreads : static_cast<int>((N + 31) / 32 * 32);
   return visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
-    return visit_act_host(act, [&](auto tag) {
+    return visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       bias_act_epilogue_kernel<A, T><<<blocks, threads, 0, stream>>>(
           static_cast<T*>(y), static_cast<T*>(pre), static_cast<const T*>(bias), M, N);
@@ -130,7 +117,7 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
     using T = decltype(zero);
     using MT = typename MathType<T>::type;
     MT* partial = grad_bias ? static_cast<MT*>(workspace) : nullptr;
-    cudaError_t err = visit_act_host(act, [&](auto tag) {
+    cudaError_t err = visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
                                                              static_cast<const T*>(saved),
