@@ -10,6 +10,7 @@
 
 #include "common/cpu_utils.h"
 #include "common/philox.h"
+#include "optim/optim_args.h"
 
 namespace fused {
 namespace {
@@ -31,10 +32,6 @@ std::vector<Chunk> make_chunks(at::TensorList ts) {
 }
 
 // ---- argument checks ----
-void check_scalar_arg(const char* op, const char* name, double v) {
-  TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
-}
-
 void check_flag(const char* op, const char* name, const at::Tensor& t) {
   TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
               " must be a float32 tensor with one element on the CPU, got ", t.scalar_type(), " ", t.sizes(),
@@ -153,8 +150,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
   check_grads(op, grads);
   if (found_inf) check_flag(op, "found_inf", *found_inf);
   TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
-  check_scalar_arg(op, "max_norm", max_norm);
-  check_scalar_arg(op, "clip_value", clip_value);
+  check_nonneg(op, "max_norm", max_norm);
+  check_nonneg(op, "clip_value", clip_value);
   const float inv = inverse_scale(grad_scale, op);
   const Norm kind = norm_type == 2 ? Norm::L2 : norm_type == 1 ? Norm::L1 : std::isinf(norm_type) ? Norm::Inf : Norm::P;
 
@@ -476,18 +473,11 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   check_grads(op, grads);
   check_update_lists(op, params, grads, model_params);
   check_seed(op, sr_seed);
-  check_scalar_arg(op, "clip_value", clip_value);
+  check_nonneg(op, "clip_value", clip_value);
   const bool use_momentum = momentum != 0;
   // (lr, momentum, dampening, weight_decay) per tensor
   const auto hp = per_tensor<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
-  for (const auto& h : hp) {
-    check_scalar_arg(op, "lr", h[0]);
-    check_scalar_arg(op, "momentum", h[1]);
-    check_scalar_arg(op, "weight_decay", h[3]);
-    TORCH_CHECK((h[1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a call "
-                "or for none");
-    TORCH_CHECK(!nesterov || (h[1] > 0 && h[2] == 0), "fused.", op, ": nesterov needs momentum > 0 and dampening == 0");
-  }
+  for (const auto& h : hp) check_sgd_hyper(op, h[0], h[1], h[2], h[3], nesterov, use_momentum);
   if (use_momentum) {
     check_list(op, "momentum_buffers", bufs, params, true);
     check_steps(op, steps, params.size());
@@ -545,16 +535,10 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   check_list(op, "exp_avg_sqs", exp_avg_sqs, params, true);
   if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, true);
   check_steps(op, steps, params.size());
-  check_scalar_arg(op, "clip_value", clip_value);
+  check_nonneg(op, "clip_value", clip_value);
   // (lr, beta1, beta2, eps, weight_decay) per tensor
   const auto hp = per_tensor<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
-  for (const auto& h : hp) {
-    check_scalar_arg(op, "lr", h[0]);
-    check_scalar_arg(op, "eps", h[3]);
-    check_scalar_arg(op, "weight_decay", h[4]);
-    TORCH_CHECK(0 <= h[1] && h[1] < 1 && 0 <= h[2] && h[2] < 1, "fused.", op, ": betas must be in [0, 1), got (",
-                h[1], ", ", h[2], ")");
-  }
+  for (const auto& h : hp) check_adam_hyper(op, h[0], h[1], h[2], h[3], h[4]);
   check_flag(op, "clip_coef", clip_coef);
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;

@@ -15,6 +15,7 @@
 
 #include "common/checks.h"
 #include "optim/optim_kernels.h"
+#include "optim/optim_args.h"
 
 namespace fused {
 namespace {
@@ -214,10 +215,6 @@ uint64_t seed_value(const char* op, const std::optional<at::Tensor>& sr_seed) {
   return uint64_t(sr_seed->item<int64_t>());
 }
 
-void check_nonneg(const char* op, const char* name, double v) {
-  TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList grads,
                                                               const std::optional<at::Tensor>& found_inf,
                                                               const std::optional<at::Tensor>& grad_scale,
@@ -300,15 +297,8 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
     codes.push_back(update_code(op, params[i], grads[i], use_momentum ? &bufs[i] : nullptr,
                                 model_params.empty() ? nullptr : &model_params[i]));
   const auto rows = hyper_rows(op, hyper, params.size(), 4);
-  for (size_t i = 0; i < rows.size(); i += 4) {
-    check_nonneg(op, "lr", rows[i]);
-    check_nonneg(op, "momentum", rows[i + 1]);
-    check_nonneg(op, "weight_decay", rows[i + 3]);
-    TORCH_CHECK((rows[i + 1] != 0) == use_momentum, "fused.", op, ": momentum must be nonzero for every tensor of a "
-                "call or for none");
-    TORCH_CHECK(!nesterov || (rows[i + 1] > 0 && rows[i + 2] == 0), "fused.", op,
-                ": nesterov needs momentum > 0 and dampening == 0");
-  }
+  for (size_t i = 0; i < rows.size(); i += 4)
+    check_sgd_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], nesterov, use_momentum);
   const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
                          nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
@@ -355,13 +345,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
     codes.push_back(update_code(op, params[i], grads[i], &exp_avgs[i],
                                 model_params.empty() ? nullptr : &model_params[i]));
   const auto rows = hyper_rows(op, hyper, params.size(), 5);
-  for (size_t i = 0; i < rows.size(); i += 5) {
-    check_nonneg(op, "lr", rows[i]);
-    check_nonneg(op, "eps", rows[i + 3]);
-    check_nonneg(op, "weight_decay", rows[i + 4]);
-    TORCH_CHECK(0 <= rows[i + 1] && rows[i + 1] < 1 && 0 <= rows[i + 2] && rows[i + 2] < 1, "fused.", op,
-                ": betas must be in [0, 1), got (", rows[i + 1], ", ", rows[i + 2], ")");
-  }
+  for (size_t i = 0; i < rows.size(); i += 5)
+    check_adam_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4]);
   const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
                           amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};

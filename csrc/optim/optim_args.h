@@ -1,0 +1,32 @@
+// Argument checks shared by the optimizer CPU kernels and CUDA binding: every message names the op and argument.
+#pragma once
+#include <ATen/ATen.h>
+
+namespace fused {
+
+inline void check_nonneg(const char* op, const char* name, double v) {
+  TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
+}
+
+// One tensor's SGD hyperparameters (its row of the per-tensor table).
+inline void check_sgd_hyper(const char* op, double lr, double momentum, double dampening, double weight_decay,
+                            bool nesterov, bool use_momentum) {
+  check_nonneg(op, "lr", lr);
+  check_nonneg(op, "momentum", momentum);
+  check_nonneg(op, "weight_decay", weight_decay);
+  TORCH_CHECK((momentum != 0) == use_momentum, "fused.", op,
+              ": momentum must be nonzero for every tensor of a call or for none");
+  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
+              ": nesterov needs momentum > 0 and dampening == 0");
+}
+
+// One tensor's Adam hyperparameters (its row of the per-tensor table).
+inline void check_adam_hyper(const char* op, double lr, double beta1, double beta2, double eps, double weight_decay) {
+  check_nonneg(op, "lr", lr);
+  check_nonneg(op, "eps", eps);
+  check_nonneg(op, "weight_decay", weight_decay);
+  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
+              beta1, ", ", beta2, ")");
+}
+
+}  // namespace fused
