@@ -48,6 +48,12 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+def finish():
+    """Both ranks done before either tears down gloo: a rank that exits while the other's DDP/FSDP work is still
+    in flight aborts ("terminate called without an active exception"), seen as a flaky SIGABRT."""
+    dist.barrier()
+
+
 def worker(rank, init_file, mode, opt_name, hyper):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     torch.set_num_threads(1)
@@ -81,6 +87,7 @@ def worker(rank, init_file, mode, opt_name, hyper):
             torch.testing.assert_close(full(got), want, rtol=1e-5, atol=0)
         for p, want in zip(model.parameters(), expected_params):
             torch.testing.assert_close(full(p.detach()), want, rtol=1e-5, atol=1e-6)
+        finish()
     finally:
         dist.destroy_process_group()
 
@@ -136,6 +143,7 @@ def master_worker(rank, init_file, mode):
             torch.testing.assert_close(full(opt.state[p]["master_param"]), ref.state[q]["master_param"],
                                        rtol=1e-5, atol=1e-6)
             assert torch.equal(full(p.detach()), q.detach())
+        finish()
     finally:
         dist.destroy_process_group()
 
