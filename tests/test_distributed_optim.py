@@ -1,6 +1,9 @@
 """The fused optimizers and clip_grad_norm_ under DDP and FSDP2 (fully_shard, DTensor parameters) with 2 gloo
 processes on CPU give the numbers of one process running torch's clip_grad_norm_ + torch.optim on the full batch."""
+import datetime
+import gc
 import os
+import sys
 import tempfile
 
 import pytest
@@ -48,48 +51,56 @@ def full(t):
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def finish():
-    """Both ranks done before either tears down gloo: a rank that exits while the other's DDP/FSDP work is still
-    in flight aborts ("terminate called without an active exception"), seen as a flaky SIGABRT."""
-    dist.barrier()
+def distribute(model, mode):
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model)
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
 
 
-def worker(rank, init_file, mode, opt_name, hyper):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+def run_worker(rank, body, init_file, *args):
+    """Runs body(rank, *args) in a gloo group of WORLD processes and tears it down so that no gloo thread outlives
+    the interpreter. A rank that exits while the other's work is in flight, or a DDP reducer that keeps the group
+    alive into interpreter finalisation, aborts the process ("terminate called without an active exception", a
+    flaky SIGABRT in CI; pytorch/pytorch#179291). So: barrier, drop every object that holds the group, destroy it,
+    and leave with os._exit once the checks have passed, skipping finalisation."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
+                            timeout=datetime.timedelta(minutes=2))
     torch.set_num_threads(1)
-    try:
-        model = make_model()
-        if mode == "ddp":
-            model = nn.parallel.DistributedDataParallel(model)
+    body(rank, *args)  # an assertion error propagates to mp.spawn as a failure with its traceback
+    dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def worker(rank, mode, opt_name, hyper):
+    model = distribute(make_model(), mode)
+    use_optimizer_clip = opt_name != "SGD"  # SGD runs fused.clip_grad_norm_ + fused.optim.SGD instead
+    opt = getattr(fused.optim, opt_name)(model.parameters(), max_grad_norm=MAX_NORM if use_optimizer_clip
+                                         else None, **hyper)
+    norms = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        loss_fn(model, *batch(step, rank)).backward()
+        if use_optimizer_clip:
+            opt.step()
+            norms.append(opt.last_grad_norm)
         else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            mesh = init_device_mesh("cpu", (WORLD,))
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-        use_optimizer_clip = opt_name != "SGD"  # SGD runs fused.clip_grad_norm_ + fused.optim.SGD instead
-        opt = getattr(fused.optim, opt_name)(model.parameters(), max_grad_norm=MAX_NORM if use_optimizer_clip
-                                             else None, **hyper)
-        norms = []
-        for step in range(STEPS):
-            opt.zero_grad()
-            loss_fn(model, *batch(step, rank)).backward()
-            if use_optimizer_clip:
-                opt.step()
-                norms.append(opt.last_grad_norm)
-            else:
-                norms.append(fused.clip_grad_norm_(model.parameters(), MAX_NORM))
-                opt.step()
-        expected_params, expected_norms = reference_run(opt_name, hyper)
-        for got, want in zip(norms, expected_norms):
-            torch.testing.assert_close(full(got), want, rtol=1e-5, atol=0)
-        for p, want in zip(model.parameters(), expected_params):
-            torch.testing.assert_close(full(p.detach()), want, rtol=1e-5, atol=1e-6)
-        finish()
-    finally:
-        dist.destroy_process_group()
+            norms.append(fused.clip_grad_norm_(model.parameters(), MAX_NORM))
+            opt.step()
+    expected_params, expected_norms = reference_run(opt_name, hyper)
+    for got, want in zip(norms, expected_norms):
+        torch.testing.assert_close(full(got), want, rtol=1e-5, atol=0)
+    for p, want in zip(model.parameters(), expected_params):
+        torch.testing.assert_close(full(p.detach()), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
@@ -97,58 +108,44 @@ def worker(rank, init_file, mode, opt_name, hyper):
                                             ("SGD", dict(lr=0.1, momentum=0.9))], ids=["AdamW", "SGD"])
 def test_same_numbers_as_one_process(mode, opt_name, hyper):
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), mode, opt_name, hyper), nprocs=WORLD, join=True)
+        mp.spawn(run_worker, args=(worker, os.path.join(tmp, "init"), mode, opt_name, hyper), nprocs=WORLD,
+                 join=True)
 
 
-def master_worker(rank, init_file, mode):
+def master_worker(rank, mode):
     """A bf16 model with fp32 master weights (and fp32 accumulation of two micro-batches) under DDP / FSDP2: the
     masters equal those of one process stepping fused.optim.AdamW on the same (gathered) bf16 gradients."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    torch.set_num_threads(1)
-    try:
-        model = make_model().to(torch.bfloat16)
-        start = [p.detach().clone() for p in model.parameters()]
-        if mode == "ddp":
-            model = nn.parallel.DistributedDataParallel(model)
-        else:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            mesh = init_device_mesh("cpu", (WORLD,))
-            for layer in model:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(model, mesh=mesh)
-        hyper = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=MAX_NORM, master_weights=True)
-        opt = fused.optim.AdamW(model.parameters(), **hyper)
-        seen = []  # per step, per parameter: the full bf16 gradients of both micro-batches
-        for step in range(STEPS):
-            opt.zero_grad()
-            micro = []
-            for m in range(2):
-                x, y = batch(step, rank)
-                loss_fn(model, x[4 * m:4 * m + 4].bfloat16(), y[4 * m:4 * m + 4].bfloat16()).backward()
-                micro.append([full(p.grad).clone() for p in model.parameters()])
-                opt.accumulate_grads()
-            seen.append(micro)
-            opt.step()
-        ref_params = [p.clone().requires_grad_() for p in start]
-        ref = fused.optim.AdamW(ref_params, **hyper)
-        for micro in seen:
-            for grads in micro:
-                for p, g in zip(ref_params, grads):
-                    p.grad = g
-                ref.accumulate_grads()
-            ref.step()
-        for p, q in zip(model.parameters(), ref_params):
-            torch.testing.assert_close(full(opt.state[p]["master_param"]), ref.state[q]["master_param"],
-                                       rtol=1e-5, atol=1e-6)
-            assert torch.equal(full(p.detach()), q.detach())
-        finish()
-    finally:
-        dist.destroy_process_group()
+    model = make_model().to(torch.bfloat16)
+    start = [p.detach().clone() for p in model.parameters()]
+    model = distribute(model, mode)
+    hyper = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=MAX_NORM, master_weights=True)
+    opt = fused.optim.AdamW(model.parameters(), **hyper)
+    seen = []  # per step, per parameter: the full bf16 gradients of both micro-batches
+    for step in range(STEPS):
+        opt.zero_grad()
+        micro = []
+        for m in range(2):
+            x, y = batch(step, rank)
+            loss_fn(model, x[4 * m:4 * m + 4].bfloat16(), y[4 * m:4 * m + 4].bfloat16()).backward()
+            micro.append([full(p.grad).clone() for p in model.parameters()])
+            opt.accumulate_grads()
+        seen.append(micro)
+        opt.step()
+    ref_params = [p.clone().requires_grad_() for p in start]
+    ref = fused.optim.AdamW(ref_params, **hyper)
+    for micro in seen:
+        for grads in micro:
+            for p, g in zip(ref_params, grads):
+                p.grad = g
+            ref.accumulate_grads()
+        ref.step()
+    for p, q in zip(model.parameters(), ref_params):
+        torch.testing.assert_close(full(opt.state[p]["master_param"]), ref.state[q]["master_param"],
+                                   rtol=1e-5, atol=1e-6)
+        assert torch.equal(full(p.detach()), q.detach())
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
 def test_master_weights_distributed(mode):
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(master_worker, args=(os.path.join(tmp, "init"), mode), nprocs=WORLD, join=True)
+        mp.spawn(run_worker, args=(master_worker, os.path.join(tmp, "init"), mode), nprocs=WORLD, join=True)
