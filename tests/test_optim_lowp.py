@@ -229,3 +229,71 @@ def test_param_groups_update_in_one_call(name, groups, monkeypatch):
     assert len(calls) == 4  # one update call per step for both groups
     for p, q in zip(ours, theirs):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("poison", [False, True])
+def test_unscale_after_accumulate_grads(poison):
+    """scaler.unscale_ between accumulate_grads() and step(): the fp32 sums are unscaled (torch's unscale_ reads
+    only .grad, which is empty), and an inf in any micro-batch still skips the step."""
+    runs = []
+    for unscale_first in (False, True):
+        ps = params(torch.float16)
+        opt = fused.optim.AdamW(ps, lr=1e-2, master_weights=True, max_grad_norm=1.0)
+        scaler = fused.amp.GradScaler("cpu", init_scale=2.0**10)
+        scaler.scale(torch.ones(()))  # creates the scale, as scaling the loss does
+        for micro in range(3):  # two micro-batches in the fp32 buffers, the last one left in .grad
+            for p, g in zip(ps, grads_for(ps, micro, torch.float32)):
+                g = g * 2.0**10
+                if poison and micro == 1:
+                    g[0] = math.inf
+                p.grad = g.half()
+            if micro < 2:
+                opt.accumulate_grads()
+        if unscale_first:
+            scaler.unscale_(opt)
+            assert all(p.grad is None for p in ps)
+        scaler.step(opt)
+        scaler.update()
+        runs.append((ps, opt, scaler))
+    (ps, opt, scaler), (ps_u, opt_u, scaler_u) = runs
+    assert scaler.get_scale() == scaler_u.get_scale() == (2.0**9 if poison else 2.0**10)
+    if poison:
+        assert all("step" not in opt_u.state[p] or float(opt_u.state[p]["step"]) == 0 for p in ps_u)
+        assert all(torch.equal(p, q) for p, q in zip(ps_u, params(torch.float16)))
+        return
+    sums = [sum(grads_for(ps, m, torch.float32)[i].mul(2.0**10).half().float() for m in range(3)) / 2.0**10
+            for i in range(len(ps))]
+    expected = torch.linalg.vector_norm(torch.cat([s.view(-1) for s in sums]))
+    for o in (opt, opt_u):
+        torch.testing.assert_close(o.last_grad_norm, expected, rtol=1e-6, atol=0)
+    for p, q in zip(ps, ps_u):
+        torch.testing.assert_close(opt_u.state[q]["master_param"], opt.state[p]["master_param"], rtol=1e-6, atol=0)
+
+
+def test_state_dict_mid_accumulation_loses_nothing():
+    """A checkpoint between micro-batches carries the fp32 sums: save, load into a fresh optimizer, finish the
+    accumulation there, and the step equals the uninterrupted one."""
+    dtype = torch.bfloat16
+    ps, resumed = params(dtype), params(dtype)
+    opt = fused.optim.AdamW(ps, lr=1e-3, master_weights=True)
+    for micro in range(4):
+        for p, g in zip(ps, grads_for(ps, micro, dtype)):
+            p.grad = g
+        opt.accumulate_grads()
+        if micro == 1:
+            buffer = io.BytesIO()
+            torch.save(opt.state_dict(), buffer)
+    opt.step()
+    other = fused.optim.AdamW(resumed, lr=1e-3, master_weights=True)
+    buffer.seek(0)
+    other.load_state_dict(torch.load(buffer))
+    for micro in range(2, 4):
+        for p, g in zip(resumed, grads_for(resumed, micro, dtype)):
+            p.grad = g
+        other.accumulate_grads()
+    other.step()
+    for p, q in zip(ps, resumed):
+        assert torch.equal(other.state[q]["master_param"], opt.state[p]["master_param"])
+        assert torch.equal(p, q)
+    assert "accumulated_grads" not in opt.state_dict()  # after the step nothing is pending
+    torch.optim.AdamW(params(dtype), lr=1e-3).load_state_dict(other.state_dict())  # torch ignores the extra key

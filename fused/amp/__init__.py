@@ -1,6 +1,9 @@
 """fused.amp.GradScaler: a drop-in for torch.amp.GradScaler. With a fused optimizer, step() hands the scale
 to the fused step (the finite check rides in its norm pass: no unscale pass, no host
-sync); update() is torch's, on the device. With any other optimizer it behaves exactly as torch's."""
+sync); update() is torch's, on the device. With any other optimizer it behaves exactly as torch's.
+unscale_() also unscales the fp32 sums of a fused optimizer's accumulate_grads(), which torch's cannot see."""
+from collections import defaultdict
+
 import torch
 from torch.amp.grad_scaler import OptState
 
@@ -30,6 +33,22 @@ class GradScaler(torch.amp.GradScaler):
         state["found_inf_per_device"] = {device: found_inf}
         state["stage"] = OptState.STEPPED
         return None
+
+    def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
+        if not (isinstance(optimizer, _FusedOptimizer) and optimizer._acc_live):
+            return super()._unscale_grads_(optimizer, inv_scale, found_inf, allow_fp16)
+        # The gradients sit in fp32 buffers (torch's unscale_ reads only .grad, and would leave them scaled while
+        # telling step() they are not): fold in a last micro-batch still in .grad, then unscale the buffers.
+        optimizer.accumulate_grads()
+        buffers = defaultdict(list)
+        for p in optimizer._params_with_grads():
+            acc = local(optimizer._grad_acc[p])
+            buffers[(acc.device, acc.dtype)].append(acc)
+        per_device = {}
+        for (device, _), accs in buffers.items():
+            found = per_device.setdefault(device, found_inf.to(device, copy=True))
+            torch._amp_foreach_non_finite_check_and_unscale_(accs, found, inv_scale.to(device))
+        return per_device
 
 
 __all__ = ["GradScaler"]

@@ -14,7 +14,10 @@ and rounded stochastically (unbiased) back to bf16, from a counter-based RNG see
 generator on each step (reproducible under torch.manual_seed).
 
 accumulate_grads(): adds every parameter's 16-bit .grad into an fp32 buffer (one multi-tensor call) and clears
-.grad; the next step() uses the fp32 sums (plus any .grad left from a last micro-batch)."""
+.grad; the next step() uses the fp32 sums (plus any .grad left from a last micro-batch). A state_dict taken
+between micro-batches carries the sums ("accumulated_grads"), so a checkpoint there loses nothing; the sums are
+invisible to code that reads .grad (use max_grad_norm rather than clip_grad_norm_ on the parameters;
+fused.amp.GradScaler.unscale_ does unscale them)."""
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
@@ -186,6 +189,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """What the kernel updates in place as "the parameter": the fp32 master where there is one."""
         return local(self.state[p]["master_param"]) if self._uses_master(p) else local(p)
 
+    def state_dict(self):
+        state_dict = super().state_dict()
+        if self._acc_live:  # mid-accumulation: the fp32 sums, by the parameter's index as in "state"
+            params = [p for g in self.param_groups for p in g["params"]]
+            state_dict["accumulated_grads"] = {i: self._grad_acc[p] for i, p in enumerate(params)
+                                               if p in self._acc_live}
+        return state_dict
+
     def load_state_dict(self, state_dict):
         # torch casts floating state to the parameter's dtype: put fp32 master and state back as saved.
         ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
@@ -210,6 +221,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if state and "step" in state:
                     state["step"] = torch.as_tensor(state["step"], dtype=torch.float32).to(local(p).device)
                 self._after_load(group, p, state)
+        self._acc_live.clear()
+        by_id = dict(zip(ids, params))
+        for pid, acc in state_dict.get("accumulated_grads", {}).items():
+            p = by_id[pid]
+            self._grad_acc[p] = acc.to(device=p.device, copy=True)
+            self._acc_live.add(p)
 
     def _after_load(self, group, p, state):
         pass
