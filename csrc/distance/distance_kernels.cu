@@ -1,6 +1,7 @@
 // CUDA kernels of the fused distance family (torch-free; see distance_kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <algorithm>
 
 #include "distance/distance_kernels.h"
 
@@ -59,12 +60,13 @@ constexpr int kChunkD = 16;                         // coordinates staged in sha
 template <typename T, Metric MT>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     direct_kernel(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out, int64_t N, int64_t M,
-                  int64_t D, typename MathType<T>::type p, typename MathType<T>::type inv_p, bool squared) {
+                  int64_t D, int64_t row0, typename MathType<T>::type p, typename MathType<T>::type inv_p,
+                  bool squared) {
   using Acc = typename MathType<T>::type;
   __shared__ Acc as[kTileN][kChunkD + 1];
   __shared__ Acc bs[kChunkD][kTileM];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kThreadsX + tx;
-  const int64_t i0 = static_cast<int64_t>(blockIdx.y) * kTileN, j0 = static_cast<int64_t>(blockIdx.x) * kTileM;
+  const int64_t i0 = row0 + static_cast<int64_t>(blockIdx.y) * kTileN, j0 = static_cast<int64_t>(blockIdx.x) * kTileM;
   const int64_t batch = blockIdx.z;
   const T* ab = a + batch * N * D;
   const T* bb = b + batch * M * D;
@@ -179,16 +181,20 @@ cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool
     using Acc = typename MathType<T>::type;
     constexpr Metric MT = decltype(metric_tag)::value;
     const dim3 block(kThreadsX, kThreadsY);
-    const int64_t gx = (M + kTileM - 1) / kTileM, gy = (N + kTileN - 1) / kTileN;
-    if (gy > 65535) return cudaErrorInvalidConfiguration;
-    for (int64_t b0 = 0; b0 < B; b0 += 65535) {  // gridDim.z is at most 65535
-      const int64_t nb = B - b0 < 65535 ? B - b0 : 65535;
-      const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
-      direct_kernel<T, MT><<<grid, block, 0, stream>>>(
-          static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D,
-          static_cast<T*>(out) + b0 * N * M, N, M, D, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
+    constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y and gridDim.z: launches cover rows and batches in slices
+    const int64_t gx = (M + kTileM - 1) / kTileM, row_tiles = (N + kTileN - 1) / kTileN;
+    if (gx > 2147483647) return cudaErrorInvalidConfiguration;
+    for (int64_t b0 = 0; b0 < B; b0 += kMaxGridYZ) {
+      const int64_t nb = std::min(B - b0, kMaxGridYZ);
+      for (int64_t t0 = 0; t0 < row_tiles; t0 += kMaxGridYZ) {
+        const int64_t gy = std::min(row_tiles - t0, kMaxGridYZ);
+        const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
+        direct_kernel<T, MT><<<grid, block, 0, stream>>>(
+            static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D,
+            static_cast<T*>(out) + b0 * N * M, N, M, D, t0 * kTileN, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
+        const cudaError_t err = cudaGetLastError();
+        if (err != cudaSuccess) return err;
+      }
     }
     return cudaSuccess;
   });

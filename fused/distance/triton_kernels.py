@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
+from fused.elementwise.triton_math import program_2d
 
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
@@ -147,9 +148,11 @@ def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr
 def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, METRIC: tl.constexpr,
                       SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr,
                       ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
-    bi = tl.program_id(2).to(tl.int64)
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
-    rm = tl.program_id(1) * BM + tl.arange(0, BM)
+    n_tiles, m_tiles = tl.cdiv(N, BN), tl.cdiv(M, BM)
+    bi, tile = program_2d(n_tiles * m_tiles)
+    bi = bi.to(tl.int64)
+    rn = (tile // m_tiles) * BN + tl.arange(0, BN)
+    rm = (tile % m_tiles) * BM + tl.arange(0, BM)
     mask_n, mask_m = rn < N, rm < M
     a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
     b_rows = b_ptr + bi * M * D + rm.to(tl.int64) * D
@@ -178,7 +181,7 @@ def pairwise_distances(a, b, p=2.0, squared=False):
     matmul = use_matmul(metric, d, a.dtype)
     center, centered = _center(b3, a.dtype)
     bn, bm, bk = _config(matmul, n, m)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm), bsz)
+    grid = (bsz * triton.cdiv(n, bn) * triton.cdiv(m, bm),)
     _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
                             matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
                             _acc_type(a.dtype), bn, bm, bk)
@@ -208,12 +211,13 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.conste
                  SQUARED: tl.constexpr, LARGEST: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
                  PREC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
                  KP: tl.constexpr):
-    # Selection keys, smaller is better: (flag, +-value, index), flag 0 or 1 for numbers and NaN. Slots at or past K hold flag -1 (never the
-    # worst, never taken out); empty slots hold flag 2 (worse than any candidate).
+    # Selection keys, smaller is better: (flag, +-value, index), flag 0 or 1 for numbers and NaN. Slots at or
+    # past K hold flag -1 (never the worst, never taken out); empty slots hold flag 2 (worse than any candidate).
     BIG_I: tl.constexpr = 2**31 - 1
     NAN_FLAG: tl.constexpr = 0 if LARGEST else 1  # torch.topk: NaN is the largest value
-    bi = tl.program_id(1).to(tl.int64)
-    rn = tl.program_id(0) * BN + tl.arange(0, BN)
+    bi, tile = program_2d(tl.cdiv(N, BN))
+    bi = bi.to(tl.int64)
+    rn = tile * BN + tl.arange(0, BN)
     mask_n = rn < N
     a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
     slot = tl.arange(0, KP)
@@ -281,7 +285,7 @@ def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
     matmul = use_matmul(metric, d, a.dtype)
     center, centered = _center(b3, a.dtype)
     bn, bm, bk = (32, 64, 32) if matmul else (32, 64, 16)
-    grid = (triton.cdiv(n, bn), bsz)
+    grid = (bsz * triton.cdiv(n, bn),)
     _topk_kernel[grid](a3, b3, center, values, indices, n, m, d, k, _p_const(metric, p), metric,
                        squared, largest, matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
                        _acc_type(a.dtype), bn, bm, bk, kp)
@@ -335,9 +339,11 @@ def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
 def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr, METRIC: tl.constexpr,
                  SQUARED: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
     """out[r] = sum_c w[r, c] phi(x[r] - y[c]); grad and dist of pair (r, c) at r * s_r + c * s_c."""
-    bi = tl.program_id(2).to(tl.int64)
-    rr = tl.program_id(0) * BR + tl.arange(0, BR)
-    rd = tl.program_id(1) * BD + tl.arange(0, BD)
+    r_tiles, d_tiles = tl.cdiv(R, BR), tl.cdiv(D, BD)
+    bi, tile = program_2d(r_tiles * d_tiles)
+    bi = bi.to(tl.int64)
+    rr = (tile // d_tiles) * BR + tl.arange(0, BR)
+    rd = (tile % d_tiles) * BD + tl.arange(0, BD)
     mask_r, mask_d = rr < R, rd < D
     x = tl.load(x_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :],
                 mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(ACC)
@@ -377,9 +383,9 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared):
     gb = torch.empty(bsz, m, d, device=a.device, dtype=acc)
     br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
     args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype), br, bc, bd)
-    _grad_kernel[(triton.cdiv(n, br), triton.cdiv(d, bd), bsz)](a3, b3, g3, dist3, ga, n, m, d, m, 1, *args)
+    _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](a3, b3, g3, dist3, ga, n, m, d, m, 1, *args)
     # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
-    _grad_kernel[(triton.cdiv(m, br), triton.cdiv(d, bd), bsz)](b3, a3, g3, dist3, gb, m, n, d, 1, m, *args)
+    _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](b3, a3, g3, dist3, gb, m, n, d, 1, m, *args)
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
 

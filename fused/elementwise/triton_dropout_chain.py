@@ -8,7 +8,7 @@ from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.elementwise.triton_math import (BIAS_GRAD_PROGRAMS, BLOCK, CHAIN_SLOTS, NONE, NUM_WARPS, flat_offsets,
                                            keep_scale_at, keep_scale_block, math_dtype, math_torch_dtype, needs_i64,
-                                           on_device_of, rows_cols, scalar_in, tile, tile_index, to_out,
+                                           on_device_of, program_2d, rows_cols, scalar_in, tile, tile_index, to_out,
                                            unary_fwd, unary_grad_step)
 
 
@@ -54,16 +54,16 @@ def _dropout_bias_grad_kernel(g_ptr, gx_ptr, partial_ptr, rows, cols, rows_per_c
                               I64: tl.constexpr):
     """grad_x = grad * mask * scale over one chunk of rows, and the chunk's column sums into partial[chunk, :].
     Tiles are not aligned to the mask's 4-element groups, so each element runs its own Philox call."""
-    chunk = tl.program_id(0)
+    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
     sc = scalar_in(scale, MATH)
     acc = tl.zeros((BLOCK_R, BLOCK_C), MATH)
     for R0 in range(chunk * rows_per_chunk, tl.minimum((chunk + 1) * rows_per_chunk, rows), BLOCK_R):
-        r, c, mask = tile_index(R0, rows, BLOCK_R, cols, BLOCK_C, I64)
+        r, c, mask = tile_index(R0, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
         index = r * cols + c
         gx = tl.load(g_ptr + index, mask=mask).to(MATH) * keep_scale_at(index, seed, threshold, sc)
         tl.store(gx_ptr + index, to_out(gx, gx_ptr.dtype.element_ty), mask=mask)
         acc += tl.where(mask, gx, 0.0)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     tl.store(partial_ptr + chunk * cols + c, tl.sum(acc, axis=0), mask=c < cols)
 
 
@@ -113,7 +113,7 @@ def dropout_backward(grad, p, seed, bias_grad):
     chunks, rows_per_chunk = bias_grad_chunks(rows, col_blocks, block_r)
     partial = torch.empty((chunks, cols), dtype=math_torch_dtype(grad), device=grad.device)
     threshold, scale = _threshold_scale(p)
-    _dropout_bias_grad_kernel[(chunks, col_blocks)](
+    _dropout_bias_grad_kernel[(chunks * col_blocks,)](
         grad, grad_x, partial, rows, cols, rows_per_chunk, seed, threshold, scale, MATH=math_dtype(grad),
         BLOCK_R=block_r, BLOCK_C=block_c, I64=needs_i64(grad.numel()), num_warps=NUM_WARPS)
     return grad_x, partial.sum(0).to(grad.dtype)  # fixed-order torch reduction of the partial sums

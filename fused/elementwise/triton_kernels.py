@@ -15,14 +15,16 @@ from fused.elementwise import ops as _ops
 from fused.elementwise.triton_dropout_chain import (bias_dropout_add_seeded, bias_grad_chunks, dropout_backward,
                                                     unary_chain, unary_chain_backward)
 from fused.elementwise.triton_math import (NUM_WARPS, act_fwd, act_grad, math_dtype, math_torch_dtype, needs_i64,
-                                           on_device_of, rows_cols, tile, tile_index, to_out)
+                                           on_device_of, program_2d, rows_cols, tile, tile_index,
+                                           to_out)
 
 
 # ---- bias_act ----
 @triton.jit
 def _bias_act_kernel(x_ptr, b_ptr, y_ptr, rows, cols, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      MATH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
-    r, c, mask = tile_index(tl.program_id(0) * BLOCK_R, rows, BLOCK_R, cols, BLOCK_C, I64)
+    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
     h = tl.load(x_ptr + r * cols + c, mask=mask).to(MATH)
     if HAS_BIAS:
         h += tl.load(b_ptr + c, mask=c < cols).to(MATH)
@@ -35,14 +37,14 @@ def _bias_act_backward_kernel(g_ptr, x_ptr, b_ptr, gx_ptr, partial_ptr, rows, co
                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
     """grad_x = grad * act'(x + bias) over one chunk of rows; with a bias, the chunk's column sums of grad_x
     (in the math type) go to partial[chunk, :]."""
-    chunk = tl.program_id(0)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     bias = tl.zeros((BLOCK_C, ), MATH)
     if HAS_BIAS:
         bias = tl.load(b_ptr + c, mask=c < cols).to(MATH)
     acc = tl.zeros((BLOCK_R, BLOCK_C), MATH)
     for R0 in range(chunk * rows_per_chunk, tl.minimum((chunk + 1) * rows_per_chunk, rows), BLOCK_R):
-        r, c2, mask = tile_index(R0, rows, BLOCK_R, cols, BLOCK_C, I64)
+        r, c2, mask = tile_index(R0, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
         h = tl.load(x_ptr + r * cols + c2, mask=mask).to(MATH) + bias[None, :]
         gx = tl.load(g_ptr + r * cols + c2, mask=mask).to(MATH) * act_grad(h, ACT)
         tl.store(gx_ptr + r * cols + c2, to_out(gx, gx_ptr.dtype.element_ty), mask=mask)
@@ -61,7 +63,7 @@ def bias_act(x, bias=None, act="gelu"):
     if x.numel() == 0:
         return y
     block_r, block_c = tile(cols)
-    grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+    grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
     _bias_act_kernel[grid](x, bias.contiguous() if bias is not None else x, y, rows, cols, ACT=ACT_CODES[act],
                            HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
                            I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
@@ -85,7 +87,7 @@ def bias_act_backward(grad, x, bias, act):
         partial = torch.empty((chunks, cols), dtype=math_torch_dtype(x), device=x.device)
     else:  # one chunk per row block; no partial sums
         chunks, rows_per_chunk, partial = triton.cdiv(rows, block_r), block_r, grad_x
-    _bias_act_backward_kernel[(chunks, col_blocks)](
+    _bias_act_backward_kernel[(chunks * col_blocks,)](
         grad, x, bias.contiguous() if bias is not None else x, grad_x, partial, rows, cols, rows_per_chunk,
         ACT=ACT_CODES[act], HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
         I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
@@ -124,7 +126,8 @@ def _glu_kernel(gate_ptr, up_ptr, grad_ptr, y_ptr, gup_ptr, rows, cols, gate_str
                 ACT: tl.constexpr, BACKWARD: tl.constexpr, MATH: tl.constexpr, BLOCK_R: tl.constexpr,
                 BLOCK_C: tl.constexpr, I64: tl.constexpr):
     """Forward: y = act(gate) * up. Backward: y = grad_gate = grad * up * act'(gate), gup = grad * act(gate)."""
-    r, c, mask = tile_index(tl.program_id(0) * BLOCK_R, rows, BLOCK_R, cols, BLOCK_C, I64)
+    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
     gate = tl.load(gate_ptr + r * gate_stride + c, mask=mask).to(MATH)
     up = tl.load(up_ptr + r * up_stride + c, mask=mask).to(MATH)
     if BACKWARD:
@@ -143,7 +146,7 @@ def _launch_glu(gate, up, grad, act, backward):
     grad_up = torch.empty_like(y) if backward else y
     if y.numel():
         block_r, block_c = tile(cols)
-        grid = (triton.cdiv(rows, block_r), triton.cdiv(cols, block_c))
+        grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
         _glu_kernel[grid](g, u, grad if backward else g, y, grad_up, rows, cols, g_stride, u_stride,
                           ACT=ACT_CODES[act], BACKWARD=backward, MATH=math_dtype(gate), BLOCK_R=block_r,
                           BLOCK_C=block_c, I64=needs_i64(rows * max(g_stride, u_stride, cols)),

@@ -59,11 +59,19 @@ def flat_offsets(I64: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def tile_index(R0, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def program_2d(inner):
+    """(outer, inner) indices of this program in a grid folded into axis 0 (inner fastest). Grid axes 1 and 2
+    stop at 65535 programs, which a long row or a large batch would pass; axis 0 goes to 2**31 - 1."""
+    pid = tl.program_id(0)
+    return pid // inner, pid % inner
+
+
+@triton.jit
+def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.constexpr, I64: tl.constexpr):
     r = R0 + tl.arange(0, BLOCK_R)
     if I64:
         r = r.to(tl.int64)
-    c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     return r[:, None], c[None, :], (r[:, None] < rows) & (c[None, :] < cols)
 
 
