@@ -80,15 +80,16 @@ def triton_launcher(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def register_gpu(op: str, cuda_op: str = None, triton: str = None, public_op: str = None):
+def register_gpu(op: str, cuda_op: str = None, triton: str = None, public_op: str = None, cuda_call=None):
     """Registers the CUDA-device kernel of fused::<public_op or op>: each call goes to the CUDA C++ op
-    fused::<cuda_op> or to the Triton launcher at `triton` ("module:function"), per `choose(op)`.
-    Both take the op's own arguments."""
+    fused::<cuda_op> (through `cuda_call(*args)` when given, e.g. to split work the kernel cannot take in one
+    launch) or to the Triton launcher at `triton` ("module:function"), per `choose(op)`. Both take the op's own
+    arguments."""
     GPU_KERNELS[op] = {"cuda": cuda_op, "triton": triton}
 
     def cuda_kernel(*args):
         if choose(op) == "cuda":
-            return getattr(torch.ops.fused, cuda_op)(*args)
+            return cuda_call(*args) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args)
         return triton_launcher(triton)(*args)
 
     torch.library.register_kernel(f"fused::{public_op or op}", "cuda", cuda_kernel)

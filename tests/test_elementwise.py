@@ -260,13 +260,34 @@ def test_unary_chain_matches_reference(dev, chain, dtype):
 
 def test_unary_chain_long_noncontiguous_empty(dev):
     x = noncontiguous(make((50, 30), torch.float32, dev, low=-1, high=1))
-    chain = [("mul", 0.9), "sin"] * 40  # 80 ops
+    chain = [("mul", 0.9), "sin"] * 40  # 80 ops: two launches of the CUDA C++ kernel
     assert_close(fused.unary_chain(x, chain), ref.unary_chain(x, chain), scale=4)
+    xg, g = x.detach().requires_grad_(), make(x.shape, torch.float32, dev, seed=5)
+    (ours,) = torch.autograd.grad(fused.unary_chain(xg, chain), xg, g)
+    (theirs,) = torch.autograd.grad(ref.unary_chain(xg, chain), xg, g)
+    assert_close(ours, theirs, scale=4)
     assert fused.unary_chain(torch.empty(0, 3, device=dev), ["exp"]).shape == (0, 3)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -1.0], device=dev)
     for chain in (["exp"], ["log"], ["sqrt"], ["reciprocal"], [("clamp_min", 0.0)], ["relu", "tanh"]):
         torch.testing.assert_close(fused.unary_chain(special, chain), ref.unary_chain(special, chain),
                                    equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_chain_in_pieces_equals_one_pass(dtype):
+    """The split the CUDA C++ backend uses for chains longer than one launch takes, driven by the CPU kernels
+    with 3 ops per piece: the same values and gradients as one pass (float32 kept between 16-bit pieces)."""
+    from fused.elementwise.ops import chain_in_pieces
+    forward, backward = chain_in_pieces(torch.ops.fused.unary_chain, torch.ops.fused.unary_chain_backward, 3)
+    chain = fused.elementwise.encode_ops([("mul", 1.5), "sin", "square", ("add", -0.25), "tanh", "exp", "silu",
+                                          ("pow", 2.0), "cos", "sigmoid", "gelu"])  # 11 ops: 4 pieces
+    x, g = make((3, 5, 131), dtype, low=-2, high=2), make((3, 5, 131), dtype, seed=1)
+    one_pass = torch.ops.fused.unary_chain(x, chain)
+    assert torch.equal(forward(x, chain), one_pass)  # float32 between pieces: the bits of one pass
+    # the backward multiplies the pieces' derivatives in another order: equal up to rounding
+    assert_close(backward(g, x, chain), torch.ops.fused.unary_chain_backward(g, x, chain), scale=1)
+    assert forward(x, chain).dtype == dtype
+    assert torch.equal(forward(x, chain[:3]), torch.ops.fused.unary_chain(x, chain[:3]))  # one piece: one call
 
 
 @settings(max_examples=25, deadline=None)

@@ -79,3 +79,12 @@ print(fused.info.report() if hasattr(fused, "info") else __import__("fused.info"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "triton not installed" in out.stdout
+
+
+def test_benchmark_summary_table():
+    from benchmarks.summary import summary
+    rows = [{"impl": "eager", "ms": 2.0}, {"impl": "torch.compile", "ms": 1.0},
+            {"impl": "fused[cuda]", "ms": 0.5, "vs_eager": 4.0, "vs_best_alt": 2.0},
+            {"impl": "fused[triton]", "ms": None, "error": "OutOfMemoryError"}]
+    lines = summary([{"name": "case", "rows": rows}]).splitlines()
+    assert lines[2:] == ["| case [fused[cuda]] | 0.500 | 2.000 | torch.compile (1.000) | 4.00x | 2.00x |"]

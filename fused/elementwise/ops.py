@@ -168,6 +168,42 @@ _lib.impl("bias_dropout_add", _bias_dropout_add, "CompositeImplicitAutograd")
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----
-for _op in ("bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward",
-            "unary_chain", "unary_chain_backward"):
+CUDA_CHAIN_MAX = 64  # ops per launch of the CUDA C++ chain kernel (kMaxChain in csrc/common/op_codes.h)
+
+
+def chain_in_pieces(chain_op, chain_backward_op, max_ops):
+    """unary_chain and unary_chain_backward for a kernel that takes at most max_ops ops per launch: longer chains
+    run in pieces, kept in float32 between pieces for 16-bit inputs (as one launch keeps them in registers), and
+    the backward recomputes each piece's input, then runs the pieces' backwards last to first."""
+    def pieces(ops):
+        return [ops[i:i + max_ops] for i in range(0, len(ops), max_ops)]
+
+    def forward(x, ops):
+        if len(ops) <= max_ops:
+            return chain_op(x, ops)
+        h = x.float() if x.element_size() < 4 else x
+        for piece in pieces(ops):
+            h = chain_op(h, piece)
+        return h.to(x.dtype)
+
+    def backward(grad, x, ops):
+        if len(ops) <= max_ops:
+            return chain_backward_op(grad, x, ops)
+        parts = pieces(ops)
+        inputs = [x.float() if x.element_size() < 4 else x]
+        for piece in parts[:-1]:
+            inputs.append(chain_op(inputs[-1], piece))
+        g = grad.to(inputs[0].dtype)
+        for piece, h in zip(reversed(parts), reversed(inputs)):
+            g = chain_backward_op(g, h, piece)
+        return g.to(x.dtype)
+
+    return forward, backward
+
+
+for _op in ("bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward"):
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}")
+_cuda_chain = chain_in_pieces(lambda x, ops: torch.ops.fused.cuda_unary_chain(x, ops),
+                              lambda g, x, ops: torch.ops.fused.cuda_unary_chain_backward(g, x, ops), CUDA_CHAIN_MAX)
+for _op, _call in zip(("unary_chain", "unary_chain_backward"), _cuda_chain):
+    register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}", cuda_call=_call)
