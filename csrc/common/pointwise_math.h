@@ -50,6 +50,28 @@ template <Act A, typename V> FUSED_HD V act_grad(V x) {
   }
 }
 
+// f(x) and f'(x) together, sharing the special function they both need (glu's backward wants both).
+template <Act A, typename V> FUSED_HD void act_fwd_and_grad(V x, V& y, V& dy) {
+  if constexpr (A == Act::gelu) {
+    V e = p_erf(x * V(0.70710678118654752440));
+    y = V(0.5) * x * (V(1) + e);
+    dy = V(0.5) * (V(1) + e) + x * (p_exp(V(-0.5) * x * x) * V(0.39894228040143267794));
+  } else if constexpr (A == Act::silu) {
+    V s = p_sigmoid(x);
+    y = x * s;
+    dy = s * (V(1) + x * (V(1) - s));
+  } else if constexpr (A == Act::sigmoid) {
+    y = p_sigmoid(x);
+    dy = y * (V(1) - y);
+  } else if constexpr (A == Act::tanh) {
+    y = p_tanh(x);
+    dy = V(1) - y * y;
+  } else {
+    y = act_fwd<A>(x);
+    dy = act_grad<A>(x);
+  }
+}
+
 // ---- unary_chain ops: y = f(x; s) and df/dx ----
 template <UnaryOp O, typename V> FUSED_HD V unary_fwd(V x, V s) {
   if constexpr (O == UnaryOp::neg) return -x;

@@ -163,11 +163,18 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
         const T* uv = math_view(up + r * u.stride + c, ub, len);
         const T* dv = math_view(dp + o, db, len);
         T* d_up = work_buffer(dup + o, out_up);
-        vec_map2_to(d_up, gv, dv, len, [](auto x, auto d) { return d * act_fwd<A>(x); });
-        store_block(d_up, dup + o, len);
         T* d_gate = work_buffer(dgp + o, out_gate);
-        vec_map2_to(d_gate, dv, uv, len, [](auto d, auto v) { return d * v; });
-        vec_map2(d_gate, gv, len, [](auto dv, auto x) { return dv * act_grad<A>(x); });
+        // one pass: act(gate) and act'(gate) share their special function
+        using V = Vec<T>;
+        for (int64_t k = 0; k < len; k += V::size()) {
+          const int64_t m = std::min<int64_t>(V::size(), len - k);
+          const V x = V::loadu(gv + k, m), d = V::loadu(dv + k, m), v = V::loadu(uv + k, m);
+          V y, dy;
+          act_fwd_and_grad<A>(x, y, dy);
+          (d * y).store(d_up + k, m);
+          (d * v * dy).store(d_gate + k, m);
+        }
+        store_block(d_up, dup + o, len);
         store_block(d_gate, dgp + o, len);
       });
     });

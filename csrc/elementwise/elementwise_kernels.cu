@@ -331,8 +331,10 @@ __global__ void __launch_bounds__(kThreads)
     load(d, grad + r * cols + c, len, vec);
 #pragma unroll
     for (int k = 0; k < N; ++k) {
-      u[k] = d[k] * u[k] * act_grad<A>(g[k]);  // grad_gate
-      d[k] = d[k] * act_fwd<A>(g[k]);          // grad_up
+      T y, dy;
+      act_fwd_and_grad<A>(g[k], y, dy);  // one erf / sigmoid for both
+      u[k] = d[k] * u[k] * dy;           // grad_gate
+      d[k] = d[k] * y;                   // grad_up
     }
     store(grad_gate + r * cols + c, u, len, vec);
     store(grad_up + r * cols + c, d, len, vec);
