@@ -60,13 +60,17 @@ def test_single_tensor_and_no_grads():
     assert fused.clip_grad_norm_([torch.zeros(3, requires_grad=True)], 1.0).item() == 0.0
 
 
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
 @pytest.mark.parametrize("bad", [math.inf, math.nan])
-def test_nonfinite_as_torch(bad):
+def test_nonfinite_as_torch(bad, norm_type):
     ours = params_with_grads()
     ours[1].grad[7] = bad
     theirs = clone(ours)
-    norm = fused.clip_grad_norm_(ours, 1.0)
-    ref = torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+    norm = fused.clip_grad_norm_(ours, 1.0, norm_type)  # the inf-norm of NaN grads is NaN, as torch's
+    # torch's clip_grad_norm_, spelled out (its inf-norm refuses the empty gradient in the list)
+    grads = [q.grad for q in theirs]
+    ref = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads]), norm_type)
+    torch._foreach_mul_(grads, torch.clamp(1.0 / (ref + 1e-6), max=1.0))
     torch.testing.assert_close(norm, ref, equal_nan=True)
     for p, q in zip(ours, theirs):
         torch.testing.assert_close(p.grad, q.grad, equal_nan=True)

@@ -15,6 +15,9 @@
 namespace fused {
 namespace {
 
+// max that keeps NaN, like torch's inf-norm (std::max(r, NaN) returns r)
+inline double nan_max(double a, double b) { return std::isnan(b) || b > a ? b : a; }
+
 #define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
 
@@ -136,7 +139,7 @@ double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<sca
   double r = 0;
   for (int64_t l = 0; l < V::size(); ++l) {
     if (std::isnan(probe[l])) nonfinite = true;
-    r = N == Norm::Inf ? std::max(r, double(lanes[l])) : r + double(lanes[l]);
+    r = N == Norm::Inf ? nan_max(r, double(lanes[l])) : r + double(lanes[l]);
   }
   return r;
 }
@@ -180,7 +183,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
   double acc = 0;
   bool any_nonfinite = false;
   for (size_t c = 0; c < chunks.size(); ++c) {  // fixed order
-    acc = kind == Norm::Inf ? std::max(acc, partial[c]) : acc + partial[c];
+    acc = kind == Norm::Inf ? nan_max(acc, partial[c]) : acc + partial[c];
     any_nonfinite |= nonfinite[c] != 0;
   }
   if (found_inf && found_inf->item<float>() != 0.f) any_nonfinite = true;

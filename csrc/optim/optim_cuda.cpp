@@ -9,8 +9,10 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <list>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "common/checks.h"
@@ -66,6 +68,7 @@ struct CachedLists {
   std::vector<int64_t> key;
   oc::ListsLayout layout;
   at::Tensor buffer;
+  bool pinned = false;  // read by a captured CUDA graph: never freed
 };
 
 bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
@@ -134,15 +137,16 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   static std::mutex mu;
   static std::list<CachedLists> cache;  // most recent first
   constexpr size_t kCacheSize = 32;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  check_launch(cudaStreamIsCapturing(stream, &capture), op);
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = cache.begin(); it != cache.end(); ++it) {
     if (it->key == key) {
+      it->pinned |= capture != cudaStreamCaptureStatusNone;  // a graph keeps the buffer's address
       cache.splice(cache.begin(), cache, it);
       return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
     }
   }
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_launch(cudaStreamIsCapturing(stream, &capture), op);
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
               "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
   CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty(), hyper_width), {}};
@@ -152,7 +156,14 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   // From pageable memory: the copy is staged before this returns, so `host` may go.
   check_launch(cudaMemcpyAsync(entry.buffer.data_ptr(), host.data(), host.size(), cudaMemcpyHostToDevice, stream), op);
   cache.push_front(std::move(entry));
-  if (cache.size() > kCacheSize) cache.pop_back();
+  if (cache.size() > kCacheSize) {  // drop the least recently used entry that no graph reads
+    for (auto it = std::prev(cache.end()); it != cache.begin(); --it) {
+      if (!it->pinned) {
+        cache.erase(it);
+        break;
+      }
+    }
+  }
   return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
 }
 
@@ -323,6 +334,12 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   check_list(op, "exp_avgs", exp_avgs, params, device);
   check_list(op, "exp_avg_sqs", exp_avg_sqs, params, device);
   if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, device);
+  for (size_t i = 0; i < params.size(); ++i) {  // the kernel reads every state tensor of a param as one type
+    const bool same = exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type() &&
+                      (!amsgrad || max_exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type());
+    TORCH_CHECK(same, "fused.", op, ": exp_avgs[", i, "], exp_avg_sqs[", i, "]", amsgrad ? " and max_exp_avg_sqs[" : "",
+                amsgrad ? std::to_string(i) + "]" : std::string(), " must have one dtype");
+  }
   TORCH_CHECK(steps.size() == params.size(), "fused.", op, ": steps has ", steps.size(), " tensors but params has ",
               params.size());
   for (const auto& s : steps) check_scalar(op, "steps", s, device);

@@ -96,11 +96,13 @@ template <Norm N> __device__ float block_reduce(float v) {
 }
 
 // True in every thread of the block that is the last of the grid to get here (after its own writes are visible).
+// atomicInc wraps the ticket back to 0 as the last block takes it: the reset is part of the same atomic, so no
+// later launch or graph replay can see a stale count.
 __device__ bool last_block(unsigned* ticket) {
   __shared__ bool is_last;
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) is_last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  if (threadIdx.x == 0) is_last = atomicInc(ticket, gridDim.x - 1) == gridDim.x - 1;
   __syncthreads();
   if (is_last) __threadfence();
   return is_last;
@@ -139,7 +141,7 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
         for (int k = 0; k < 4; ++k) {
           bad |= !isfinite(x[k]);
           float v = float(x[k]) * inv;
-          if (clip) v = fminf(fmaxf(v, -clip_value), clip_value);
+          if (clip && v == v) v = fminf(fmaxf(v, -clip_value), clip_value);  // NaN stays NaN, as in torch
           const float term = norm_term<N>(v, p);
           acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
         }
@@ -159,7 +161,6 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
   const bool nonfinite = *(volatile int*)ws.nonfinite != 0 || (found_in && *found_in != 0.f);
   *found_out = nonfinite ? 1.f : 0.f;
   *ws.nonfinite = 0;
-  ws.tickets[0] = 0;
   if (!finish) {
     *norm_out = float(total);
     return;
@@ -203,7 +204,6 @@ __device__ __forceinline__ M transform_grad(M g, float inv, float clip_value, fl
 __device__ void advance_steps(const TensorLists& L, Workspace ws) {
   if (!last_block(&ws.tickets[1])) return;
   for (int t = threadIdx.x; t < L.num_tensors; t += blockDim.x) *L.steps[t] += 1.f;
-  if (threadIdx.x == 0) ws.tickets[1] = 0;
 }
 
 // Runs f(TP{}, TG{}, TS{}, TM{}): the types of parameter, gradient, state and (master weights) model parameter.

@@ -179,6 +179,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """A fresh seed from torch's default generator when some parameter of this call rounds stochastically."""
         if not any(self._rounds_stochastically(p) for p in params):
             return None
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # the seed is a kernel argument: a graph would replay the same rounding noise every step
+            raise RuntimeError(f"fused.optim.{type(self).__name__}: stochastic_rounding=True cannot be captured in "
+                               "a CUDA graph (the seed would be fixed at capture); use master_weights=True instead")
         return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
 
     def _split_master(self, params):
