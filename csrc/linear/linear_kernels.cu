@@ -1,4 +1,5 @@
 // CUDA kernels of the fused linear family; see linear_kernels.h. Math in float (double for double).
+#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -37,10 +38,10 @@ __global__ void bias_act_epilogue_kernel(T* __restrict__ y, T* __restrict__ pre,
 template <Act A, typename T>
 __global__ void act_grad_bias_kernel(const T* __restrict__ grad, const T* __restrict__ saved,
                                      T* __restrict__ grad_pre, typename MathType<T>::type* __restrict__ partial,
-                                     int64_t M, int64_t N) {
+                                     int64_t M, int64_t N, int64_t col0) {
   using MT = typename MathType<T>::type;
   __shared__ MT sums[kRowLanes][kCols + 1];
-  const int64_t col = int64_t(blockIdx.y) * kCols + threadIdx.x;
+  const int64_t col = col0 + int64_t(blockIdx.y) * kCols + threadIdx.x;
   const int64_t row0 = int64_t(blockIdx.x) * kRowsPerChunk;
   const int64_t row1 = row0 + kRowsPerChunk < M ? row0 + kRowsPerChunk : M;
   MT acc = MT(0);
@@ -111,18 +112,23 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
   if (M == 0 || N == 0) return cudaSuccess;
   const int64_t chunks = (M + kRowsPerChunk - 1) / kRowsPerChunk;
   const int64_t col_tiles = (N + kCols - 1) / kCols;
-  if (chunks > 0x7fffffff || col_tiles > 65535) return cudaErrorInvalidConfiguration;
-  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(col_tiles)), block(kCols, kRowLanes);
+  constexpr int64_t kMaxGridY = 65535;  // wider outputs launch in slices of column tiles
+  if (chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
+  const dim3 block(kCols, kRowLanes);
   return visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     using MT = typename MathType<T>::type;
     MT* partial = grad_bias ? static_cast<MT*>(workspace) : nullptr;
     cudaError_t err = visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
-                                                             static_cast<const T*>(saved),
-                                                             static_cast<T*>(grad_pre), partial, M, N);
-      return cudaGetLastError();
+      for (int64_t t0 = 0; t0 < col_tiles; t0 += kMaxGridY) {
+        const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min(col_tiles - t0, kMaxGridY)));
+        act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
+                                                               static_cast<const T*>(saved),
+                                                               static_cast<T*>(grad_pre), partial, M, N, t0 * kCols);
+        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+      }
+      return cudaSuccess;
     });
     if (err != cudaSuccess || !grad_bias) return err;
     sum_partials_kernel<T><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
