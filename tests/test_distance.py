@@ -497,9 +497,14 @@ def test_triton_edge_cases():
     old = tk.MAX_TOPK_REGISTERS
     try:  # large k: the row-chunk fallback
         tk.MAX_TOPK_REGISTERS = 2
-        v, i = tk.pairwise_topk(bn, bn, 5)
-        rv, ri = ref.pairwise_topk(bn.cpu(), bn.cpu(), 5)
-        assert torch.equal(i.cpu(), ri)
+        for largest in (False, True):  # NaN is the largest value, as in torch.topk
+            v, i = tk.pairwise_topk(bn, bn, 5, largest=largest)
+            rv, ri = ref.pairwise_topk(bn.cpu(), bn.cpu(), 5, largest=largest)
+            assert torch.equal(i.cpu(), ri)
+        # float64 distances that differ below float32's resolution keep their order
+        near = torch.tensor([[0.0], [1.0 + 2**-40], [1.0], [1.0 + 2**-41]], dtype=torch.float64,
+                            device=TRITON_DEVICE)
+        assert tk.pairwise_topk(near[:1], near, 3)[1].tolist() == [[0, 2, 3]]
     finally:
         tk.MAX_TOPK_REGISTERS = old
 

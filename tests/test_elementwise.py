@@ -295,8 +295,13 @@ def test_chain_in_pieces_equals_one_pass(dtype):
     ["neg", "abs", "square", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", ("mul", 0.75), ("add", -0.5),
      ("clamp_min", -1.0), ("clamp_max", 1.0)]), min_size=1, max_size=12))
 def test_unary_chain_hypothesis_cpu(n, chain):
+    # Chains like square, square, silu, square, sin amplify a one-ulp difference in one op to 1e-4, so the
+    # measure is the error against float64, no worse than eager's (not closeness to eager element by element).
+    # Floor: 16 ulps. Below one vector (n < 16) eager computes with libm while every kernel of ours uses
+    # at::vec's functions (as eager does on larger tensors): gelu's vector erf near x = -2 is ~6 ulps off.
     x = make((n,), seed=n, low=-2, high=2)
-    assert_close(fused.unary_chain(x, chain), ref.unary_chain(x, chain), scale=4)
+    assert_accuracy(fused.unary_chain(x, chain), ref.unary_chain(x, chain), ref.unary_chain(x.double(), chain),
+                    floor=16 * torch.finfo(torch.float32).eps)
 
 
 def test_unary_chain_gradcheck_opcheck_compile_errors():

@@ -1,6 +1,11 @@
 """The Triton launchers of the elementwise family, called directly. Without a GPU they run on CPU tensors under
 TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small; on a GPU the same tests run on CUDA tensors.
 Each launcher is held against the CPU C++ op (torch.ops.fused.*) and the plain-PyTorch reference."""
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -258,3 +263,22 @@ def test_bad_input_names_op_and_argument():
         tk.unary_chain(x, ["cube"])
     with raises("fused.unary_chain_backward: op 'pow' needs a scalar"):
         tk.unary_chain_backward(x, x, ["pow"])
+
+
+def test_triton_kernels_compile_for_sm90_through_their_launchers():
+    """Every elementwise and distance launcher's kernels build for sm_90 (tests/triton_sm90.py: a stand-in
+    sm_90 driver, compile only); the distance kernels take the correctly rounded sqrt and the dropout kernel no
+    fused multiply-add (its output must have the CPU kernel's bits)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py")], capture_output=True,
+                         text=True, cwd=root, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stats = {m[0]: (int(m[1]), int(m[2])) for m in
+             re.findall(r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 (\d+)", out.stdout)}
+    expected = {"_bias_act_kernel", "_bias_act_backward_kernel", "_glu_kernel", "_dropout_kernel",
+                "_dropout_bias_grad_kernel", "_chain_kernel", "_distances_kernel", "_topk_kernel", "_grad_kernel"}
+    assert expected <= set(stats), out.stdout
+    assert stats["_distances_kernel"][0] == stats["_topk_kernel"][0] == 0
+    assert stats["_dropout_kernel"][1] == 0

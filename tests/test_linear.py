@@ -245,7 +245,8 @@ def test_triton_forward_strided_and_empty():
     device = "cuda" if HAS_CUDA else "cpu"
     x, w, b = inputs((33, 40), 20, torch.float32, device)
     xs, ws = noncontiguous(x), w.t().contiguous().t()
-    out, _ = triton_kernels.linear_act_fwd(xs, ws, b, "silu", False)
+    bs = noncontiguous(b)  # a strided bias (the kernel reads it contiguously: the launcher must copy)
+    out, _ = triton_kernels.linear_act_fwd(xs, ws, bs, "silu", False)
     assert_close(out, reference(x, w, b, "silu"), scale=10)
     x, w, b = inputs((130, 40), 96, torch.float32, device)  # 5 x 3 tiles: a partial group of row tiles
     out, _ = triton_kernels.linear_act_fwd(x, w, b, "relu", False)
@@ -266,6 +267,11 @@ def test_triton_tf32_only_when_allowed():
         torch.backends.cuda.matmul.allow_tf32 = True
         assert dot_precision(torch.float32) == "tf32"
         assert dot_precision(torch.bfloat16) == "ieee"  # 16-bit inputs: tensor cores, exact products
+        if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # the new API (reading allow_tf32 then raises)
+            torch.backends.cuda.matmul.fp32_precision = "tf32"
+            assert dot_precision(torch.float32) == "tf32"
+            torch.backends.cuda.matmul.fp32_precision = "ieee"
+            assert dot_precision(torch.float32) == "ieee"
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 

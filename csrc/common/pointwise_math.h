@@ -17,7 +17,7 @@ template <Act A, typename V> FUSED_HD V act_fwd(V x) {
     V inner = V(0.79788456080286535588) * (x + V(0.044715) * x * x * x);
     return V(0.5) * x * (V(1) + p_tanh(inner));
   }
-  if constexpr (A == Act::silu) return x * p_sigmoid(x);
+  if constexpr (A == Act::silu) return x / (V(1) + p_exp(-x));  // one rounding less than x * sigmoid(x), as torch
   if constexpr (A == Act::sigmoid) return p_sigmoid(x);
   if constexpr (A == Act::tanh) return p_tanh(x);
 }

@@ -150,11 +150,12 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
               "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
   CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty(), hyper_width), {}};
-  std::vector<uint8_t> host(entry.layout.bytes, 0);
-  oc::pack_lists(host.data(), entry.layout, ptrs, numel, dtype, step_ptrs, hyper);
+  // Packed in pinned memory and copied with copy_(non_blocking): asynchronous, no host sync (a copy from pageable
+  // memory may wait for the stream), and torch's host allocator keeps the staging block until the copy is done.
+  at::Tensor host = at::zeros({int64_t(entry.layout.bytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  oc::pack_lists(host.data_ptr<uint8_t>(), entry.layout, ptrs, numel, dtype, step_ptrs, hyper);
   entry.buffer = at::empty({int64_t(entry.layout.bytes)}, at::TensorOptions().dtype(at::kByte).device(device));
-  // From pageable memory: the copy is staged before this returns, so `host` may go.
-  check_launch(cudaMemcpyAsync(entry.buffer.data_ptr(), host.data(), host.size(), cudaMemcpyHostToDevice, stream), op);
+  entry.buffer.copy_(host, /*non_blocking=*/true);  // on the current stream of `device` (the guard is set)
   cache.push_front(std::move(entry));
   if (cache.size() > kCacheSize) {  // drop the least recently used entry that no graph reads
     for (auto it = std::prev(cache.end()); it != cache.begin(); --it) {

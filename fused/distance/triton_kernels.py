@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
-from fused.elementwise.triton_math import program_2d
+from fused.elementwise.triton_math import _sqrt, on_device_of, program_2d
 
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
@@ -93,7 +93,7 @@ def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
 def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
     if METRIC == 2:
         if not SQUARED:
-            acc = tl.sqrt(acc)
+            acc = _sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
     elif METRIC == 4:
         acc = tl.exp2(inv_p * tl.log2(acc))
     return acc
@@ -171,6 +171,7 @@ def _config(matmul, n, m):
     return 32, 64, 16
 
 
+@on_device_of
 def pairwise_distances(a, b, p=2.0, squared=False):
     batch = _check("pairwise_distances", a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
@@ -270,6 +271,7 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.conste
         best_n = tl.where((best_n == n[:, None]) & (best_k == k[:, None]) & (best_i == i[:, None]), 4, best_n)
 
 
+@on_device_of
 def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
     batch = _check("pairwise_topk", a, b, p, squared)
     check_k("pairwise_topk", k, b.shape[-2])
@@ -299,8 +301,9 @@ def _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices):
     v3, i3 = values.view(bsz, n, k), indices.view(bsz, n, k)
     for r0 in range(0, n, rows):
         d = pairwise_distances(a3[:, r0:r0 + rows], b3, p, squared)
-        key = torch.where(d.isnan(), torch.inf, -d if largest else d)
-        order = torch.sort(key.float(), dim=-1, stable=True).indices[..., :k]
+        # torch.topk's order: NaN is the largest value, ties go to the lower index; 16-bit sorted in fp32
+        key = d.float() if d.dtype in (torch.float16, torch.bfloat16) else d
+        order = torch.sort(key, dim=-1, descending=largest, stable=True).indices[..., :k]
         i3[:, r0:r0 + rows] = order
         v3[:, r0:r0 + rows] = d.gather(-1, order)
     return values, indices
@@ -369,6 +372,7 @@ def _reduce_to(g, batch, rows, like):
     return g.view(*batch, rows, like.shape[-1]).sum_to_size(like.shape).to(like.dtype)
 
 
+@on_device_of
 def pairwise_distances_backward(grad, a, b, dist, p, squared):
     batch = _check("pairwise_distances_backward", a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
@@ -389,6 +393,7 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared):
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
 
+@on_device_of
 def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     """Gradient through the k selected pairs only (O(N k D) memory): gather the selected rows of b, form each
     pair's term (torch ops), sum it over k into grad_a, and into grad_b with _segment_sum_kernel over the pairs

@@ -78,9 +78,9 @@ def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.con
 def on_device_of(launcher):
     """Runs the launcher with its first tensor's CUDA device current (a no-op for CPU tensors)."""
     @functools.wraps(launcher)
-    def wrapper(first, *args):
+    def wrapper(first, *args, **kwargs):
         with torch.cuda.device_of(first):
-            return launcher(first, *args)
+            return launcher(first, *args, **kwargs)
     return wrapper
 
 
@@ -205,8 +205,8 @@ def act_fwd(x, ACT: tl.constexpr):
     elif ACT == 3:  # gelu_tanh
         inner = 0.79788456080286535588 * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + _tanh(inner))
-    elif ACT == 4:  # silu
-        return x * _sigmoid(x)
+    elif ACT == 4:  # silu: x / (1 + exp(-x)), as the C++ kernels and torch
+        return x / (1.0 + _exp(-x))
     elif ACT == 5:  # sigmoid
         return _sigmoid(x)
     else:  # tanh

@@ -16,6 +16,7 @@ import triton.language as tl
 
 from fused._codes import ACT_CODES
 from fused.linear.ops import NEEDS_PRE, check_grad_pre, check_linear
+from fused.elementwise.triton_math import on_device_of
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -41,8 +42,8 @@ def _act(x, ACT: tl.constexpr):
         x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
     elif ACT == 3:  # gelu_tanh
         x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-    elif ACT == 4:  # silu
-        x = x * tl.sigmoid(x)
+    elif ACT == 4:  # silu, as torch: x / (1 + exp(-x))
+        x = x / (1.0 + tl.exp(-x))
     elif ACT == 5:
         x = tl.sigmoid(x)
     elif ACT == 6:
@@ -156,10 +157,20 @@ def _check_gpu_dtype(op, t):
 
 
 def dot_precision(dtype):
-    """tl.dot's input precision: tf32 tensor cores for fp32 only where torch allows them for matmuls."""
-    return "tf32" if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    """tl.dot's input precision: tf32 tensor cores for fp32 only where torch allows them for matmuls (the new
+    fp32_precision setting where torch has it: reading allow_tf32 after it was used raises)."""
+    if dtype != torch.float32:
+        return "ieee"
+    matmul = torch.backends.cuda.matmul
+    precision = getattr(matmul, "fp32_precision", None)
+    if precision is None:
+        return "tf32" if matmul.allow_tf32 else "ieee"
+    if precision == "none":  # inherits the global setting
+        precision = torch.backends.fp32_precision
+    return "tf32" if precision == "tf32" else "ieee"
 
 
+@on_device_of
 def linear_act_fwd(x, weight, bias, act, save_pre):
     """(act(x @ weight.T + bias), the pre-activation when save_pre and act needs it else an empty tensor)."""
     check_linear("linear_act", x, weight, bias, act)
@@ -172,7 +183,7 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
     keep_pre = save_pre and act in NEEDS_PRE
     pre = torch.empty(M, N, dtype=x.dtype, device=x.device) if keep_pre else x.new_empty(0)
     if M and N:
-        args = (x2, weight, bias if bias is not None else y, y, pre if keep_pre else y, M, N, K,
+        args = (x2, weight, bias.contiguous() if bias is not None else y, y, pre if keep_pre else y, M, N, K,
                 x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
         flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": ACT_CODES[act],
                  "PRECISION": dot_precision(x.dtype),
@@ -210,6 +221,7 @@ def _grad_pre_kernel(grad_ptr, saved_ptr, grad_pre_ptr, partial_ptr, M, N, ROWS_
         tl.store(partial_ptr + chunk * N + cols, sums, mask=col_ok)
 
 
+@on_device_of
 def linear_act_grad_pre(grad, saved, act, bias_grad):
     """(grad * act'(saved), its sum over every leading dim when bias_grad else an empty tensor)."""
     check_grad_pre("linear_act_grad_pre", grad, saved, act)
