@@ -1,8 +1,11 @@
 // Conversions between storage types and the math type in CUDA kernels: float for fp32/fp16/bf16 storage,
-// double for double. Rounding back to 16 bits is round-to-nearest-even.
+// double for double. Rounding back to 16 bits is round-to-nearest-even. Also the launch-limit helpers.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
 
 namespace fused {
 
@@ -21,5 +24,24 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_math<__nv_bfloat16>(fl
   return __float2bfloat16_rn(v);
 }
 template <typename T> __device__ __forceinline__ T from_math(double v) { return static_cast<T>(v); }
+
+// a * b rounded on its own, where nvcc would otherwise fuse it with a following add into one FMA (for results
+// that must have the CPU kernels' bits).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
+// Grid dimensions y and z stop at 65535 blocks: launches over more run in slices.
+constexpr int64_t kMaxGridYZ = 65535;
+
+// launch(first, count) -> cudaError_t over [0, total) in slices of at most kMaxGridYZ; stops at the first error,
+// returned by launch or left by the kernels it launched.
+template <typename F> cudaError_t for_grid_slices(int64_t total, const F& launch) {
+  for (int64_t first = 0; first < total; first += kMaxGridYZ) {
+    cudaError_t err = launch(first, total - first < kMaxGridYZ ? total - first : kMaxGridYZ);
+    if (err == cudaSuccess) err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
 
 }  // namespace fused

@@ -40,6 +40,25 @@ template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t gra
 // Rows per parallel task: enough work (~2^17 element steps) that small problems stay on one thread.
 int64_t row_grain(int64_t M, int64_t D) { return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4))); }
 
+// The direct path (differences, b packed in panels), shared by the distances and topk: body(bi, r0, r1, rows) per
+// parallel block of rows [r0, r1) of batch bi, where rows(s, nr, emit) runs direct_rows over rows [s, s + nr).
+template <typename T, typename F>
+void for_direct_rows(const Batched& x, Metric metric, double p, bool squared, const F& body) {
+  at::Tensor panels = pack_batches<T>(x.b);
+  const int64_t plen = panels.size(1);
+  const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
+  const Params<T> prm(p, squared);
+  visit_metric(metric, [&](auto tag) {
+    constexpr Metric Mt = decltype(tag)::value;
+    parallel_batch_rows(x.B, x.N, row_grain(x.M, x.D), [&](int64_t bi, int64_t r0, int64_t r1) {
+      auto rows = [&](int64_t s, int64_t nr, const auto& emit) {
+        direct_rows<Mt>(ap + (bi * x.N + s) * x.D, nr, x.D, pp + bi * plen, x.M, prm, emit);
+      };
+      body(bi, r0, r1, rows);
+    });
+  });
+}
+
 // The p=2 matmul path's operands, per batch.
 template <typename T> std::vector<MatmulOperands<T>> matmul_operands(const Batched& x) {
   std::vector<MatmulOperands<T>> ops;
@@ -95,17 +114,9 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
       });
       return;
     }
-    at::Tensor panels = pack_batches<T>(x.b);
-    const int64_t plen = panels.size(1);
-    const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
-    const Params<T> prm(p, squared);
-    visit_metric(metric, [&](auto tag) {
-      constexpr Metric Mt = decltype(tag)::value;
-      parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
-        scalar_t* dst = outp + (bi * N + r0) * M;
-        direct_rows<Mt>(ap + (bi * N + r0) * D, r1 - r0, D, pp + bi * plen, M, prm,
-                        [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
-      });
+    for_direct_rows<T>(x, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
+      scalar_t* dst = outp + (bi * N + r0) * M;
+      rows(r0, r1 - r0, [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
     });
   });
   return out;
@@ -371,27 +382,17 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
       });
       return;
     }
-    at::Tensor panels = pack_batches<T>(x.b);
-    const int64_t plen = panels.size(1);
-    const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
-    const Params<T> prm(p, squared);
-    visit_metric(metric, [&](auto tag) {
-      constexpr Metric Mt = decltype(tag)::value;
-      parallel_batch_rows(x.B, N, row_grain(M, D), [&](int64_t bi, int64_t r0, int64_t r1) {
-        constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
-        std::vector<KBest<T>> best(R, KBest<T>(k, order));
-        for (int64_t s = r0; s < r1; s += R) {
-          const int64_t nr = std::min(R, r1 - s);
-          direct_rows<Mt>(ap + (bi * N + s) * D, nr, D, pp + bi * plen, M, prm,
-                          [&](int64_t r, int64_t j0, int64_t len, const T* v) {
-                            offer_all<scalar_t>(best[r], v, j0, len);
-                          });
-          for (int64_t r = 0; r < nr; ++r) {
-            const int64_t row = bi * N + s + r;
-            best[r].write(vp + row * k, ip + row * k);
-          }
+    for_direct_rows<T>(x, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
+      constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
+      std::vector<KBest<T>> best(R, KBest<T>(k, order));
+      for (int64_t s = r0; s < r1; s += R) {
+        const int64_t nr = std::min(R, r1 - s);
+        rows(s, nr, [&](int64_t r, int64_t j0, int64_t len, const T* v) { offer_all<scalar_t>(best[r], v, j0, len); });
+        for (int64_t r = 0; r < nr; ++r) {
+          const int64_t row = bi * N + s + r;
+          best[r].write(vp + row * k, ip + row * k);
         }
-      });
+      }
     });
   });
   return {values, indices};

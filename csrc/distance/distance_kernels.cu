@@ -1,34 +1,14 @@
 // CUDA kernels of the fused distance family (torch-free; see distance_kernels.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
-#include <algorithm>
 
+#include "common/cuda_convert.cuh"
 #include "distance/distance_kernels.h"
 
 namespace fused {
 namespace cuda {
 namespace distance {
 namespace {
-
-template <typename T> struct MathType { using type = float; };
-template <> struct MathType<double> { using type = double; };
-
-template <typename T> __device__ __forceinline__ float to_float(T x) { return static_cast<float>(x); }
-template <> __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
-template <> __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <typename M, typename T> __device__ __forceinline__ M load(const T* p) { return to_float(*p); }
-template <> __device__ __forceinline__ double load<double, double>(const double* p) { return *p; }
-
-// Math type -> storage type (round to nearest).
-template <typename T> struct Cast {
-  template <typename M> __device__ static T to(M x) { return static_cast<T>(x); }
-};
-template <> struct Cast<__half> {
-  __device__ static __half to(float x) { return __float2half_rn(x); }
-};
-template <> struct Cast<__nv_bfloat16> {
-  __device__ static __nv_bfloat16 to(float x) { return __float2bfloat16_rn(x); }
-};
 
 // acc (+) |diff|^p, NaN-propagating like eager.
 template <Metric MT, typename M> __device__ __forceinline__ M accumulate(M acc, M diff, M p) {
@@ -80,12 +60,12 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     for (int e = tid; e < kTileN * kChunkD; e += kThreadsX * kThreadsY) {
       const int r = e / kChunkD, d = e % kChunkD;
       const int64_t i = i0 + r;
-      as[r][d] = (i < N && d < dc) ? load<Acc>(ab + i * D + d0 + d) : Acc(0);
+      as[r][d] = (i < N && d < dc) ? to_math(ab[i * D + d0 + d]) : Acc(0);
     }
     for (int e = tid; e < kTileM * kChunkD; e += kThreadsX * kThreadsY) {
       const int c = e / kChunkD, d = e % kChunkD;
       const int64_t j = j0 + c;
-      bs[d][c] = (j < M && d < dc) ? load<Acc>(bb + j * D + d0 + d) : Acc(0);
+      bs[d][c] = (j < M && d < dc) ? to_math(bb[j * D + d0 + d]) : Acc(0);
     }
     __syncthreads();
     for (int d = 0; d < dc; ++d) {
@@ -109,7 +89,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) {
       const int64_t j = j0 + tx + kThreadsX * c;
-      if (j < M) ob[i * M + j] = Cast<T>::to(finish<MT>(acc[r][c], inv_p, squared));
+      if (j < M) ob[i * M + j] = from_math<T>(finish<MT>(acc[r][c], inv_p, squared));
     }
   }
 }
@@ -140,13 +120,13 @@ __global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, co
   const int64_t batch = blockIdx.y;
   if (e >= R * D) return;
   const int64_t r = e / D, d = e % D;
-  const Acc xv = load<Acc>(x + batch * R * D + e);
+  const Acc xv = to_math(x[batch * R * D + e]);
   const T* yb = y + batch * C * D + d;
   const int64_t pair0 = batch * R * C + r * s_r;
   Acc acc = 0;
   for (int64_t c = 0; c < C; ++c) {
-    const Acc g = load<Acc>(grad + pair0 + c * s_c), dv = load<Acc>(dist + pair0 + c * s_c);
-    acc += grad_term<MT>(xv - load<Acc>(yb + c * D), pair_weight<MT>(g, dv, p, squared), dv, p);
+    const Acc g = to_math(grad[pair0 + c * s_c]), dv = to_math(dist[pair0 + c * s_c]);
+    acc += grad_term<MT>(xv - to_math(yb[c * D]), pair_weight<MT>(g, dv, p, squared), dv, p);
   }
   gx[batch * R * D + e] = acc;
 }
@@ -181,22 +161,17 @@ cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool
     using Acc = typename MathType<T>::type;
     constexpr Metric MT = decltype(metric_tag)::value;
     const dim3 block(kThreadsX, kThreadsY);
-    constexpr int64_t kMaxGridYZ = 65535;  // gridDim.y and gridDim.z: launches cover rows and batches in slices
     const int64_t gx = (M + kTileM - 1) / kTileM, row_tiles = (N + kTileN - 1) / kTileN;
     if (gx > 2147483647) return cudaErrorInvalidConfiguration;
-    for (int64_t b0 = 0; b0 < B; b0 += kMaxGridYZ) {
-      const int64_t nb = std::min(B - b0, kMaxGridYZ);
-      for (int64_t t0 = 0; t0 < row_tiles; t0 += kMaxGridYZ) {
-        const int64_t gy = std::min(row_tiles - t0, kMaxGridYZ);
+    return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid z, row tiles on grid y
+      return for_grid_slices(row_tiles, [&](int64_t t0, int64_t gy) {
         const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
         direct_kernel<T, MT><<<grid, block, 0, stream>>>(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D,
             static_cast<T*>(out) + b0 * N * M, N, M, D, t0 * kTileN, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
-        const cudaError_t err = cudaGetLastError();
-        if (err != cudaSuccess) return err;
-      }
-    }
-    return cudaSuccess;
+        return cudaSuccess;
+      });
+    });
   });
 }
 
@@ -212,17 +187,14 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
     constexpr int threads = 256;
     const int64_t blocks = (R * D + threads - 1) / threads;
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
-    for (int64_t b0 = 0; b0 < B; b0 += 65535) {
-      const int64_t nb = B - b0 < 65535 ? B - b0 : 65535;
+    return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
       const int64_t pair_off = b0 * R * C;
       grad_kernel<T, MT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), threads, 0, stream>>>(
           static_cast<const T*>(x) + b0 * R * D, static_cast<const T*>(y) + b0 * C * D,
           static_cast<const T*>(grad) + pair_off, static_cast<const T*>(dist) + pair_off,
           static_cast<Acc*>(grad_x) + b0 * R * D, R, C, D, s_r, s_c, Acc(p), squared);
-      const cudaError_t err = cudaGetLastError();
-      if (err != cudaSuccess) return err;
-    }
-    return cudaSuccess;
+      return cudaSuccess;
+    });
   });
 }
 

@@ -11,6 +11,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "common/cuda_convert.cuh"
 #include "common/philox.h"
 #include "common/scalar_math.h"
 #include "elementwise/elementwise_kernels.h"
@@ -22,7 +23,7 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kBlocksPerSm = 8;  // one wave at full occupancy; the grid-stride loops cover the rest
 
-template <typename S> using Math = std::conditional_t<std::is_same_v<S, double>, double, float>;
+template <typename S> using Math = typename MathType<S>::type;
 template <typename S> constexpr int kVec = 16 / sizeof(S);  // elements per 16-byte access
 
 // N elements moved as one (or, above 16 bytes, several) vector accesses.
@@ -31,17 +32,6 @@ template <typename S, int N> struct alignas(sizeof(S) * N < 16 ? sizeof(S) * N :
 };
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-__device__ __forceinline__ float to_math(float v) { return v; }
-__device__ __forceinline__ double to_math(double v) { return v; }
-__device__ __forceinline__ float to_math(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_math(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename S, typename T> __device__ __forceinline__ S from_math(T v) {
-  if constexpr (std::is_same_v<S, __half>) return __float2half_rn(v);
-  else if constexpr (std::is_same_v<S, __nv_bfloat16>) return __float2bfloat16_rn(v);
-  else return static_cast<S>(v);
-}
 
 // v[k] = p[k] for k < len (0 beyond): one vector load when `vec` and the group is full.
 template <int N, typename T, typename S>
@@ -154,7 +144,7 @@ template <typename S, int N> struct BiasDropoutAdd {
     if (bias) add_bias(v, bias, col, C, len);
     dropout_scale(keep, i, len, dropout);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = r[k] + v[k] * keep[k];
+    for (int k = 0; k < N; ++k) v[k] = r[k] + mul_rn(v[k], keep[k]);  // the CPU's rounding: no fused multiply-add
     store(y + i, v, len, vec);
   }
 };

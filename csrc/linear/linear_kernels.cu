@@ -1,5 +1,4 @@
 // CUDA kernels of the fused linear family; see linear_kernels.h. Math in float (double for double).
-#include <algorithm>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -112,7 +111,6 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
   if (M == 0 || N == 0) return cudaSuccess;
   const int64_t chunks = (M + kRowsPerChunk - 1) / kRowsPerChunk;
   const int64_t col_tiles = (N + kCols - 1) / kCols;
-  constexpr int64_t kMaxGridY = 65535;  // wider outputs launch in slices of column tiles
   if (chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 block(kCols, kRowLanes);
   return visit_dtype(dtype, [&](auto zero) {
@@ -121,14 +119,13 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
     MT* partial = grad_bias ? static_cast<MT*>(workspace) : nullptr;
     cudaError_t err = visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      for (int64_t t0 = 0; t0 < col_tiles; t0 += kMaxGridY) {
-        const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(std::min(col_tiles - t0, kMaxGridY)));
+      return for_grid_slices(col_tiles, [&](int64_t t0, int64_t tiles) {  // column tiles on grid y
+        const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
         act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
                                                                static_cast<const T*>(saved),
                                                                static_cast<T*>(grad_pre), partial, M, N, t0 * kCols);
-        if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-      }
-      return cudaSuccess;
+        return cudaSuccess;
+      });
     });
     if (err != cudaSuccess || !grad_bias) return err;
     sum_partials_kernel<T><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(

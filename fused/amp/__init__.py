@@ -46,8 +46,9 @@ class GradScaler(torch.amp.GradScaler):
             buffers[(acc.device, acc.dtype)].append(acc)
         per_device = {}
         for (device, _), accs in buffers.items():
-            found = per_device.setdefault(device, found_inf.to(device, copy=True))
-            torch._amp_foreach_non_finite_check_and_unscale_(accs, found, inv_scale.to(device))
+            if device not in per_device:
+                per_device[device] = found_inf.to(device, copy=True)
+            torch._amp_foreach_non_finite_check_and_unscale_(accs, per_device[device], inv_scale.to(device))
         return per_device
 
 
