@@ -50,11 +50,20 @@ def impls(name, shapes, dtype, device, hyper):
     return out
 
 
+def resident_mb(tensors, opts):
+    """MB held by the given tensors, their .grad and the optimizers' state (each storage counted once)."""
+    held = list(tensors) + [t.grad for t in tensors if t.grad is not None]
+    held += [v for opt in opts for state in opt.state.values() for v in state.values() if torch.is_tensor(v)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    return sum(storages.values()) / 2**20
+
+
 def master_impls(shapes, device):
     """bf16 model, fp32 master weights and moments. What users do today with torch: cast the bf16 gradients
     into fp32 .grad of fp32 master params, clip_grad_norm_ + AdamW on the masters, cast the masters back into
-    the bf16 model. fused: one AdamW(master_weights=True) step on the bf16 params."""
-    out = {}
+    the bf16 model. fused: one AdamW(master_weights=True) step on the bf16 params. Also returns, per impl, a
+    call giving the memory it holds (model, gradients, masters, state) once it has stepped."""
+    out, resident = {}, {}
     for label, kw in [("eager", dict(foreach=False)), ("torch.optim.AdamW(fused=True)+casts", dict(fused=True))]:
         model = make_params(shapes, torch.bfloat16, device)
         master = [p.detach().float().requires_grad_() for p in model]
@@ -70,10 +79,13 @@ def master_impls(shapes, device):
             with torch.no_grad():
                 torch._foreach_copy_(model, master)
         out[label] = step
+        resident[label] = (lambda model=model, master=master, opt=opt: resident_mb(model + master, [opt]))
     model = make_params(shapes, torch.bfloat16, device)
-    out["fused" if device == "cpu" else "fused[cuda]"] = fused.optim.AdamW(model, lr=1e-3, master_weights=True,
-                                                                           max_grad_norm=1.0).step
-    return out
+    opt = fused.optim.AdamW(model, lr=1e-3, master_weights=True, max_grad_norm=1.0)
+    label = "fused" if device == "cpu" else "fused[cuda]"
+    out[label] = opt.step
+    resident[label] = lambda: resident_mb(model, [opt])
+    return out, resident
 
 
 def cases(device: str, quick: bool) -> list:
@@ -97,11 +109,13 @@ def cases(device: str, quick: bool) -> list:
             })
     # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
     # master, m, v and the bf16 param (14 B): 30 B per parameter.
+    master, resident = master_impls(shapes, device)
     out.append({
         "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
         "bytes": 30 * n,
         "flops": None,
-        "impls": master_impls(shapes, device),
+        "impls": master,
+        "resident_mb": resident,
     })
     return out
 

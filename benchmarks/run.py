@@ -50,6 +50,8 @@ def measure(case, device, min_run_time, rounds):
         else:
             rows.append({"impl": label, "ms": statistics.median(times[label]),
                          "peak_mb": peak_memory_mb(fn, device), "error": None})
+            if label in case.get("resident_mb", {}):  # memory held between steps (model, grads, state)
+                rows[-1]["resident_mb"] = case["resident_mb"][label]()
     eager = next((r["ms"] for r in rows if r["impl"] == "eager" and r["ms"]), None)
     alternatives = [r["ms"] for r in rows if r["impl"] not in OURS and r["ms"]]
     best_alt = min(alternatives) if alternatives else None
@@ -80,6 +82,11 @@ def markdown(results, header):
                 f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r.get('GB/s'), '.1f')} | "
                 f"{fmt(r.get('TFLOP/s'), '.2f')} | {fmt(r['peak_mb'], '.1f')} | {fmt(r.get('vs_eager'), '.2f')}x | "
                 f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |")
+    held = [f"{c['name']} [{r['impl']}]: {r['resident_mb']:.1f} MB" for c in results for r in c["rows"]
+            if r.get("resident_mb") is not None]
+    if held:
+        lines += ["", "Memory held between steps (model, gradients, master copies, optimizer state):", ""]
+        lines += [f"- {h}" for h in held]
     return "\n".join(lines) + "\n"
 
 

@@ -83,8 +83,39 @@ print(fused.info.report() if hasattr(fused, "info") else __import__("fused.info"
 
 def test_benchmark_summary_table():
     from benchmarks.summary import summary
-    rows = [{"impl": "eager", "ms": 2.0}, {"impl": "torch.compile", "ms": 1.0},
-            {"impl": "fused[cuda]", "ms": 0.5, "vs_eager": 4.0, "vs_best_alt": 2.0},
+    rows = [{"impl": "eager", "ms": 2.0, "peak_mb": 8.0}, {"impl": "torch.compile", "ms": 1.0, "peak_mb": 4.0},
+            {"impl": "fused[cuda]", "ms": 0.5, "vs_eager": 4.0, "vs_best_alt": 2.0, "peak_mb": 2.0},
             {"impl": "fused[triton]", "ms": None, "error": "OutOfMemoryError"}]
     lines = summary([{"name": "case", "rows": rows}]).splitlines()
-    assert lines[2:] == ["| case [fused[cuda]] | 0.500 | 2.000 | torch.compile (1.000) | 4.00x | 2.00x |"]
+    assert lines[2:] == ["| case [fused[cuda]] | 0.500 | 2.000 | torch.compile (1.000) | 4.00x | 2.00x | 2.0 / 4.0 |"]
+
+
+def test_master_weights_memory_held():
+    """The bf16 master-weight benchmark's memory figure: after a step, fused holds 16 B per parameter (bf16 param
+    and grad, fp32 master, m and v) where torch's fp32-master recipe holds 20 B (its masters need fp32 .grad)."""
+    from benchmarks.bench_optim import master_impls, model_shapes
+    shapes = model_shapes(32, 2)
+    n = sum(torch.Size(s).numel() for s in shapes)
+    impls, resident = master_impls(shapes, "cpu")
+    for label, step in impls.items():
+        step()
+        per_param = resident[label]() * 2**20 / n
+        expected = 16 if label == "fused" else 20
+        assert expected <= per_param < expected + 0.1, (label, per_param)
+
+
+def test_cpu_peak_memory():
+    """The benchmarks' CPU peak memory: the most that was live at once during the call, beyond what was before."""
+    from benchmarks.timing import peak_memory_mb
+    live_before = torch.ones(1 << 20)
+
+    def one_at_a_time():
+        for _ in range(3):
+            torch.ones(1 << 20).sum()  # 4 MB, freed before the next
+
+    def two_at_once():
+        return torch.ones(1 << 20) + torch.ones(1 << 20)  # 3 x 4 MB live at the peak
+
+    assert peak_memory_mb(one_at_a_time, "cpu") == pytest.approx(4.0, abs=0.01)
+    assert peak_memory_mb(two_at_once, "cpu") == pytest.approx(12.0, abs=0.01)
+    del live_before
