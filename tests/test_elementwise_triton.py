@@ -266,19 +266,36 @@ def test_bad_input_names_op_and_argument():
 
 
 def test_triton_kernels_compile_for_sm90_through_their_launchers():
-    """Every elementwise and distance launcher's kernels build for sm_90 (tests/triton_sm90.py: a stand-in
-    sm_90 driver, compile only); the distance kernels take the correctly rounded sqrt and the dropout kernel no
-    fused multiply-add (its output must have the CPU kernel's bits)."""
+    """Every elementwise, distance and linear launcher's kernels build for sm_90 (tests/triton_sm90.py: a stand-in
+    sm_90 driver, compile only; the autotuned GEMM compiles every config). The script fails on approximate
+    float32 division (eager divides correctly rounded); here: the distance kernels take the correctly rounded
+    sqrt, the dropout kernel no fused multiply-add (its output must have the CPU kernel's bits), and the 16-bit
+    and tf32 GEMMs run on Hopper's tensor cores (wgmma)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root
-    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py")], capture_output=True,
-                         text=True, cwd=root, env=env, timeout=900)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    stats = {m[0]: (int(m[1]), int(m[2])) for m in
-             re.findall(r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 (\d+)", out.stdout)}
+    script = os.path.join(root, "tests", "triton_sm90.py")
+    # two processes: the GEMM configs take as long to build as all the other kernels together
+    procs = [subprocess.Popen([sys.executable, script, *families], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=root, env=env) for families in (["elementwise", "distance"], ["linear"])]
+    stdout = ""
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        stdout += out
+    stats = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
+        r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 (\d+), div.rn.f32 (\d+)", stdout)}
     expected = {"_bias_act_kernel", "_bias_act_backward_kernel", "_glu_kernel", "_dropout_kernel",
-                "_dropout_bias_grad_kernel", "_chain_kernel", "_distances_kernel", "_topk_kernel", "_grad_kernel"}
-    assert expected <= set(stats), out.stdout
+                "_dropout_bias_grad_kernel", "_chain_kernel", "_distances_kernel", "_topk_kernel", "_grad_kernel",
+                "_linear_act_kernel", "_grad_pre_kernel"}
+    assert expected <= set(stats), stdout
     assert stats["_distances_kernel"][0] == stats["_topk_kernel"][0] == 0
     assert stats["_dropout_kernel"][1] == 0
+    for name in ("_bias_act_kernel", "_chain_kernel", "_grad_kernel", "_linear_act_kernel", "_grad_pre_kernel"):
+        assert stats[name][2] > 0, name  # their divisions are there, correctly rounded
+    gemm = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
+        r"gemm torch.(\w+ \w+): (\d+) configs, (\d+) on wgmma, (\d+) within shared memory", stdout)}
+    from fused.linear.triton_kernels import HOPPER_CONFIGS
+    assert gemm["bfloat16 ieee"][0] == len(HOPPER_CONFIGS), stdout  # the autotuner compiled every config
+    for kind in ("bfloat16 ieee", "float16 ieee", "float32 tf32"):
+        assert gemm[kind][1] == gemm[kind][0], stdout

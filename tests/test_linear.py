@@ -227,8 +227,9 @@ def test_triton_forward(dtype, act):
     device = "cuda" if HAS_CUDA else "cpu"
     x, w, b = inputs((2, 19, 45), 37, dtype, device)
     save = act in ("gelu", "gelu_tanh", "silu")
-    out, pre = triton_kernels.linear_act_fwd(x, w, b if act != "relu" else None, act, True)
-    ref = reference(x, w, b if act != "relu" else None, act)
+    bias = b if act != "relu" else None
+    out, pre = triton_kernels.linear_act_fwd(x, w, bias, act, True)
+    ref = reference(x, w, bias, act)
     assert out.shape == ref.shape and out.dtype == dtype
     assert_close(out, ref, scale=GEMM_SCALE[dtype])
     assert pre.shape == (ref.shape if save else (0,))
@@ -237,6 +238,10 @@ def test_triton_forward(dtype, act):
     x64, w64, b64 = (t.double() for t in (x, w, b))
     if act != "relu":
         assert_accuracy(out, ref, reference(x64, w64, b64, act))
+    if dtype == torch.float32:  # one copy of the activation math: the epilogue gives fused.bias_act's bits
+        from fused.elementwise import triton_kernels as elementwise
+        gemm, _ = triton_kernels.linear_act_fwd(x, w, bias, "identity", False)
+        assert torch.equal(out, elementwise.bias_act(gemm, None, act))
 
 
 @requires_triton
@@ -290,6 +295,35 @@ def test_triton_grad_pre(dtype, act):
     assert_close(got_pre.cpu(), want_pre, scale=2)
     assert_close(got_bias.cpu(), want_bias, scale=20)
     assert triton_kernels.linear_act_grad_pre(grad, saved, act, False)[1].numel() == 0
+    if dtype == torch.float32 and act in ("gelu", "gelu_tanh", "silu"):  # saved is the pre-activation: bias_act's
+        from fused.elementwise import triton_kernels as elementwise  # backward has the same derivative, same bits
+        assert torch.equal(got_pre, elementwise.bias_act_backward(grad, saved, None, act)[0])
+
+
+@requires_triton
+def test_triton_autotuning_keyed_on_m_bucket(monkeypatch):
+    """The autotuned launcher (GPU path; here under the interpreter with a stand-in timer) tunes once per
+    power-of-two bucket of M, not per M, while the kernel still gets the exact M."""
+    from fused.linear import triton_kernels as tk
+    tuned = tk._linear_act_tuned
+    assert tuned.keys == ["M_BUCKET", "N", "K"]
+    assert [tk.m_bucket(m) for m in (1, 16, 17, 32, 33, 1000)] == [16, 16, 32, 32, 64, 1024]
+    if HAS_CUDA:
+        return  # below: the interpreter's CPU run of the tuned kernel
+    timed = []
+    monkeypatch.setattr(tk, "INTERPRET", False)
+    monkeypatch.setattr(tuned, "configs", [tk._config(16, 32, 16, 2, 4), tk._config(32, 32, 16, 2, 4)])
+    monkeypatch.setattr(tuned, "cache", {})
+    # the timer is a cached property (the GPU driver's): an instance entry stands in for it, counting calls
+    fake_timer = lambda call, quantiles: (timed.append(call), [1.0] * len(quantiles))[1]  # noqa: E731
+    monkeypatch.setitem(vars(tuned), "do_bench", fake_timer)
+    w, b = make((24, 40), seed=1), make((24,), seed=2)
+    for m, tunings in ((17, 1), (30, 1), (32, 1), (33, 2), (5, 3), (64, 3)):
+        x = make((m, 40), seed=m)
+        out, _ = tk.linear_act_fwd(x, w, b, "gelu", False)
+        assert_close(out, reference(x, w, b, "gelu"), scale=10)
+        assert len(timed) == 2 * tunings, m  # each new bucket times both configs once
+    assert sorted(key[0] for key in tuned.cache) == [16, 32, 64]
 
 
 # ---- the CUDA kernels (GPU only) ----
@@ -355,7 +389,7 @@ for dtype, precision in (("bf16", "ieee"), ("fp32", "tf32")):
     const = {"HAS_BIAS": True, "SAVE_PRE": True, "ACT": 2, "PRECISION": precision, "UPCAST": False, "EVEN_K": True,
              "stride_xk": 1, "stride_wk": 1, **cfg.kwargs}
     # what the JIT specializes at run time: 16-aligned pointers, sizes and row strides divisible by 16
-    div16 = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "pre_ptr", "M", "N", "K", "stride_xm", "stride_wn"]
+    div16 = ["x_ptr", "w_ptr", "b_ptr", "y_ptr", "pre_ptr", "M", "N", "K", "M_BUCKET", "stride_xm", "stride_wn"]
     sig = {n: "constexpr" if n in const else (f"*{dtype}" if n.endswith("_ptr") else "i32") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(a),): v for a, v in const.items()},
                     attrs={(names.index(a),): [["tt.divisibility", 16]] for a in div16})

@@ -1,8 +1,11 @@
 """Compiles the Triton kernels for sm_90 (Hopper) through their real launchers, on a machine without a GPU:
 a stand-in driver reports an sm_90 device, CPU tensors go through the launchers' normal specialisation, and each
-launch stops after compiling (warmup). The interpreter the other tests use runs none of Triton's type checks or
-its lowering, so this is what catches a kernel that would not build on a GPU. Run as a script (no
-TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines."""
+launch stops after compiling (warmup); the autotuned GEMM compiles every configuration (bf16), its "benchmark"
+times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
+catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
+TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
+compiles one family."""
+import contextlib
 import os
 import sys
 
@@ -28,11 +31,17 @@ class Sm90Driver:
     def get_active_torch_device(self):
         return torch.device("cpu")
 
+    def get_benchmarker(self):
+        # The autotuner's timer: each config is compiled (compile_only below), none runs; equal times keep the first.
+        return lambda kernel_call, quantiles: (kernel_call(), [1.0] * len(quantiles))[1]
+
 
 driver.set_active(Sm90Driver())
 _run = JITFunction.run
 FAILURES = []
-PTX = {}
+PTX = {}  # kernel name -> set of PTX texts
+GEMM = {}  # (dtype, dot precision) of the linear GEMM -> {config: (shared memory bytes, wgmma count)}
+SHARED_LIMIT = 227 * 1024  # what one block may use on sm_90; a config above it fails to launch (autotuner drops it)
 
 
 def compile_only(self, *args, grid, warmup, **kwargs):
@@ -41,7 +50,12 @@ def compile_only(self, *args, grid, warmup, **kwargs):
     except Exception as e:  # noqa: BLE001 - every failure is reported
         FAILURES.append(f"{self.fn.__name__}: {e!r}"[:2000])
         return None
-    PTX.setdefault(self.fn.__name__, set()).add(kernel.asm["ptx"])
+    ptx = kernel.asm["ptx"]
+    PTX.setdefault(self.fn.__name__, set()).add(ptx)
+    if self.fn.__name__ == "_linear_act_kernel":
+        config = tuple(kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps"))
+        GEMM.setdefault((str(args[0].dtype), kwargs["PRECISION"]), {})[config] = (
+            kernel.metadata.shared, ptx.count("wgmma.mma_async"))
     return kernel
 
 
@@ -70,23 +84,75 @@ def distance():
     import fused.distance.triton_kernels as tk
     for dt, d in ((torch.float32, 3), (torch.float32, 64), (torch.bfloat16, 64), (torch.float64, 5)):
         a, b = torch.randn(2, 40, d, dtype=dt), torch.randn(1, 70, d, dtype=dt)
-        for p in (2.0, 1.0, 0.5):
+        for p in (2.0, 1.0, 0.5, 3.0):
             dist = tk.pairwise_distances(a, b, p)
             tk.pairwise_topk(a, b, 5, p)
             tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
 
 
+@contextlib.contextmanager
+def one_config(tuned, config):
+    """The autotuned kernel with only `config`: no tuning, one compile (each config costs seconds to build)."""
+    configs, tuned.configs = tuned.configs, [config]
+    try:
+        yield
+    finally:
+        tuned.configs = configs
+
+
+def linear():
+    import fused.linear.triton_kernels as tk
+    from fused._codes import ACT_CODES
+    fits_fp32 = tk.HOPPER_CONFIGS[-2]  # BLOCK_K 32: fp32 tiles within shared memory
+    x, w, b = (torch.randn(shape).bfloat16() for shape in ((128, 256), (512, 256), (512,)))
+    for act in ACT_CODES:  # bf16: the first compiles every config (tuning), the others reuse the pick
+        tk.linear_act_fwd(x, w, b, act, True)
+    tk.linear_act_fwd(x, w, None, "gelu", False)
+    with one_config(tk._linear_act_tuned, tk.HOPPER_CONFIGS[0]):
+        tk.linear_act_fwd(x.half(), w.half(), b.half(), "silu", True)
+        xr, wr = torch.randn(37, 100, dtype=torch.bfloat16), torch.randn(45, 100, dtype=torch.bfloat16)
+        tk.linear_act_fwd(xr, wr, None, "silu", True)  # ragged: masked K loop, unaligned sizes
+    with one_config(tk._linear_act_tuned, fits_fp32):
+        tk.linear_act_fwd(x.float(), w.float(), b.float(), "gelu_tanh", True)  # fp32 products (FMA)
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        try:
+            tk.linear_act_fwd(x.float(), w.float(), b.float(), "gelu_tanh", True)  # tf32 tensor cores
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    g, saved = torch.randn(3, 41, 70), torch.randn(3, 41, 70)
+    for act in ACT_CODES:
+        tk.linear_act_grad_pre(g, saved, act, True)
+    tk.linear_act_grad_pre(g, saved, "gelu", False)
+    tk.linear_act_grad_pre(g.bfloat16(), saved.bfloat16(), "silu", True)
+    tk.linear_act_grad_pre(g.half(), saved.half(), "gelu_tanh", True)
+
+
+def count(ptxs, *needles):
+    return sum(p.count(n) for p in ptxs for n in needles)
+
+
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts
             if not FAILURES:
                 FAILURES.append(f"{family}: {e!r}"[:2000])
     for name, ptxs in sorted(PTX.items()):
-        approx = sum(p.count("sqrt.approx") for p in ptxs)
-        fma = sum(p.count("fma.rn.f32") for p in ptxs)
-        print(f"compiled {name}: {len(ptxs)} variants, sqrt.approx {approx}, fma.rn.f32 {fma}")
+        print(f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
+              f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
+              f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}")
+        # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
+        if count(ptxs, "div.full.f32", "div.approx"):
+            FAILURES.append(f"{name}: approximate float32 division (div.full / div.approx) in its PTX")
+    for (dtype, precision), configs in sorted(GEMM.items()):
+        fit = sum(shared <= SHARED_LIMIT for shared, _ in configs.values())
+        print(f"gemm {dtype} {precision}: {len(configs)} configs, {sum(w > 0 for _, w in configs.values())} on "
+              f"wgmma, {fit} within shared memory, shared {min(s for s, _ in configs.values())}.."
+              f"{max(s for s, _ in configs.values())}")
+        if not fit:
+            FAILURES.append(f"gemm {dtype} {precision}: no config fits in shared memory")
     for f in FAILURES:
         print("FAIL", f)
     sys.exit(1 if FAILURES else 0)

@@ -16,9 +16,10 @@ import math
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
-from fused.elementwise.triton_math import _sqrt, on_device_of, program_2d
+from fused.elementwise.triton_math import INTERPRET, _div, _sqrt, on_device_of, program_2d
 
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
@@ -75,6 +76,16 @@ def _center(b3, dtype):
 
 # ---- shared tile code ----
 @triton.jit
+def _pow_p(x, p: tl.constexpr):
+    """x ** p for x >= 0 and the general metric's p: libdevice's pow on a GPU, as torch.cdist's pow (tl.exp2 and
+    tl.log2 are the approximate instructions, many ulps off once p * log2(x) is large); float64 when interpreted."""
+    if INTERPRET:
+        return tl.exp2(p * tl.log2(x.to(tl.float64))).to(x.dtype)
+    else:
+        return libdevice.pow(x, tl.zeros_like(x) + p)  # p in x's type: libdevice dispatches on both
+
+
+@triton.jit
 def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
     if METRIC == 0:
         acc += tl.minimum(tl.ceil(tl.abs(diff)), 1.0, propagate_nan=tl.PropagateNan.ALL)
@@ -85,7 +96,7 @@ def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
     elif METRIC == 3:
         acc = tl.maximum(acc, tl.abs(diff), propagate_nan=tl.PropagateNan.ALL)
     else:
-        acc += tl.exp2(p * tl.log2(tl.abs(diff)))
+        acc += _pow_p(tl.abs(diff), p)
     return acc
 
 
@@ -95,7 +106,7 @@ def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexp
         if not SQUARED:
             acc = _sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
     elif METRIC == 4:
-        acc = tl.exp2(inv_p * tl.log2(acc))
+        acc = _pow_p(acc, inv_p)
     return acc
 
 
@@ -316,9 +327,9 @@ def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexp
         if SQUARED:
             w = 2.0 * g
         else:
-            w = tl.where(dist == 0.0, 0.0, g / dist)
+            w = tl.where(dist == 0.0, 0.0, _div(g, dist))
     elif METRIC == 4:
-        w = tl.where(dist == 0.0, 0.0, g / tl.exp2((p - 1.0) * tl.log2(dist)))
+        w = tl.where(dist == 0.0, 0.0, _div(g, _pow_p(dist, p - 1.0)))
     else:
         w = g
     return w
@@ -334,7 +345,7 @@ def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
     elif METRIC == 3:
         t = tl.where(tl.abs(diff) == dist, w * sign, 0.0)
     else:
-        t = tl.where(diff == 0.0, 0.0, w * sign * tl.exp2((p - 1.0) * tl.log2(tl.abs(diff))))
+        t = tl.where(diff == 0.0, 0.0, w * sign * _pow_p(tl.abs(diff), p - 1.0))
     return t
 
 

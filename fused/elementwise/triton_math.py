@@ -4,7 +4,9 @@ csrc/common/philox.h so that every backend computes the same thing.
 
 On a GPU the transcendental functions come from libdevice (IEEE-accurate, unlike tl.exp / tl.sin, which lower to
 the approximate PTX instructions). Triton's interpreter cannot call libdevice, so under TRITON_INTERPRET=1 the
-same functions come from tl.math, with tanh and pow (absent from tl.math) computed in float64.
+same functions come from tl.math, with tanh and pow (absent from tl.math) computed in float64. Divisions go
+through _div and square roots through _sqrt: correctly rounded, as in eager (Triton's float32 `/` and tl.sqrt are
+not).
 """
 import functools
 import os
@@ -154,8 +156,20 @@ def _sqrt(x):
 
 
 @triton.jit
+def _div(x, y):
+    """x / y correctly rounded, as eager and the C++ kernels divide: Triton's `/` on float32 is div.full.f32
+    (up to 2 ulp off). float64 `/` is already correctly rounded; 16-bit operands are divided in float32 and the
+    quotient rounded back (24 bits are enough for that double rounding to be exact)."""
+    q = x / y  # for its type only (Triton's promotion); dropped from the compiled kernel where unused
+    if q.dtype == tl.float64:
+        return q
+    else:
+        return tl.math.div_rn(tl.cast(x, tl.float32), tl.cast(y, tl.float32)).to(q.dtype)
+
+
+@triton.jit
 def _rsqrt(x):
-    return 1.0 / _sqrt(x)  # like the C++ kernels (1 / sqrt), not the approximate rsqrt instruction
+    return _div(1.0, _sqrt(x))  # like the C++ kernels (1 / sqrt), not the approximate rsqrt instruction
 
 
 @triton.jit
@@ -190,7 +204,7 @@ def _pow(x, s):
 
 @triton.jit
 def _sigmoid(x):
-    return 1.0 / (1.0 + _exp(-x))
+    return _div(1.0, 1.0 + _exp(-x))
 
 
 # ---- activations (fused/_codes.py ACT_CODES) ----
@@ -206,7 +220,7 @@ def act_fwd(x, ACT: tl.constexpr):
         inner = 0.79788456080286535588 * (x + 0.044715 * x * x * x)
         return 0.5 * x * (1.0 + _tanh(inner))
     elif ACT == 4:  # silu: x / (1 + exp(-x)), as the C++ kernels and torch
-        return x / (1.0 + _exp(-x))
+        return _div(x, 1.0 + _exp(-x))
     elif ACT == 5:  # sigmoid
         return _sigmoid(x)
     else:  # tanh
@@ -275,7 +289,7 @@ def unary_fwd(x, OP: tl.constexpr, s):
     elif OP == 14:  # silu
         return act_fwd(x, 4)
     elif OP == 15:  # reciprocal
-        return 1.0 / x
+        return _div(1.0, x)
     elif OP == 16:  # add
         return x + s
     elif OP == 17:  # mul
@@ -302,11 +316,11 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     elif OP == 3:
         return g * (0.5 * _rsqrt(x))
     elif OP == 4:
-        return g * (-0.5 * _rsqrt(x) * (1.0 / x))
+        return g * (-0.5 * _rsqrt(x) * _div(1.0, x))
     elif OP == 5:
         return g * _exp(x)
     elif OP == 6:
-        return g * (1.0 / x)
+        return g * _div(1.0, x)
     elif OP == 7:
         return g * _cos(x)
     elif OP == 8:
@@ -324,7 +338,7 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     elif OP == 14:
         return g * act_grad(x, 4)
     elif OP == 15:
-        r = 1.0 / x
+        r = _div(1.0, x)
         return g * -(r * r)
     elif OP == 16:
         return g

@@ -1,8 +1,9 @@
 """Triton kernels of the fused linear family.
 
 linear_act_fwd: a tiled GEMM (tl.dot, fp32 accumulation, tensor cores for fp16/bf16, tf32 for fp32 only when
-torch.backends.cuda.matmul.allow_tf32 allows it) with bias + activation in its epilogue, autotuned over tile
-configurations suited to Hopper. linear_act_grad_pre: grad * act'(saved) and the bias gradient's column sums in
+torch.backends.cuda.matmul.allow_tf32 allows it) with bias + activation in its epilogue (the activations of
+fused/elementwise/triton_math.py: fused.bias_act's bits), autotuned over tile configurations suited to Hopper per
+(power-of-two bucket of M, N, K). linear_act_grad_pre: grad * act'(saved) and the bias gradient's column sums in
 one pass (per-row-chunk partial sums, added in a fixed order: deterministic).
 
 Launchers take the op's own arguments and run on CPU tensors under TRITON_INTERPRET=1 (a small fixed tile then,
@@ -16,62 +17,21 @@ import triton.language as tl
 
 from fused._codes import ACT_CODES
 from fused.linear.ops import NEEDS_PRE, check_grad_pre, check_linear
-from fused.elementwise.triton_math import on_device_of
+from fused.elementwise.triton_math import act_fwd, act_grad, on_device_of
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _tanh(x):
-    # From exp (libdevice.tanh does not run under the interpreter): an odd Taylor polynomial near 0, where
-    # (1 - e) / (1 + e) would cancel; both stay within a few ulps of fp32.
-    a = tl.abs(x)
-    e = tl.exp(-2.0 * a)
-    t = (1.0 - e) / (1.0 + e)
-    x2 = x * x
-    poly = a * (1.0 + x2 * (-1.0 / 3 + x2 * (2.0 / 15 + x2 * (-17.0 / 315))))
-    t = tl.where(a < 0.125, poly, t)
-    return tl.where(x < 0, -t, t)
-
-
-@triton.jit
-def _act(x, ACT: tl.constexpr):
-    if ACT == 1:  # relu, NaN-propagating like eager
-        x = tl.where(x < 0, 0.0, x)
-    elif ACT == 2:  # gelu (erf)
-        x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
-    elif ACT == 3:  # gelu_tanh
-        x = 0.5 * x * (1.0 + _tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-    elif ACT == 4:  # silu, as torch: x / (1 + exp(-x))
-        x = x / (1.0 + tl.exp(-x))
-    elif ACT == 5:
-        x = tl.sigmoid(x)
-    elif ACT == 6:
-        x = _tanh(x)
-    return x
-
-
-@triton.jit
 def _act_grad_from_saved(s, ACT: tl.constexpr):
-    """act' from what autograd saved: the pre-activation for gelu, gelu_tanh, silu; the output otherwise."""
-    if ACT == 0:
-        d = tl.full(s.shape, 1.0, tl.float32)
-    elif ACT == 1:
-        d = tl.where(s > 0, 1.0, 0.0)
-    elif ACT == 2:
-        cdf = 0.5 * (1.0 + tl.erf(s * 0.7071067811865476))
-        d = cdf + s * tl.exp(-0.5 * s * s) * 0.3989422804014327
-    elif ACT == 3:
-        t = _tanh(0.7978845608028654 * (s + 0.044715 * s * s * s))
-        d = 0.5 * (1.0 + t) + 0.5 * s * (1.0 - t * t) * 0.7978845608028654 * (1.0 + 3 * 0.044715 * s * s)
-    elif ACT == 4:
-        sg = tl.sigmoid(s)
-        d = sg * (1.0 + s * (1.0 - sg))
-    elif ACT == 5:
-        d = s * (1.0 - s)
-    else:
-        d = 1.0 - s * s
-    return d
+    """act' from what autograd saved (as csrc/linear/linear_math.h): the pre-activation for gelu, gelu_tanh and
+    silu; the output for relu, sigmoid and tanh, as eager autograd does."""
+    if ACT == 5:  # sigmoid
+        return s * (1.0 - s)
+    elif ACT == 6:  # tanh
+        return 1.0 - s * s
+    else:  # relu(x) > 0 iff x > 0, so relu' is the same from either
+        return act_grad(s, ACT)
 
 
 def _config(bm, bn, bk, stages, warps):
@@ -80,7 +40,7 @@ def _config(bm, bn, bk, stages, warps):
 
 
 # Hopper (228 KB shared memory per SM): large 16-bit tiles with 3-4 stages; BLOCK_K 32 keeps fp32 tiles in budget.
-# Configurations that do not fit a given dtype fail to compile and the autotuner drops them.
+# Configurations that do not fit a given dtype fail to launch (out of shared memory) and the autotuner drops them.
 HOPPER_CONFIGS = [
     _config(128, 256, 64, 3, 8),
     _config(256, 128, 64, 3, 8),
@@ -95,8 +55,8 @@ HOPPER_CONFIGS = [
 
 
 @triton.jit
-def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, stride_xm, stride_xk, stride_wn, stride_wk,
-                       HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr, ACT: tl.constexpr,
+def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, M_BUCKET, stride_xm, stride_xk,
+                       stride_wn, stride_wk, HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr, ACT: tl.constexpr,
                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     # Grouped tile order: GROUP_M row-tiles share each column-tile of the weight while it is in L2.
@@ -140,15 +100,21 @@ def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, stride_xm, 
     mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
     if SAVE_PRE:
         tl.store(pre_ptr + out_offs, acc.to(pre_ptr.dtype.element_ty), mask=mask)
-    acc = _act(acc, ACT)
+    acc = act_fwd(acc, ACT)  # the elementwise kernels' activations: bias_act's bits, libdevice on a GPU
     tl.store(y_ptr + out_offs, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 _even_k = triton.heuristics({"EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0})
 _linear_act_fixed = _even_k(_linear_act_kernel)
 # Tuned per GEMM shape (and dtype, which the autotuner adds): the epilogue hardly moves the best tile, so each
-# activation reuses it instead of re-tuning.
-_linear_act_tuned = triton.autotune(HOPPER_CONFIGS, key=["M", "N", "K"])(_even_k(_linear_act_kernel))
+# activation reuses it instead of re-tuning. M (batch x sequence) changes with every batch in serving, so the key
+# is its bucket M_BUCKET (an argument the kernel never reads): one tuning per power of two, not per M.
+_linear_act_tuned = triton.autotune(HOPPER_CONFIGS, key=["M_BUCKET", "N", "K"])(_even_k(_linear_act_kernel))
+
+
+def m_bucket(M):
+    """The autotuning key's M: the next power of two, at least 16."""
+    return max(16, triton.next_power_of_2(M))
 
 
 def _check_gpu_dtype(op, t):
@@ -184,7 +150,7 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
     pre = torch.empty(M, N, dtype=x.dtype, device=x.device) if keep_pre else x.new_empty(0)
     if M and N:
         args = (x2, weight, bias.contiguous() if bias is not None else y, y, pre if keep_pre else y, M, N, K,
-                x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
+                m_bucket(M), x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
         flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": ACT_CODES[act],
                  "PRECISION": dot_precision(x.dtype),
                  "UPCAST": INTERPRET and x.dtype == torch.bfloat16}
