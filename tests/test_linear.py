@@ -155,6 +155,25 @@ def test_bias_gradient_deterministic():
         assert torch.equal(first, again)
 
 
+def test_backward_memory():
+    """The saved pre-activation is not a differentiable output, so backward allocates no zero gradient of the
+    output's size for it: fwd+bwd holds at most one output-sized buffer more than eager Linear + GELU (the
+    pre-activation kept beside the output; eager frees its saved values node by node)."""
+    from benchmarks.timing import peak_memory_mb
+    x, w, b = inputs((256, 128), 128, torch.float32, requires_grad=True)
+    assert not torch.ops.fused.linear_act_fwd(x, w, b, "gelu", True)[1].requires_grad
+
+    def fwd_bwd(fn):
+        def run():
+            out = fn()
+            torch.autograd.grad(out, (x, w, b), torch.ones_like(out))
+        return run
+    output_mb = 256 * 128 * 4 / 2**20
+    ours = peak_memory_mb(fwd_bwd(lambda: fused.linear_act(x, w, b, "gelu")), "cpu")
+    eager = peak_memory_mb(fwd_bwd(lambda: torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b))), "cpu")
+    assert ours <= eager + 1.01 * output_mb, (ours, eager)
+
+
 @pytest.mark.parametrize("act", ACTS)
 def test_nan_inf_propagate(act):
     x, w, b = inputs((4, 16), 8, torch.float32)

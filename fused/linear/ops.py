@@ -63,9 +63,15 @@ def _setup(ctx, inputs, output):
         saved = out
     ctx.save_for_backward(x, weight, bias, saved)
     ctx.act = act
+    # The pre-activation output is autograd's own saved value, not a result to differentiate; without these,
+    # autograd would fill a zero gradient of the output's size for it on every backward.
+    ctx.mark_non_differentiable(pre)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad, _grad_pre_output):
+    if grad is None:
+        return None, None, None, None, None
     x, weight, bias, saved = ctx.saved_tensors
     need_x, need_weight, need_bias = ctx.needs_input_grad[:3]
     rows, n_out = math.prod(x.shape[:-1]), weight.shape[0]
