@@ -10,6 +10,7 @@ import torch
 
 import fused
 from fused.distance import reference as ref
+from fused.distance.ops import MATMUL_MIN_D
 from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
                            check_compile, device_backends, make, noncontiguous, raises, requires_cuda,
                            requires_triton)
@@ -286,6 +287,41 @@ def test_topk_ties_go_to_the_lower_index_and_values_are_sorted():
     rv, ri = ref.pairwise_topk(grid, pts, 10)
     assert torch.equal(v, rv) and torch.equal(i, ri)
     assert (v[:, 1:] >= v[:, :-1]).all()
+
+
+try:
+    from hypothesis import given, settings, strategies as st
+except ImportError:  # a GPU machine without hypothesis runs the rest
+    given = None
+
+if given is not None:
+    @settings(max_examples=100, deadline=None)
+    @given(batch_a=st.sampled_from([(), (1,), (2,), (3, 1)]), batch_b=st.sampled_from([(), (1,), (2,), (1, 2)]),
+           n=st.integers(0, 70), m=st.integers(1, 70), d=st.sampled_from([1, 2, 3, 7, 31, 32, 33, 64]),
+           p=st.sampled_from(PS), largest=st.booleans(), data=st.data())
+    def test_distances_and_topk_hypothesis_cpu(batch_a, batch_b, n, m, d, p, largest, data):
+        """Random broadcast shapes on both paths (D across the matmul threshold), points on a small integer grid
+        so that duplicates and ties are common: distances against float64, topk equal to the stable-sort
+        reference (indices included where the distances are exact: on the direct path, for every p but 0.5,
+        whose sums of square roots round; the matmul path is within an ulp or two, which may order a true tie
+        either way), its values the distances at its indices."""
+        k = data.draw(st.integers(0, m))
+        gen = torch.Generator().manual_seed(n * 7919 + m * 104729 + d)
+        a = torch.randint(-2, 3, (*batch_a, n, d), generator=gen).float()
+        b = torch.randint(-2, 3, (*batch_b, m, d), generator=gen).float()
+        dist = fused.pairwise_distances(a, b, p)
+        want = ref64(a, b, p)
+        assert dist.shape == want.shape
+        exact = p != 0.5 and not (p == 2 and d >= MATMUL_MIN_D)
+        # a few fp32 roundings; the 1/p root doubles the sum's relative error at p = 0.5
+        torch.testing.assert_close(dist.double(), want, rtol=1e-6 if p == 0.5 else 4e-7, atol=0)
+        v, i = fused.pairwise_topk(a, b, k, p, largest=largest)
+        rv, ri = ref.pairwise_topk(a.double(), b.double(), k, p, largest=largest)
+        assert torch.equal(v, dist.gather(-1, i))
+        if exact:
+            assert torch.equal(i, ri), (p, k, largest)
+        else:
+            torch.testing.assert_close(v.double(), rv, rtol=1e-6, atol=0)
 
 
 def test_topk_k_bounds():
