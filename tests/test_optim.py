@@ -290,3 +290,28 @@ def test_opcheck():
                            [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
                            0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf,
                            [p.bfloat16() for p in params]))
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_two_fused_ops_per_step_whatever_the_number_of_tensors(name):
+    """The CPU step is the same two passes as the GPU's two launches: the norm (with the finite check) and one
+    update for every tensor of every group, with or without a scaler; clip_grad_norm_ is the norm and one scale."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def fused_ops(fn):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        return [e.name for e in prof.events() if e.name.startswith("fused::")]
+
+    params = make_params(shapes=[(10, 3), (7,), (5, 5)] * 40)
+    set_grads([params], 0)
+    extra = dict(momentum=0.9) if name == "SGD" else {}
+    opt = getattr(fused.optim, name)([{"params": params[:50]}, {"params": params[50:], "lr": 1e-2}], lr=0.1,
+                                     max_grad_norm=1.0, **extra)
+    opt.step()  # state allocation
+    step_op = "fused::sgd_step_" if name == "SGD" else "fused::adam_step_"
+    assert fused_ops(opt.step) == ["fused::grad_norm", step_op]
+    scaler = fused.amp.GradScaler("cpu")
+    scaler.scale(torch.ones(()))
+    assert fused_ops(lambda: scaler.step(opt)) == ["fused::grad_norm", step_op]
+    assert fused_ops(lambda: fused.clip_grad_norm_(params, 1.0)) == ["fused::grad_norm", "fused::scale_grads_"]
