@@ -65,6 +65,35 @@ def test_matches_torch_optim(name, hyper):
                 torch.testing.assert_close(opt.state[p][key], value, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_takes_torch_optimizer_arguments(name):
+    """Drop-in: torch's implementation switches (foreach, fused, capturable) are taken and change nothing, and go
+    into the param groups as torch's do; differentiable=True is refused by name; Adam's decoupled_weight_decay
+    matches torch's."""
+    hyper = dict(lr=0.1, momentum=0.9) if name == "SGD" else dict(lr=1e-2, weight_decay=0.1)
+    switches = dict(foreach=True, fused=False) if name == "SGD" else dict(foreach=False, fused=True, capturable=True)
+    plain, switched = make_params(), make_params()
+    opts = [getattr(fused.optim, name)(plain, **hyper), getattr(fused.optim, name)(switched, **hyper, **switches)]
+    for step in range(3):
+        set_grads([plain, switched], step)
+        for opt in opts:
+            opt.step()
+    for a, b in zip(plain, switched):
+        assert torch.equal(a, b)
+    assert all(opts[1].param_groups[0][k] == v for k, v in switches.items())
+    with raises(f"fused.optim.{name}: differentiable"):
+        getattr(fused.optim, name)(make_params(), **hyper, differentiable=True)
+    if name == "Adam":
+        ours, theirs = make_params(), make_params()
+        opt = fused.optim.Adam(ours, decoupled_weight_decay=True, **hyper)
+        ref = torch.optim.Adam(theirs, decoupled_weight_decay=True, foreach=False, **hyper)
+        for step in range(4):
+            set_grads([ours, theirs], step)
+            opt.step()
+            ref.step()
+        assert_params_close(ours, theirs)
+
+
 @pytest.mark.parametrize("name,hyper", CONFIGS[1:4:2] + CONFIGS[6:8], ids=IDS[1:4:2] + IDS[6:8])
 @pytest.mark.parametrize("max_grad_norm,clip_value", [(1.0, None), (1e6, None), (2.0, 0.5), (None, 0.1)])
 def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value):

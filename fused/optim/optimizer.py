@@ -32,6 +32,14 @@ def _check_nonneg(cls, name, value):
         raise ValueError(f"fused.optim.{cls}: {name} must be >= 0, got {value}")
 
 
+def _check_not_differentiable(cls, differentiable):
+    # torch's own optimizer arguments foreach, fused and capturable are taken for drop-in use and change nothing:
+    # the step is always the fused two-pass one, and capturable on CUDA (no host sync). differentiable is not.
+    if differentiable:
+        raise ValueError(f"fused.optim.{cls}: differentiable=True is not supported (the fused step is not "
+                         "differentiable); use torch.optim")
+
+
 class _FusedOptimizer(torch.optim.Optimizer):
     """Common step: pass 1 over every gradient of every group, then the per-group update."""
 
@@ -238,11 +246,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
 class SGD(_FusedOptimizer):
     def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False, stochastic_rounding=False):
+                 maximize=False, foreach=None, differentiable=False, fused=None, max_grad_norm=None, clip_value=None,
+                 master_weights=False, stochastic_rounding=False):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("fused.optim.SGD: nesterov needs momentum > 0 and dampening == 0")
+        _check_not_differentiable("SGD", differentiable)
         defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize, foreach=None, differentiable=False, fused=None)
+                        maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
     def _flags(self, group):
@@ -281,15 +291,17 @@ class Adam(_FusedOptimizer):
     _decoupled = False
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False,
+                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
+                 decoupled_weight_decay=False, max_grad_norm=None, clip_value=None, master_weights=False,
                  stochastic_rounding=False):
         name = type(self).__name__
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"fused.optim.{name}: betas[{i}] must be in [0, 1), got {beta}")
+        _check_not_differentiable(name, differentiable)
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        foreach=None, capturable=False, differentiable=False, fused=None,
-                        decoupled_weight_decay=self._decoupled)
+                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
+                        decoupled_weight_decay=self._decoupled or bool(decoupled_weight_decay))
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
     def _flags(self, group):
@@ -329,8 +341,9 @@ class AdamW(Adam):
     _decoupled = True
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, max_grad_norm=None, clip_value=None, master_weights=False,
-                 stochastic_rounding=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, maximize=maximize,
+                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
+                 max_grad_norm=None, clip_value=None, master_weights=False, stochastic_rounding=False):
+        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
+                         capturable=capturable, differentiable=differentiable, fused=fused,
                          max_grad_norm=max_grad_norm, clip_value=clip_value, master_weights=master_weights,
                          stochastic_rounding=stochastic_rounding)
