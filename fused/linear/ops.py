@@ -99,6 +99,12 @@ torch.library.register_autograd("fused::linear_act_fwd", _backward, setup_contex
 def _linear_act(x, weight, bias=None, act="identity"):
     check_linear("linear_act", x, weight, bias, act)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
+    if needs_grad and act in NEEDS_PRE and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
+        # Training on the CPU, where the fused op is a GEMM and then one pass anyway: the same GEMM and pass as two
+        # autograd nodes (the same bits), so that backward frees the saved pre-activation and the incoming
+        # gradient after the activation's pass, before the GEMMs, as eager Linear + activation does.
+        pre = torch.ops.fused.linear_act_fwd(x, weight, None, "identity", False)[0]
+        return torch.ops.fused.bias_act(pre, bias, act)
     return torch.ops.fused.linear_act_fwd(x, weight, bias, act, needs_grad)[0]
 
 
