@@ -145,6 +145,16 @@ def test_glu_on_chunked_halves(dev, act, dtype):
     assert_accuracy(gh, eh, rh)
 
 
+@pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu", "sigmoid"])
+def test_glu_backward_grad_up_is_grad_times_the_forward_act(dev, act):
+    """grad_up = grad * act(gate) with the forward's act(gate), bit for bit (the backward computes act and act'
+    together; its act must round as the forward's does, as eager's saved activation would)."""
+    gate, up = make((64, 300), torch.float32, dev, requires_grad=True), make((64, 300), torch.float32, dev, seed=1)
+    g = make((64, 300), torch.float32, dev, seed=2)
+    (grad_up,) = torch.autograd.grad(fused.glu(gate, up.requires_grad_(), act), up, g)
+    assert torch.equal(grad_up, g * fused.bias_act(gate.detach(), None, act))
+
+
 def test_glu_strided_layouts_and_empty(dev):
     gate = make((40, 9), torch.float32, dev).t()  # column-major: must be copied, never mis-read
     up = make((9, 40), torch.float32, dev)
