@@ -16,10 +16,9 @@ import math
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
-from fused.elementwise.triton_math import INTERPRET, _div, _sqrt, on_device_of, program_2d
+from fused.elementwise.triton_math import _div, _pow, _sqrt, on_device_of, program_2d
 
 P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
@@ -77,12 +76,9 @@ def _center(b3, dtype):
 # ---- shared tile code ----
 @triton.jit
 def _pow_p(x, p: tl.constexpr):
-    """x ** p for x >= 0 and the general metric's p: libdevice's pow on a GPU, as torch.cdist's pow (tl.exp2 and
-    tl.log2 are the approximate instructions, many ulps off once p * log2(x) is large); float64 when interpreted."""
-    if INTERPRET:
-        return tl.exp2(p * tl.log2(x.to(tl.float64))).to(x.dtype)
-    else:
-        return libdevice.pow(x, tl.zeros_like(x) + p)  # p in x's type: libdevice dispatches on both
+    """x ** p for the general metric's constant p: the elementwise kernels' pow (libdevice's on a GPU, as
+    torch.cdist's; tl.exp2 / tl.log2 are the approximate instructions), with p in x's type."""
+    return _pow(x, tl.zeros_like(x) + p)
 
 
 @triton.jit
