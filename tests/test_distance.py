@@ -459,8 +459,10 @@ def test_triton_distances_and_topk(dtype, D, p):
     v, i = tk.pairwise_topk(a, b, 5, p, largest=p == 0.5)
     rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), 5, p, largest=p == 0.5)
     assert_close(v.cpu(), rv, scale=2.0)
-    # The selection sees the values it returns (bitwise under the interpreter; tile shapes differ on a GPU).
-    if TRITON_DEVICE == "cpu":
+    # The selection sees the values it returns: bitwise on the direct path under the interpreter. The matmul path's
+    # tl.dot is numpy's matmul there, whose summation order depends on the tile shape (1 ulp between the kernels).
+    matmul_path = p == 2 and D >= 32 and dtype != torch.float64
+    if TRITON_DEVICE == "cpu" and not matmul_path:
         assert torch.equal(v, out.gather(-1, i))
     else:
         assert_close(v, out.gather(-1, i))
