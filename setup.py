@@ -7,14 +7,34 @@ Environment:
   FUSED_CPU_ARCH         -march value for the CPU kernels (default: AVX-512 or AVX2 when the build machine has it)
 """
 import glob
+import importlib.util
 import os
 import shutil
 
 from setuptools import find_packages, setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME
-import torch
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def real_cuda_home():
+    path = os.path.join(ROOT, "tools", "cuda_toolkit.py")
+    if not os.path.isfile(path):
+        return None
+    spec = importlib.util.spec_from_file_location("cuda_toolkit", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.real_cuda_home()
+
+
+# Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME once, at import.
+if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
+    _home = real_cuda_home()
+    if _home:
+        os.environ["CUDA_HOME"] = _home
+
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME  # noqa: E402
+import torch  # noqa: E402
+
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CUDA code that does not compile cannot land, although CI has no GPU. Compile only, nothing runs:
-#  1. every CUDA kernel source (.cu, torch-free) compiles with nvcc for sm_90; ptxas reports registers and
-#     spills per kernel into the log, summarised at the end;
+#  1. every CUDA kernel source (.cu, torch-free) compiles with nvcc for sm_90 with the flags torch's CUDAExtension
+#     gives every real build (its COMMON_NVCC_FLAGS: no implicit half/bfloat16 operators or conversions); ptxas
+#     reports registers and spills per kernel into the log, summarised at the end;
 #  2. every torch binding (*_cuda.cpp) passes g++ -fsyntax-only against the installed torch's headers and the
 #     CUDA runtime headers. A CPU wheel lacks the generated c10/cuda/impl/cuda_cmake_macros.h: a stub from
 #     tools/stub_include stands in for it, here only.
@@ -20,6 +21,8 @@ command -v nvcc >/dev/null || { echo "check_cuda: nvcc not found"; exit 1; }
 cuda_include=$(nvcc --dryrun -x cu -c /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$ INCLUDES="-I\([^"]*\)".*/\1/p' | head -1)
 torch_includes=$("$PYTHON" -c 'from torch.utils.cpp_extension import include_paths; print(" ".join(include_paths()))') ||
   { echo "check_cuda: cannot import torch with $PYTHON"; exit 1; }
+read -r -a torch_nvcc_flags < <("$PYTHON" -c 'from torch.utils.cpp_extension import COMMON_NVCC_FLAGS as f; print(" ".join(f))')
+[ ${#torch_nvcc_flags[@]} -gt 0 ] || { echo "check_cuda: cannot read torch's COMMON_NVCC_FLAGS"; exit 1; }
 [ -n "$cuda_include" ] && [ -f "$cuda_include/cuda_runtime.h" ] || { echo "check_cuda: no cuda_runtime.h ($cuda_include)"; exit 1; }
 
 gxx_flags=(-std=c++17 -fsyntax-only -Wall -DFUSED_WITH_CUDA=1 -Icsrc)
@@ -48,7 +51,7 @@ run() {
 mapfile -t kernels < <(find csrc -name '*.cu' | sort)
 mapfile -t bindings < <(find csrc -name '*_cuda.cpp' | sort)
 for f in "${kernels[@]}"; do
-  run "nvcc-$(basename "$f")" nvcc -std=c++17 -O3 -arch=sm_90 --expt-relaxed-constexpr -Icsrc -Xptxas -v \
+  run "nvcc-$(basename "$f")" nvcc -std=c++17 -O3 -arch=sm_90 "${torch_nvcc_flags[@]}" -Icsrc -Xptxas -v \
     -c "$f" -o "$out/$(basename "$f").o"
 done
 for f in "${bindings[@]}"; do

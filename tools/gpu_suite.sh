@@ -13,7 +13,15 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
-PYTHON=${PYTHON:-python}
+# The interpreter that holds torch: python3 on the device machine (where `python` may be absent or another one).
+if [ -z "${PYTHON:-}" ]; then
+  for candidate in python3 python; do
+    if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then PYTHON=$candidate; break; fi
+  done
+fi
+PYTHON=${PYTHON:-python3}
+# setup.py finds the toolkit behind a wrapper nvcc itself; the sanitizer lives in that toolkit's bin/.
+cuda_home=${CUDA_HOME:-$("$PYTHON" tools/cuda_toolkit.py 2>/dev/null)}
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 export MAX_JOBS=${MAX_JOBS:-$(nproc)}
 budget=${SUITE_BUDGET_S:-570}
@@ -47,7 +55,7 @@ stage() {
   fi
 }
 
-sanitizer=$(command -v compute-sanitizer || ls "$(dirname "$(readlink -f "$(command -v nvcc)")")/compute-sanitizer" \
+sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" "$cuda_home/compute-sanitizer/compute-sanitizer" \
   /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 pytest=("$PYTHON" -m pytest -p no:cacheprovider -q -rfE --maxfail=100)
 
