@@ -331,3 +331,21 @@ def test_unary_chain_gradcheck_opcheck_compile_errors():
         fused.unary_chain(xf, "exp")
     with raises(r"fused\.unary_chain: unknown op 'cosh'"):
         torch.ops.fused.unary_chain(xf, ["cosh"])
+
+
+def test_dropout_refuses_cuda_graph_capture(monkeypatch):
+    """A captured graph would replay the host-drawn seed, one mask forever: training dropout refuses capture, and
+    eval mode (or p = 0) captures. The capture state is stood in for here; on a GPU the real capture is tried."""
+    x = make((4, 8))
+    if torch.cuda.is_available():
+        xc = x.cuda()
+        graph = torch.cuda.CUDAGraph()
+        with raises(r"fused\.bias_dropout_add: training=True with p > 0 cannot be captured in a CUDA graph"):
+            with torch.cuda.graph(graph):
+                fused.bias_dropout_add(xc, None, xc, p=0.1, training=True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with raises(r"fused\.bias_dropout_add: training=True with p > 0 cannot be captured in a CUDA graph"):
+        fused.bias_dropout_add(x, None, x, p=0.1, training=True)
+    assert torch.equal(fused.bias_dropout_add(x, None, x, p=0.1, training=False), x + x)
+    assert torch.equal(fused.bias_dropout_add(x, None, x, p=0.0, training=True), x + x)

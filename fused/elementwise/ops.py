@@ -156,6 +156,11 @@ torch.library.register_autograd("fused::unary_chain", _unary_chain_backward, set
 # ---- bias_dropout_add: a composite that draws the seed, so the seeded op stays a pure function ----
 def _bias_dropout_add(x, bias, residual, p=0.1, training=True):
     check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
+    if training and p > 0 and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # The seed is drawn on the host: a captured graph would replay one mask forever, silently.
+        raise RuntimeError("fused.bias_dropout_add: training=True with p > 0 cannot be captured in a CUDA graph (the "
+                           "dropout seed is drawn on the host at capture, so every replay would drop the same "
+                           "elements); capture with training=False, or run the dropout outside the graph")
     if training and p > 0:
         seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)  # torch's default CPU generator
     else:

@@ -54,7 +54,7 @@ def _dropout_bias_grad_kernel(g_ptr, gx_ptr, partial_ptr, rows, cols, rows_per_c
                               I64: tl.constexpr):
     """grad_x = grad * mask * scale over one chunk of rows, and the chunk's column sums into partial[chunk, :].
     Tiles are not aligned to the mask's 4-element groups, so each element runs its own Philox call."""
-    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     sc = scalar_in(scale, MATH)
     acc = tl.zeros((BLOCK_R, BLOCK_C), MATH)
     for R0 in range(chunk * rows_per_chunk, tl.minimum((chunk + 1) * rows_per_chunk, rows), BLOCK_R):

@@ -23,7 +23,7 @@ from fused.elementwise.triton_math import (NUM_WARPS, act_fwd, act_grad, math_dt
 @triton.jit
 def _bias_act_kernel(x_ptr, b_ptr, y_ptr, rows, cols, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                      MATH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
-    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
     h = tl.load(x_ptr + r * cols + c, mask=mask).to(MATH)
     if HAS_BIAS:
@@ -37,7 +37,7 @@ def _bias_act_backward_kernel(g_ptr, x_ptr, b_ptr, gx_ptr, partial_ptr, rows, co
                               BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
     """grad_x = grad * act'(x + bias) over one chunk of rows; with a bias, the chunk's column sums of grad_x
     (in the math type) go to partial[chunk, :]."""
-    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     bias = tl.zeros((BLOCK_C, ), MATH)
     if HAS_BIAS:
@@ -126,7 +126,7 @@ def _glu_kernel(gate_ptr, up_ptr, grad_ptr, y_ptr, gup_ptr, rows, cols, gate_str
                 ACT: tl.constexpr, BACKWARD: tl.constexpr, MATH: tl.constexpr, BLOCK_R: tl.constexpr,
                 BLOCK_C: tl.constexpr, I64: tl.constexpr):
     """Forward: y = act(gate) * up. Backward: y = grad_gate = grad * up * act'(gate), gup = grad * act(gate)."""
-    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C))
+    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
     gate = tl.load(gate_ptr + r * gate_stride + c, mask=mask).to(MATH)
     up = tl.load(up_ptr + r * up_stride + c, mask=mask).to(MATH)

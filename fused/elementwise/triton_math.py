@@ -61,18 +61,23 @@ def flat_offsets(I64: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def program_2d(inner):
+def program_2d(inner, I64: tl.constexpr = False):
     """(outer, inner) indices of this program in a grid folded into axis 0 (inner fastest). Grid axes 1 and 2
-    stop at 65535 programs, which a long row or a large batch would pass; axis 0 goes to 2**31 - 1."""
+    stop at 65535 programs, which a long row or a large batch would pass; axis 0 goes to 2**31 - 1. With I64 both
+    come back as int64, so that block index x block size (a row start, a column) cannot wrap past 2**31."""
     pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
     return pid // inner, pid % inner
 
 
 @triton.jit
 def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.constexpr, I64: tl.constexpr):
-    r = R0 + tl.arange(0, BLOCK_R)
+    """Row and column indices of a BLOCK_R x BLOCK_C tile and its mask; int64 throughout with I64."""
     if I64:
-        r = r.to(tl.int64)
+        R0 = R0.to(tl.int64)
+        col_block = col_block.to(tl.int64)
+    r = R0 + tl.arange(0, BLOCK_R)
     c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     return r[:, None], c[None, :], (r[:, None] < rows) & (c[None, :] < cols)
 

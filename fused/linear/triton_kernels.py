@@ -17,7 +17,7 @@ import triton.language as tl
 
 from fused._codes import ACT_CODES
 from fused.linear.ops import NEEDS_PRE, check_grad_pre, check_linear
-from fused.elementwise.triton_math import act_fwd, act_grad, on_device_of
+from fused.elementwise.triton_math import act_fwd, act_grad, on_device_of, program_2d
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -166,8 +166,9 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
 @triton.jit
 def _grad_pre_kernel(grad_ptr, saved_ptr, grad_pre_ptr, partial_ptr, M, N, ROWS_PER_CHUNK,
                      ACT: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    # Program (chunk, column tile): grad_pre for ROWS_PER_CHUNK rows, and their column sums into partial[chunk].
-    chunk, pid_n = tl.program_id(0), tl.program_id(1)
+    # Program (chunk, column tile), folded into grid axis 0 (axis 1 would stop at 65535 column tiles): grad_pre
+    # for ROWS_PER_CHUNK rows, and their column sums into partial[chunk].
+    chunk, pid_n = program_2d(tl.cdiv(N, BLOCK_N))
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     sums = tl.zeros((BLOCK_N,), dtype=tl.float32)
@@ -204,7 +205,7 @@ def linear_act_grad_pre(grad, saved, act, bias_grad):
     rows_per_chunk = 256  # fixed: the summation order depends on the shape only
     chunks = triton.cdiv(M, rows_per_chunk)
     partial = torch.empty(chunks, N, dtype=torch.float32, device=grad.device) if bias_grad else grad_pre
-    _grad_pre_kernel[(chunks, triton.cdiv(N, block_n))](
+    _grad_pre_kernel[(chunks * triton.cdiv(N, block_n),)](
         grad, saved, grad_pre, partial, M, N, rows_per_chunk, ACT=ACT_CODES[act], BIAS_GRAD=bias_grad,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
     if bias_grad:
