@@ -6,6 +6,12 @@
 #   sanitize  compute-sanitizer memcheck over the CUDA C++ tests, racecheck over the bias-gradient ones
 #   bench     python -m benchmarks.run --device cuda --out $OUT/bench
 # Usage: OUT=dir bash tools/gpu_suite.sh [stage ...]   (default: every stage, in that order)
+# Device plan (10 minutes a command, 30 of device time a session), logs under $OUT so a timeout still returns them:
+#   1. OUT=$OUT bash tools/gpu_suite.sh install cuda
+#   2. OUT=$OUT bash tools/gpu_suite.sh triton sanitize
+#   3. OUT=$OUT bash tools/gpu_suite.sh bench
+# A machine given back between calls comes back bare: any stage after `install` builds first when fused._C with
+# its CUDA kernels does not import.
 # Every stage runs even when an earlier one failed; each gets at most what is left of SUITE_BUDGET_S (default 570 s,
 # under the device's 10-minute command limit). Writes at most 8 files: $OUT/{install,pytest_cuda,pytest_triton,
 # sanitizer,bench}.log and $OUT/bench/*. Prints a summary last; exits 1 if any stage failed.
@@ -58,6 +64,14 @@ stage() {
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" "$cuda_home/compute-sanitizer/compute-sanitizer" \
   /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 pytest=("$PYTHON" -m pytest -p no:cacheprovider -q -rfE --maxfail=100)
+
+# Stages that need the build, on a machine that has none yet (a fresh one, or a call after the machine went back).
+needs_build() {
+  case " ${stages[*]} " in *" install "*) return 1 ;; esac
+  ! "$PYTHON" -c "import torch, fused; assert torch.cuda.is_available() and hasattr(torch.ops.fused, 'cuda_bias_act')" \
+    2>/dev/null
+}
+if needs_build; then stages=(install "${stages[@]}"); fi
 
 for s in "${stages[@]}"; do
   case $s in
