@@ -12,7 +12,7 @@ from fused.info import report
 from tests.harness import raises
 
 PUBLIC_OPS = ["bias_act", "glu", "bias_dropout_add", "unary_chain", "linear_act", "pairwise_distances",
-              "pairwise_topk", "clip_grad_norm_"]
+              "pairwise_topk", "clip_grad_norm_", "linear_cross_entropy", "cross_entropy"]
 
 
 def test_info_lists_every_public_op_with_its_kernels():

@@ -24,13 +24,15 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
         "Tensor? weight, str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, "
         "bool grad_input, bool grad_weight, bool grad_bias) "
         "-> (Tensor loss, Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
-  // The backward of reduction="none" (grad_loss [N]): recomputes the logits chunk by chunk.
+  // The backward that recomputes the logits chunk by chunk: reduction="none" (grad_loss [N]), and a "mean" or
+  // "sum" whose gradients forward did not compute or a previous backward consumed.
   m.def("linear_cross_entropy_bwd(Tensor grad_loss, Tensor input, Tensor linear_weight, Tensor target, "
-        "Tensor? linear_bias, Tensor? weight, int ignore_index, float label_smoothing, float z_loss, float softcap, "
-        "bool grad_input, bool grad_weight, bool grad_bias) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+        "Tensor? linear_bias, Tensor? weight, str reduction, int ignore_index, float label_smoothing, float z_loss, "
+        "float softcap, bool grad_input, bool grad_weight, bool grad_bias) "
+        "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
   // logits [N, V], target [N]; as linear_cross_entropy_fwd, with the logits' gradient when `grad`.
   m.def("cross_entropy_fwd(Tensor logits, Tensor target, Tensor? weight, str reduction, int ignore_index, "
         "float label_smoothing, float z_loss, float softcap, bool grad) -> (Tensor loss, Tensor grad_logits)");
-  m.def("cross_entropy_bwd(Tensor grad_loss, Tensor logits, Tensor target, Tensor? weight, int ignore_index, "
-        "float label_smoothing, float z_loss, float softcap) -> Tensor");
+  m.def("cross_entropy_bwd(Tensor grad_loss, Tensor logits, Tensor target, Tensor? weight, str reduction, "
+        "int ignore_index, float label_smoothing, float z_loss, float softcap) -> Tensor");
 }

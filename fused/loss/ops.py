@@ -7,7 +7,8 @@ chunk the logits GEMM into one reused buffer, the row kernel fused::cross_entrop
 gradient of the logits, written over them, all in fp32), then the backward GEMMs (grad_input for the chunk's
 rows; grad_weight and grad_bias accumulated in fp32). For reduction "mean" and "sum" the gradients are computed
 in forward whenever autograd will want them, and the backward only multiplies them by grad_output, in place (3
-GEMMs in all, as eager); "none" needs a gradient per row, so its backward runs the chunks again.
+GEMMs in all, as eager); "none" needs a gradient per row, so its backward runs the chunks again, as does a second
+backward through the same graph.
 """
 import torch
 
@@ -51,6 +52,18 @@ def check_target(op, target, shape, ref, logits_shape):
     if tuple(target.shape) != tuple(shape):
         raise ValueError(f"fused.{op}: target must have shape {tuple(shape)} (one class index per row of logits), "
                          f"got {tuple(target.shape)}")
+
+
+def check_target_range(op, target, classes, ignore_index):
+    """CPU: an out-of-range target is an IndexError naming the op, as in torch (a GPU would need a sync: its
+    kernels give that row NaN instead). Traced calls (torch.compile, fake or functional tensors) leave it to the
+    row kernel: no data-dependent branch."""
+    if target.device.type != "cpu" or torch.compiler.is_compiling() or type(target) is not torch.Tensor:
+        return
+    bad = (target != ignore_index) & ((target < 0) | (target >= classes))
+    if bad.any():
+        raise IndexError(f"fused.{op}: target {target[bad][0].item()} is out of bounds for {classes} classes "
+                         f"(ignore_index is {ignore_index})")
 
 
 def check_class_weight(op, weight, ref, classes):
@@ -151,10 +164,13 @@ def reduce_loss(loss_rows, lse, z_loss, reduction, denominators):
     return loss_rows.sum() / weight_sum if z is None else loss_rows.sum() / weight_sum + z.sum() / count
 
 
-def grad_scale(grad_loss, dtype):
-    """cross_entropy_rows' scale for reduction="none": grad_output[row] for both parts of each row's loss."""
+def backward_scale(grad_loss, target, class_weight, reduction, ignore_index, dtype):
+    """cross_entropy_rows' scale for a backward: grad_output[row] for both parts of each row's loss ("none"), or
+    grad_output times the scale of the reduction."""
     g = grad_loss.to(dtype)
-    return torch.stack([g, g], dim=1)
+    if reduction == "none":
+        return torch.stack([g, g], dim=1)
+    return row_scales(target, class_weight, reduction, ignore_index, dtype)[0] * g
 
 
 def chunk_rows(n_rows, input, classes):
@@ -220,11 +236,12 @@ def _linear_cross_entropy_fwd(input, linear_weight, target, linear_bias, weight,
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators).to(input.dtype), gi, gw, gb
 
 
-def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias, weight, ignore_index,
+def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
                               label_smoothing, z_loss, softcap, grad_input, grad_weight, grad_bias):
-    scale = grad_scale(grad_loss, math_dtype(input))
-    return linear_chunks(input, linear_weight, target, linear_bias, class_weight_in(weight, input), scale,
-                         ignore_index, label_smoothing, z_loss, softcap, grad_input, grad_weight,
+    class_weight = class_weight_in(weight, input)
+    scale = backward_scale(grad_loss, target, class_weight, reduction, ignore_index, math_dtype(input))
+    return linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, ignore_index,
+                         label_smoothing, z_loss, softcap, grad_input, grad_weight,
                          grad_bias and linear_bias is not None)[2:]
 
 
@@ -238,19 +255,21 @@ def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_sm
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators).to(logits.dtype), grad_logits
 
 
-def _cross_entropy_bwd(grad_loss, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap):
+def _cross_entropy_bwd(grad_loss, logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
+    class_weight = class_weight_in(weight, logits)
+    scale = backward_scale(grad_loss, target, class_weight, reduction, ignore_index, math_dtype(logits))
     grad_logits = logits.new_empty(logits.shape)
-    torch.ops.fused.cross_entropy_rows(logits, target, class_weight_in(weight, logits),
-                                       grad_scale(grad_loss, math_dtype(logits)), grad_logits, ignore_index,
-                                       label_smoothing, z_loss, softcap)
+    torch.ops.fused.cross_entropy_rows(logits, target, class_weight, scale, grad_logits, ignore_index, label_smoothing,
+                                       z_loss, softcap)
     return grad_logits
 
 
 for _name, _fn in (("linear_cross_entropy_fwd", _linear_cross_entropy_fwd),
                    ("linear_cross_entropy_bwd", _linear_cross_entropy_bwd),
                    ("cross_entropy_fwd", _cross_entropy_fwd), ("cross_entropy_bwd", _cross_entropy_bwd)):
-    # no_grad: the kernels compute gradients themselves (the backward ops have no autograd of their own).
-    torch.library.register_kernel(f"fused::{_name}", ("cpu", "cuda"), torch.no_grad()(_fn))
+    # Every device: ATen's GEMMs and the row kernel, routed per device. no_grad: they compute gradients
+    # themselves (the backward ops have no autograd of their own).
+    torch.library.impl(f"fused::{_name}", "CompositeExplicitAutograd", torch.no_grad()(_fn))
 
 
 # ---- fake kernels ----
@@ -278,8 +297,8 @@ def _(input, linear_weight, target, linear_bias, weight, reduction, ignore_index
 
 
 @torch.library.register_fake("fused::linear_cross_entropy_bwd")
-def _(grad_loss, input, linear_weight, target, linear_bias, weight, ignore_index, label_smoothing, z_loss, softcap,
-      grad_input, grad_weight, grad_bias):
+def _(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss,
+      softcap, grad_input, grad_weight, grad_bias):
     return (input.new_empty(input.shape if grad_input else (0,)),
             linear_weight.new_empty(linear_weight.shape if grad_weight else (0,)),
             linear_weight.new_empty(linear_weight.shape[:1] if grad_bias and linear_bias is not None else (0,)))
@@ -293,58 +312,45 @@ def _(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, 
 
 
 @torch.library.register_fake("fused::cross_entropy_bwd")
-def _(grad_loss, logits, target, weight, ignore_index, label_smoothing, z_loss, softcap):
+def _(grad_loss, logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
     return logits.new_empty(logits.shape)
 
 
-# ---- autograd: "mean" and "sum" scale the gradients computed in forward; "none" runs the backward op ----
-def _keep_grads(ctx, grads, computed):
-    """Keeps forward's gradients for backward, which consumes them: scales them in place and hands them to
-    autograd, which can then take them as .grad without a copy."""
+# ---- autograd: the first backward of "mean" / "sum" scales forward's gradients; otherwise the backward ops ----
+def _setup(ctx, saved, reduction, options, grads, computed):
+    ctx.save_for_backward(*saved)
+    ctx.options = (reduction, *options)
     ctx.mark_non_differentiable(*grads)
     ctx.set_materialize_grads(False)
-    ctx.grads, ctx.computed = grads, computed
+    ctx.grads, ctx.computed = (grads, computed) if reduction != "none" else (None, None)
 
 
-def _take_grads(ctx, op, grad_loss, needed):
+def _forward_grads(ctx, grad_loss, needed):
+    """Forward's gradients times grad_output, or None when forward has none for this backward. They are consumed:
+    scaled in place and handed to autograd, which takes them as .grad without a copy; a later backward through
+    the same graph (retain_graph, gradcheck) recomputes them with the backward op."""
     grads, ctx.grads = ctx.grads, None
-    if grads is None:
-        raise RuntimeError(f"fused.{op}: backward ran a second time through the same loss (retain_graph=True); "
-                           "with reduction 'mean' or 'sum' the gradients are computed in forward and the first "
-                           "backward consumed them. Compute the loss again for each backward, or use "
-                           "reduction='none' (whose backward recomputes them)")
-    if any(need and not done for need, done in zip(needed, ctx.computed)):
-        raise RuntimeError(f"fused.{op}: a gradient autograd needs was not computed in forward (the internal op was "
-                           f"called without asking for it; fused.{op} asks for every gradient autograd will need)")
+    if grads is None or any(need and not done for need, done in zip(needed, ctx.computed)):
+        return None
     # In place on plain tensors (eager); out of place when traced (torch.compile's fake and functional tensors).
     in_place = type(grad_loss) is torch.Tensor and all(type(g) is torch.Tensor for g in grads)
-    return [(g.mul_(grad_loss) if in_place else g * grad_loss) if need else None for g, need in zip(grads, needed)]
+    return [g.mul_(grad_loss) if in_place else g * grad_loss for g in grads]
 
 
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight, reduction, *options = inputs
-    ctx.reduction = reduction
-    if reduction == "none":
-        ctx.save_for_backward(input, linear_weight, target, linear_bias, weight)
-        ctx.options = options[:4]  # ignore_index, label_smoothing, z_loss, softcap
-        ctx.mark_non_differentiable(*output[1:])
-        ctx.set_materialize_grads(False)
-    else:
-        grad_input, grad_weight, grad_bias = options[4:]
-        _keep_grads(ctx, output[1:], (grad_input, grad_weight, grad_bias and linear_bias is not None))
+    grad_input, grad_weight, grad_bias = options[4:]
+    _setup(ctx, (input, linear_weight, target, linear_bias, weight), reduction, options[:4], output[1:],
+           (grad_input, grad_weight, grad_bias and linear_bias is not None))
 
 
 def _lce_backward(ctx, grad_loss, *_):
-    need_input, need_weight, _t, need_bias = ctx.needs_input_grad[:4]
-    if grad_loss is None:
-        gi = gw = gb = None
-    elif ctx.reduction == "none":
-        input, linear_weight, target, linear_bias, weight = ctx.saved_tensors
-        gi, gw, gb = torch.ops.fused.linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias,
-                                                              weight, *ctx.options, need_input, need_weight,
-                                                              need_bias)
-    else:
-        gi, gw, gb = _take_grads(ctx, "linear_cross_entropy", grad_loss, (need_input, need_weight, need_bias))
+    need_input, need_weight, _target, need_bias = ctx.needs_input_grad[:4]
+    grads = None if grad_loss is None else _forward_grads(ctx, grad_loss, (need_input, need_weight, need_bias))
+    if grads is None and grad_loss is not None:
+        grads = torch.ops.fused.linear_cross_entropy_bwd(grad_loss, *ctx.saved_tensors, *ctx.options, need_input,
+                                                         need_weight, need_bias)
+    gi, gw, gb = grads or (None, None, None)
     return (gi if need_input else None, gw if need_weight else None, None, gb if need_bias else None,
             *([None] * 9))
 
@@ -354,24 +360,14 @@ torch.library.register_autograd("fused::linear_cross_entropy_fwd", _lce_backward
 
 def _ce_setup(ctx, inputs, output):
     logits, target, weight, reduction, *options = inputs
-    ctx.reduction = reduction
-    if reduction == "none":
-        ctx.save_for_backward(logits, target, weight)
-        ctx.options = options[:4]
-        ctx.mark_non_differentiable(output[1])
-        ctx.set_materialize_grads(False)
-    else:
-        _keep_grads(ctx, output[1:], (options[4],))
+    _setup(ctx, (logits, target, weight), reduction, options[:4], output[1:], (options[4],))
 
 
 def _ce_backward(ctx, grad_loss, _grad_logits_output):
-    if grad_loss is None or not ctx.needs_input_grad[0]:
-        grad = None
-    elif ctx.reduction == "none":
-        logits, target, weight = ctx.saved_tensors
-        grad = torch.ops.fused.cross_entropy_bwd(grad_loss, logits, target, weight, *ctx.options)
-    else:
-        (grad,) = _take_grads(ctx, "cross_entropy", grad_loss, (True,))
+    grad = None
+    if grad_loss is not None and ctx.needs_input_grad[0]:
+        grad = _forward_grads(ctx, grad_loss, (True,))
+        grad = grad[0] if grad else torch.ops.fused.cross_entropy_bwd(grad_loss, *ctx.saved_tensors, *ctx.options)
     return (grad, *([None] * 8))
 
 
@@ -389,11 +385,13 @@ def _linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, wei
     ignore_index = -100 if ignore_index is None else ignore_index
     check_options(op, reduction, label_smoothing, z_loss, softcap)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
+    target = target.reshape(-1).long()
+    check_target_range(op, target, linear_weight.shape[0], ignore_index)
     grads = _needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
     loss = torch.ops.fused.linear_cross_entropy_fwd(
-        input.reshape(-1, input.shape[-1]), linear_weight, target.reshape(-1).long(), linear_bias, weight,
+        input.reshape(-1, input.shape[-1]), linear_weight, target, linear_bias, weight,
         reduction, ignore_index, float(label_smoothing), float(z_loss), float(softcap or 0.0), *grads)[0]
-    return loss.view(target.shape) if reduction == "none" else loss
+    return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
 def _cross_entropy(logits, target, *, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0,
@@ -406,8 +404,10 @@ def _cross_entropy(logits, target, *, weight=None, reduction="mean", ignore_inde
     rows = rows.reshape(-1, classes)
     if rows.stride(-1) != 1 and classes > 1:
         rows = rows.contiguous()
+    flat_target = target.reshape(-1).long()
+    check_target_range(op, flat_target, classes, ignore_index)
     grad = _needs_grad(logits)[0] and reduction != "none"
-    loss = torch.ops.fused.cross_entropy_fwd(rows, target.reshape(-1).long(), weight, reduction, ignore_index,
+    loss = torch.ops.fused.cross_entropy_fwd(rows, flat_target, weight, reduction, ignore_index,
                                              float(label_smoothing), float(z_loss), float(softcap or 0.0), grad)[0]
     return loss.view(target.shape) if reduction == "none" else loss
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from fused.elementwise.triton_math import INTERPRET, _div, _exp, _log, _tanh, math_dtype, on_device_of, scalar_in, to_out
-from fused.loss.ops import check_rows, math_dtype as math_torch_dtype
+from fused.loss.ops import check_rows, check_target_range, math_dtype as math_torch_dtype
 
 BLOCK = 4096  # columns per step of a row (fewer for a short row)
 
@@ -133,11 +133,7 @@ def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_
     lse = torch.empty(rows, dtype=acc, device=logits.device)
     if rows == 0:
         return loss, lse
-    if target.device.type == "cpu":  # as the CPU kernel: a clear error (on a GPU the row gets NaN, no sync)
-        bad = (target != ignore_index) & ((target < 0) | (target >= V))
-        if bad.any():
-            raise IndexError(f"fused.cross_entropy_rows: target {target[bad][0].item()} is out of bounds for {V} "
-                             f"classes (ignore_index is {ignore_index})")
+    check_target_range("cross_entropy_rows", target, V, ignore_index)
     has_grad = grad.numel() > 0
     _cross_entropy_rows_kernel[(rows,)](
         logits, logits.stride(0), grad if has_grad else logits, grad.stride(0) if has_grad else 0, target.contiguous(),
