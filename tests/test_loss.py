@@ -295,6 +295,26 @@ def test_uint8_target_and_no_grad():
     assert torch.equal(out, lce(x, w, b, t).detach())
 
 
+def test_autocast():
+    """Under autocast (bf16 hidden states, an fp32 head): the GEMMs in bf16 and a float32 loss, as torch's
+    F.linear_cross_entropy; loss and gradients no worse than torch's against float64 (x2)."""
+    x, w, b = lce_inputs((64,), 32, 200, seed=9)
+    t = targets((64,), 200)
+    x64, w64, b64 = (a.detach().bfloat16().double().requires_grad_() for a in (x, w, b))
+    exact, exact_grads = loss_and_grads(lambda: lce_ref(x64, w64, b64, t, label_smoothing=0.1), (x64, w64, b64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, got = loss_and_grads(lambda: lce(x.bfloat16(), w, b, t, label_smoothing=0.1), (x, w, b))
+        want, want_grads = loss_and_grads(lambda: F.linear_cross_entropy(x.bfloat16(), w, t, linear_bias=b,
+                                                                         label_smoothing=0.1), (x, w, b))
+        logits = make((8, 20), seed=3, requires_grad=True)
+        assert fused.cross_entropy(logits.bfloat16(), t[:8].clamp(0, 19)).dtype == torch.float32
+    assert out.dtype == want.dtype == torch.float32
+    assert_accuracy(out, want, exact)
+    for a, e, r in zip(got, want_grads, exact_grads):
+        assert a.dtype == e.dtype
+        assert_accuracy(a, e, r)
+
+
 def test_not_last_layer_and_backward():
     """Liger's "not last layer": a loss scaled after the op (grad_output 3) through .backward() into .grad."""
     x, w, b = lce_inputs((20,), 8, 30)
@@ -358,10 +378,10 @@ def test_only_some_gradients():
     assert torch.equal(gw, full[1]) and torch.equal(gb, full[2])
 
 
-def test_memory_without_the_logits():
+def test_memory_without_the_logits(monkeypatch):
     """fwd+bwd peak memory: no N x V logits, a quarter of eager's or less, and within the gradients plus a chunk."""
     from benchmarks.timing import peak_memory_mb
-    loss_ops.CHUNK_BYTES = 2**20
+    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**20)
     x, w, b = lce_inputs((1024,), 32, 4096)
     t = targets((1024,), 4096)
 
@@ -642,6 +662,27 @@ def test_triton_confident_prediction_and_bad_target():
     loss, lse = triton_kernels.cross_entropy_rows(logits[:0], t[:0], None, torch.ones(2), logits.new_empty(0), -100,
                                                   0.0, 0.0, 0.0)
     assert loss.shape == (0,) and lse.shape == (0,)
+
+
+@requires_triton
+def test_triton_kernel_compiles_for_sm90():
+    """The row kernel builds for sm_90 through its launcher (tests/triton_sm90.py: a stand-in sm_90 driver, compile
+    only; the interpreter runs none of Triton's type checks or lowering): float32, bfloat16 and float64, with and
+    without weights, smoothing, softcap and gradient; its softcap divisions correctly rounded (div.rn), none
+    approximate."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "loss"], capture_output=True,
+                         text=True, cwd=root, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stats = re.search(r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)",
+                      out.stdout)
+    assert stats and int(stats[1]) == 6 and int(stats[2]) > 0 and int(stats[3]) == 0, out.stdout
 
 
 # ---- a real client: a GPT-2-style model trained with the fused loss on its tied embedding ----

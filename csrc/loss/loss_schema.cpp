@@ -18,8 +18,9 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cross_entropy_rows(Tensor logits, Tensor target, Tensor? weight, Tensor scale, Tensor(a!) grad, "
         "int ignore_index, float label_smoothing, float z_loss, float softcap) -> (Tensor loss, Tensor lse)");
 
-  // input [N, D], target [N]. loss: reduced as `reduction` says, in the input's dtype. For "mean" and "sum" the
-  // gradients asked for come back too (of the loss, for a grad_output of 1), else empty tensors.
+  // input [N, D], target [N]. loss: reduced as `reduction` says, in float32 (float64 for float64 input; the
+  // composite casts it). For "mean" and "sum" the gradients asked for come back too (of the loss, for a
+  // grad_output of 1), else empty tensors.
   m.def("linear_cross_entropy_fwd(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, "
         "Tensor? weight, str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, "
         "bool grad_input, bool grad_weight, bool grad_bias) "

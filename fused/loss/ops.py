@@ -17,8 +17,10 @@ from fused._backend import register_gpu
 
 TRITON = "fused.loss.triton_kernels"
 REDUCTIONS = ("none", "mean", "sum")
-# The logits of one chunk of rows take at most this, or the input's own size when that is larger.
-CHUNK_BYTES = 16 * 2**20
+# The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
+# a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
+# (and in training its gradient) takes anyway.
+CHUNK_BYTES = 64 * 2**20
 
 
 def math_dtype(t):
@@ -173,9 +175,9 @@ def backward_scale(grad_loss, target, class_weight, reduction, ignore_index, dty
     return row_scales(target, class_weight, reduction, ignore_index, dtype)[0] * g
 
 
-def chunk_rows(n_rows, input, classes):
-    budget = max(CHUNK_BYTES, input.numel() * input.element_size())
-    return max(1, min(n_rows, budget // max(1, classes * input.element_size())))
+def chunk_rows(n_rows, linear_weight):
+    budget = max(CHUNK_BYTES, linear_weight.numel() * linear_weight.element_size() // 4)
+    return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
 
 
 def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, ignore_index, label_smoothing,
@@ -185,7 +187,7 @@ def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale
     N, D = input.shape
     V = linear_weight.shape[0]
     acc = math_dtype(input)
-    rows = chunk_rows(N, input, V)
+    rows = chunk_rows(N, linear_weight)
     logits = input.new_empty(min(rows, N), V)
     loss, lse = input.new_empty(N, dtype=acc), input.new_empty(N, dtype=acc)
     need_grad = grad_input or grad_weight or grad_bias
@@ -233,7 +235,7 @@ def _linear_cross_entropy_fwd(input, linear_weight, target, linear_bias, weight,
     loss_rows, lse, gi, gw, gb = linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale,
                                                ignore_index, label_smoothing, z_loss, softcap, grad_input,
                                                grad_weight, grad_bias and linear_bias is not None)
-    return reduce_loss(loss_rows, lse, z_loss, reduction, denominators).to(input.dtype), gi, gw, gb
+    return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), gi, gw, gb
 
 
 def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
@@ -252,7 +254,7 @@ def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_sm
     grad_logits = logits.new_empty(logits.shape) if grad and reduction != "none" else logits.new_empty(0)
     loss_rows, lse = torch.ops.fused.cross_entropy_rows(logits, target, class_weight, scale, grad_logits,
                                                         ignore_index, label_smoothing, z_loss, softcap)
-    return reduce_loss(loss_rows, lse, z_loss, reduction, denominators).to(logits.dtype), grad_logits
+    return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), grad_logits
 
 
 def _cross_entropy_bwd(grad_loss, logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
@@ -264,12 +266,20 @@ def _cross_entropy_bwd(grad_loss, logits, target, weight, reduction, ignore_inde
     return grad_logits
 
 
+def _plain(fn):
+    """fn without autograd (it computes gradients itself; the backward ops have no autograd of their own) and
+    without autocast (the composites cast their inputs; the GEMMs must run in the dtypes they are given)."""
+    def run(*args):
+        with torch.no_grad(), torch.autocast(args[0].device.type, enabled=False):
+            return fn(*args)
+    return run
+
+
 for _name, _fn in (("linear_cross_entropy_fwd", _linear_cross_entropy_fwd),
                    ("linear_cross_entropy_bwd", _linear_cross_entropy_bwd),
                    ("cross_entropy_fwd", _cross_entropy_fwd), ("cross_entropy_bwd", _cross_entropy_bwd)):
-    # Every device: ATen's GEMMs and the row kernel, routed per device. no_grad: they compute gradients
-    # themselves (the backward ops have no autograd of their own).
-    torch.library.impl(f"fused::{_name}", "CompositeExplicitAutograd", torch.no_grad()(_fn))
+    # Every device: ATen's GEMMs and the row kernel, routed per device.
+    torch.library.impl(f"fused::{_name}", "CompositeExplicitAutograd", _plain(_fn))
 
 
 # ---- fake kernels ----
@@ -289,7 +299,7 @@ def _(input, linear_weight, target, linear_bias, weight, reduction, ignore_index
       grad_input, grad_weight, grad_bias):
     check_linear_cross_entropy("linear_cross_entropy", input, linear_weight, target, linear_bias, weight)
     grads = reduction != "none"
-    return (input.new_empty(_loss_shape(reduction, input.shape[0])),
+    return (input.new_empty(_loss_shape(reduction, input.shape[0]), dtype=math_dtype(input)),
             input.new_empty(input.shape if grads and grad_input else (0,)),
             linear_weight.new_empty(linear_weight.shape if grads and grad_weight else (0,)),
             linear_weight.new_empty(linear_weight.shape[:1] if grads and grad_bias and linear_bias is not None
@@ -307,7 +317,7 @@ def _(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, i
 @torch.library.register_fake("fused::cross_entropy_fwd")
 def _(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap, grad):
     check_logits("cross_entropy", logits, target, weight)
-    return (logits.new_empty(_loss_shape(reduction, logits.shape[0])),
+    return (logits.new_empty(_loss_shape(reduction, logits.shape[0]), dtype=math_dtype(logits)),
             logits.new_empty(logits.shape if grad and reduction != "none" else (0,)))
 
 
@@ -379,11 +389,21 @@ def _needs_grad(*tensors):
     return [torch.is_grad_enabled() and t is not None and t.requires_grad for t in tensors]
 
 
+def _loss_dtype(loss, like):
+    """The input's dtype, or float32 under autocast (torch runs cross-entropy in float32 there)."""
+    return loss if torch.is_autocast_enabled(like.device.type) else loss.to(like.dtype)
+
+
 def _linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
                           ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None):
     op = "linear_cross_entropy"
     ignore_index = -100 if ignore_index is None else ignore_index
     check_options(op, reduction, label_smoothing, z_loss, softcap)
+    if torch.is_autocast_enabled(input.device.type):  # the linear layer in autocast's dtype, as F.linear would be
+        dtype = torch.get_autocast_dtype(input.device.type)
+        input, linear_weight, linear_bias = (
+            t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+            for t in (input, linear_weight, linear_bias))
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
@@ -391,6 +411,7 @@ def _linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, wei
     loss = torch.ops.fused.linear_cross_entropy_fwd(
         input.reshape(-1, input.shape[-1]), linear_weight, target, linear_bias, weight,
         reduction, ignore_index, float(label_smoothing), float(z_loss), float(softcap or 0.0), *grads)[0]
+    loss = _loss_dtype(loss, input)
     return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
@@ -409,6 +430,7 @@ def _cross_entropy(logits, target, *, weight=None, reduction="mean", ignore_inde
     grad = _needs_grad(logits)[0] and reduction != "none"
     loss = torch.ops.fused.cross_entropy_fwd(rows, flat_target, weight, reduction, ignore_index,
                                              float(label_smoothing), float(z_loss), float(softcap or 0.0), grad)[0]
+    loss = _loss_dtype(loss, logits)
     return loss.view(target.shape) if reduction == "none" else loss
 
 
