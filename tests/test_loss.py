@@ -263,6 +263,14 @@ def test_nan_and_inf_propagate_as_eager():
     assert out[2].isnan() and out[3] == float("inf")
     torch.testing.assert_close(out, want, equal_nan=True, rtol=2e-5, atol=2e-5)
     assert lce(x, w, b, t).isnan()
+    # masked (-inf) logits: harmless without label smoothing, an inf loss with it (log p = -inf), as eager
+    logits = make((3, 40), seed=4)
+    logits[:, :10] = float("-inf")
+    t = torch.tensor([12, 20, 39])
+    for ls in (0.0, 0.1):
+        out, want = (f(logits, t, reduction="none", label_smoothing=ls) for f in (fused.cross_entropy, F.cross_entropy))
+        torch.testing.assert_close(out, want)
+        assert torch.isfinite(out).all() == (ls == 0)
 
 
 def test_noncontiguous_inputs():
@@ -662,6 +670,15 @@ def test_triton_confident_prediction_and_bad_target():
     loss, lse = triton_kernels.cross_entropy_rows(logits[:0], t[:0], None, torch.ones(2), logits.new_empty(0), -100,
                                                   0.0, 0.0, 0.0)
     assert loss.shape == (0,) and lse.shape == (0,)
+    # masked logits filling the whole first block of a row (the running max is -inf there), with and without
+    # smoothing: the CPU kernel's (and eager's) results
+    masked = make((2, 5000), seed=6)
+    masked[0, :4096] = float("-inf")
+    t = torch.tensor([4500, 7])
+    for ls in (0.0, 0.1):
+        got = triton_kernels.cross_entropy_rows(masked, t, None, torch.ones(2), masked.new_empty(0), -100, ls, 0.0,
+                                                0.0)[0]
+        torch.testing.assert_close(got, F.cross_entropy(masked, t, reduction="none", label_smoothing=ls))
 
 
 @requires_triton

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_rows_kernel(RowsArgs a
     }
     if (z != -inf) p.s += p_exp(z - p.m);  // (a NaN z makes s NaN: the row's loss and gradient are NaN, as eager)
     if (smooth) {
-      p.sm += w * (z - p.m);
+      p.sm += z == -inf ? w * z : w * (z - p.m);  // a -inf logit makes the sum -inf (NaN at weight 0), as eager
       p.w += w;
     }
   }

@@ -79,8 +79,11 @@ def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, s
             if HAS_WEIGHT:
                 w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(MATH)
             w = tl.where(mask, w, 0.0)
-            m_old = tl.where(w_seen == 0.0, m_new, m)  # nothing to rescale yet (and m may still be -inf)
-            sm += w_seen * (m_old - m_new) + tl.sum(tl.where(mask, w * (z - m_new), 0.0), axis=0)
+            # rescaled to the new max only when it moved past something (m may still be -inf: nothing to rescale)
+            shift = tl.where((w_seen == 0.0) | (m == m_new), 0.0, w_seen * (m - m_new))
+            # a -inf logit makes the sum -inf (NaN at weight 0), as eager, whatever the running max
+            term = tl.where(z == float("-inf"), w * z, w * (z - m_new))
+            sm += shift + tl.sum(tl.where(mask, term, 0.0), axis=0)
             w_seen += tl.sum(w, axis=0)
         m = m_new
     log_s = tl.where(bad, float("nan"), _log(s))
