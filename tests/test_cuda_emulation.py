@@ -237,8 +237,9 @@ def test_bias_act_backward(emu, act, dtype, reschedule):
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("act", ["silu", "gelu", "gelu_tanh", "relu", "sigmoid"])
 def test_glu(emu, act, dtype):
-    """gate and up as the two strided halves of one tensor (rows of 2 x cols), odd and vector-sized widths."""
-    for rows, cols in [(37, 77), (9, 256)]:
+    """gate and up as the two strided halves of one tensor (rows of 2 x cols), odd and vector-sized widths; more
+    rows (150) and columns (9001) than one wave of blocks covers (both grid-stride loops)."""
+    for rows, cols in [(37, 77), (9, 256), (150, 40), (3, 9001)]:
         h = make((rows, 2 * cols), dtype, seed=0)
         grad = make((rows, cols), dtype, seed=3)
         gate, up = h.chunk(2, -1)
@@ -372,6 +373,15 @@ def test_linear_bias_act_epilogue(emu, act, dtype):
         y = buf(y0)
         launch(emu.bias_act_epilogue, code(dtype), ACT_CODES[act], y, None, None, M, N)
         assert_close(y, F.bias_act(y0, None, act))
+
+
+def test_linear_bias_act_epilogue_rows_past_the_grid(emu):
+    """A block per row up to 262144 blocks; rows beyond in the blocks' row-stride loop."""
+    M, N = 262145 + 3, 1
+    y0, b = make((M, N), seed=0), make((N,), seed=1)
+    y = buf(y0)
+    launch(emu.bias_act_epilogue, code(torch.float32), ACT_CODES["relu"], y, None, buf(b), M, N)
+    assert_equal_bits(y, torch.relu(y0 + b))
 
 
 def linear_workspace(emu, dtype, M, N):
