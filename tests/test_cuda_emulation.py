@@ -102,39 +102,39 @@ def test_threads_interleave_at_barriers(emu):
     assert torch.equal(y, x.roll(-1))  # each thread reads what the next one wrote before the barrier
 
 
-def collective_model(x, kind, mask, arg, width):
-    """What each thread of a CUDA block gets from the collective (-2 outside the mask, -1 from a lane outside it)."""
+def collective_model(x, kind, mask, exited, arg, width):
+    """What each thread of a CUDA block gets from the collective: lanes that exited (or that the block lacks) take no
+    part, and a shuffle reading from one gets -1 (0xff bytes); -3 and -2 for the lanes that return first."""
     res = []
     for t in range(len(x)):
         w0, lane = t - t % 32, t % 32
         seg, pos = lane - lane % width, lane % width
-        if not mask >> lane & 1:
-            res.append(-2)
-            continue
-        if kind <= 3:
+        part = [mask >> m & 1 and not exited >> m & 1 and w0 + m < len(x) for m in range(32)]
+        if exited >> lane & 1 or not mask >> lane & 1:
+            res.append(-3 if exited >> lane & 1 else -2)
+        elif kind <= 3 or kind == 7:
             src = [seg + arg % width, lane - arg if pos >= arg else lane, lane + arg if pos + arg < width else lane,
-                   lane ^ arg if (lane ^ arg) < seg + width else lane][kind]
-            res.append(x[w0 + src] if mask >> src & 1 else -1)
-        elif kind <= 6:
-            ballot = sum(1 << m for m in range(32) if mask >> m & 1 and x[w0 + m])
-            res.append([ballot - (1 << 32) if ballot >= 1 << 31 else ballot, int(ballot != 0), int(ballot == mask)][kind - 4])
+                   lane ^ arg if (lane ^ arg) < seg + width else lane, 0, 0, 0, lane ^ 1][kind]
+            res.append(x[w0 + src] if part[src] else -1)
         else:
-            res.append(x[w0 + (lane ^ 1)])
+            ballot = sum(1 << m for m in range(32) if part[m] and x[w0 + m])
+            everyone = sum(1 << m for m in range(32) if part[m])
+            res.append([ballot - (1 << 32) if ballot >= 1 << 31 else ballot, int(ballot != 0),
+                        int(ballot == everyone)][kind - 4])
     return res
 
 
-# kind: 0-3 __shfl_sync / _up / _down / _xor, 4-6 __ballot_sync / __any_sync / __all_sync, 7 __syncwarp (each lane
-# reads its neighbour's shared-memory write: pairs of lanes are within each of its masks).
-@pytest.mark.parametrize("kind,arg,width,mask", [
-    (kind, arg, width, mask)
-    for kind, arg, width in [(0, 5, 32), (0, 37, 8), (1, 3, 32), (1, 2, 8), (2, 1, 32), (2, 3, 16), (3, 16, 32),
-                             (3, 5, 8), (4, 0, 32), (5, 0, 32), (6, 0, 32), (7, 0, 32)]
-    for mask in ([0xFFFFFFFF, 0x0000FFFF, 0x5555AAAA] if kind < 7 else [0xFFFFFFFF, 0x0000FFFF])])
-def test_warp_collectives(emu, kind, arg, width, mask):
-    x = torch.tensor([(t * 7) % 5 if kind >= 4 else 1000 + t for t in range(64)], dtype=torch.int32)
-    y = out((64,), torch.int32)
-    launch(emu.selftest.collective, x, y, 64, kind, mask, arg, width)
-    assert y.tolist() == collective_model(x.tolist(), kind, mask, arg, width)
+# kind: 0-3 __shfl_sync / _up / _down / _xor, 4-6 __ballot_sync / __any_sync / __all_sync, 7 each lane reads its
+# neighbour's shared-memory write after __syncwarp. 48 threads: the second warp has 16 lanes.
+@pytest.mark.parametrize("kind,arg,width", [(0, 5, 32), (0, 37, 8), (1, 3, 32), (1, 2, 8), (2, 1, 32), (2, 3, 16),
+                                            (3, 16, 32), (3, 5, 8), (4, 0, 32), (5, 0, 32), (6, 0, 32), (7, 0, 32)])
+@pytest.mark.parametrize("mask,exited,threads", [(0xFFFFFFFF, 0, 64), (0x0000FFFF, 0, 64), (0x5555AAAA, 0, 64),
+                                                 (0xFFFFFFFF, 0x00300021, 64), (0xFFFFFFFF, 0, 48)])
+def test_warp_collectives(emu, kind, arg, width, mask, exited, threads):
+    x = torch.tensor([(t * 7) % 5 if kind >= 4 else 1000 + t for t in range(threads)], dtype=torch.int32)
+    y = out((threads,), torch.int32)
+    launch(emu.selftest.collective, x, y, threads, kind, mask, exited, arg, width)
+    assert y.tolist() == collective_model(x.tolist(), kind, mask, exited, arg, width)
 
 
 def test_atomics(emu):
@@ -172,9 +172,9 @@ def test_planted_wrong_shuffle_offset_is_caught(emu):
 
 @pytest.mark.parametrize("mode,message", [
     (0, r"waits at __syncthreads \(.*\) while .* waits at another"),
-    (1, "waits for lane 5 of its mask, which exited"),
+    (1, "__shfl_xor_sync and lane 16's __shfl_down_sync of one mask differ"),
     (2, r"deadlock in block \(0,0,0\): no thread can run; threads 0-15: __shfl_xor_sync; threads 16-63: __syncthreads"),
-    (3, "mask names lane 16, which the block"),
+    (3, r"__shfl_sync with mask 1 and width 32 \(the calling lane must be in the mask"),
     (4, r"invalid configuration argument: launch of grid \(1,1,1\), block \(2048,1,1\)"),
     (5, r"invalid configuration argument: launch of grid \(1,65536,1\)"),
 ])

@@ -6,13 +6,13 @@
 // device: each CUDA thread of a block is a fiber with its own stack (tests/emulation/cuda_host.cpp), switched
 // cooperatively, so threads really interleave at __syncthreads() and at every warp collective; a shuffle returns
 // the value its source lane held at that instruction; __shared__ variables are one copy for the block that runs,
-// filled with NaN bytes (0xff) before each block, so a read before any write shows; blocks run one after another
-// in a shuffled order, threads between two barriers in a shuffled order too (tests pick the seed). The emulator
-// reports, as a failed launch: launch configurations a GPU refuses, a barrier or warp collective that can never
-// complete (deadlock), threads of a block waiting at different __syncthreads, and warp collectives whose mask
-// names lanes that exited, that do not exist, or that wait at another collective. Atomics are plain
-// read-modify-writes (one fiber runs at a time); memory is sequentially consistent, so __threadfence is a no-op.
-// Not shown: the GPU memory model and real data races, occupancy and timing, nvcc's own code generation.
+// filled with 0xff bytes (NaN) before each block, so a read before any write shows; blocks run one after another
+// in a shuffled order, threads between two barriers in a shuffled order too (tests pick the seed). Threads that
+// exited are not waited for, at barriers or in warp collectives (a shuffle reading from one gets 0xff bytes).
+// Failed launches: configurations a GPU refuses, a barrier or warp collective that can never complete (deadlock),
+// threads of a block waiting at different __syncthreads, lanes of one mask at different collectives. Atomics are
+// plain read-modify-writes (one fiber runs at a time); memory is sequentially consistent, so __threadfence is a
+// no-op. Not shown: the GPU memory model and real data races, occupancy and timing, nvcc's own code generation.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -57,9 +57,10 @@ void set_schedule_seed(uint64_t seed);
 
 void syncthreads(const char* file, int line);
 
-enum class Collective { shfl_idx, shfl_up, shfl_down, shfl_xor, syncwarp, ballot };
-// Waits until every lane of `mask` reaches the same collective; returns this lane's result (shuffles: the source
-// lane's `bits`, or this lane's own where the source is outside its `width` segment; ballot: the mask's votes).
+enum class Collective { shfl_idx, shfl_up, shfl_down, shfl_xor, syncwarp, ballot, all };
+// Waits until every lane of `mask` that has not exited reaches the same collective; returns this lane's result
+// (shuffles: the source lane's `bits`, this lane's own where the source is outside its `width` segment, 0xff bytes
+// where the source takes no part; ballot: the lanes' votes; all: whether every lane taking part voted).
 uint64_t warp_collective(Collective kind, unsigned mask, uint64_t bits, int arg, int width);
 
 template <typename T> T from_bits(uint64_t bits) {
@@ -143,7 +144,9 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
   return unsigned(fused::emu::warp_collective(fused::emu::Collective::ballot, mask, pred != 0, 0, warpSize));
 }
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
-inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
+inline int __all_sync(unsigned mask, int pred) {
+  return int(fused::emu::warp_collective(fused::emu::Collective::all, mask, pred != 0, 0, warpSize));
+}
 
 // ---- atomics: one fiber runs at a time, so a plain read-modify-write is atomic ----
 template <typename T> T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }

@@ -121,7 +121,8 @@ const char* collective_name(Collective k) {
     case Collective::shfl_down: return "__shfl_down_sync";
     case Collective::shfl_xor: return "__shfl_xor_sync";
     case Collective::syncwarp: return "__syncwarp";
-    default: return "__ballot_sync";
+    case Collective::ballot: return "__ballot_sync";
+    default: return "__all_sync";
   }
 }
 
@@ -179,41 +180,37 @@ void ensure_threads(size_t n) {
   }
 }
 
-// Releases the lanes of every warp collective whose whole mask is there; records a fault for a collective that
-// can never complete. Returns whether any lane was released.
+// Releases the lanes of every warp collective that all the non-exited lanes of its mask have reached (lanes that
+// exited, or that the block does not have, take no part: a shuffle reading from one gets 0xff bytes, as CUDA leaves
+// it undefined); records a fault where lanes of one mask wait at different collectives. Returns whether any lane
+// was released.
 bool release_warps(int n) {
   bool released = false;
-  for (int w0 = 0; w0 < n && sched.fault.empty(); w0 += kWarp) {
+  for (int w0 = 0; w0 < n; w0 += kWarp) {
     const int lanes = std::min(kWarp, n - w0);
     for (int l = 0; l < lanes; ++l) {
       Thread& t = sched.threads[w0 + l];
       if (t.state != State::at_warp) continue;
-      const unsigned mask = t.mask;
-      const char* name = collective_name(t.kind);
+      unsigned taking_part = 0;
       bool complete = true;
-      for (int m = 0; m < kWarp && sched.fault.empty(); ++m) {
-        if (!(mask >> m & 1)) continue;
-        if (m >= lanes) {
-          sched.fault = where(t) + ": " + name + " mask names lane " + std::to_string(m) + ", which the block (" +
-                        std::to_string(n) + " threads) does not have";
-        } else {
-          const Thread& o = sched.threads[w0 + m];
-          if (o.state == State::done)
-            sched.fault = where(t) + ": " + name + " waits for lane " + std::to_string(m) + " of its mask, which exited";
-          else if (o.state == State::at_warp && (o.kind != t.kind || o.mask != mask || o.width != t.width))
-            sched.fault = where(t) + ": " + name + " and lane " + std::to_string(m) + "'s " +
-                          collective_name(o.kind) + " meet with different collectives, masks or widths";
-          else if (o.state != State::at_warp)
-            complete = false;
+      for (int m = 0; m < lanes; ++m) {
+        const Thread& o = sched.threads[w0 + m];
+        if (!(t.mask >> m & 1) || o.state == State::done) continue;
+        if (o.state != State::at_warp) {
+          complete = false;
+        } else if (o.kind != t.kind || o.mask != t.mask || o.width != t.width) {
+          sched.fault = where(t) + ": " + collective_name(t.kind) + " and lane " + std::to_string(m) + "'s " +
+                        collective_name(o.kind) + " of one mask differ in collective, mask or width";
+          return false;
         }
+        taking_part |= 1u << m;
       }
-      if (!sched.fault.empty()) return false;
       if (!complete) continue;
       uint64_t votes = 0;
       for (int m = 0; m < kWarp; ++m)
-        if (mask >> m & 1) votes |= uint64_t(sched.threads[w0 + m].bits != 0) << m;
+        if (taking_part >> m & 1) votes |= uint64_t(sched.threads[w0 + m].bits != 0) << m;
       for (int m = 0; m < kWarp; ++m) {
-        if (!(mask >> m & 1)) continue;
+        if (!(taking_part >> m & 1)) continue;
         Thread& o = sched.threads[w0 + m];
         const int w = o.width, seg = m / w * w, pos = m % w;
         int src = m;
@@ -224,9 +221,12 @@ bool release_warps(int n) {
           case Collective::shfl_xor: src = (m ^ o.arg) >= seg + w ? m : m ^ o.arg; break;
           default: break;
         }
-        if (o.kind == Collective::ballot) o.result = votes;
-        else if (o.kind == Collective::syncwarp) o.result = 0;
-        else o.result = (mask >> src & 1) ? sched.threads[w0 + src].bits : ~uint64_t(0);  // inactive source: NaN bytes
+        switch (o.kind) {
+          case Collective::ballot: o.result = votes; break;
+          case Collective::all: o.result = votes == taking_part; break;
+          case Collective::syncwarp: o.result = 0; break;
+          default: o.result = (taking_part >> src & 1) ? sched.threads[w0 + src].bits : ~uint64_t(0);
+        }
         o.state = State::ready;
       }
       released = true;

@@ -123,8 +123,8 @@ void def_selftest(py::module_& m) {
     check("warp_sum", st::warp_sum(ptr<float>(x), ptr<float>(out), warps, first_offset));
   });
   m.def("rotate", [](Ptr x, Ptr out, int threads) { check("rotate", st::rotate(ptr<int>(x), ptr<int>(out), threads)); });
-  m.def("collective", [](Ptr x, Ptr out, int threads, int kind, unsigned mask, int arg, int width) {
-    check("collective", st::collective(ptr<int>(x), ptr<int>(out), threads, kind, mask, arg, width));
+  m.def("collective", [](Ptr x, Ptr out, int threads, int kind, unsigned mask, unsigned exited, int arg, int width) {
+    check("collective", st::collective(ptr<int>(x), ptr<int>(out), threads, kind, mask, exited, arg, width));
   });
   m.def("atomics", [](Ptr counters, int blocks, int threads, unsigned limit) {
     check("atomics", st::atomics(ptr<unsigned>(counters), blocks, threads, limit));

@@ -41,9 +41,14 @@ __global__ void rotate_kernel(const int* x, int* out) {
   out[t] = s[(t + 1) % blockDim.x];
 }
 
-__global__ void collective_kernel(const int* x, int* out, int kind, unsigned mask, int arg, int width) {
+__global__ void collective_kernel(const int* x, int* out, int kind, unsigned mask, unsigned exited, int arg,
+                                  int width) {
   __shared__ int s[1024];
   const unsigned t = threadIdx.x;
+  if (exited >> (t % 32) & 1) {
+    out[t] = -3;
+    return;
+  }
   if (!(mask >> (t % 32) & 1)) {
     out[t] = -2;
     return;
@@ -79,13 +84,13 @@ __global__ void fault_kernel(int mode) {
     if (t % 2) __syncthreads();
     else __syncthreads();
   } else if (mode == 1) {
-    if (t == 5) return;
-    v = __shfl_down_sync(kFull, v, 1);
+    if (t % 32 < 16) v = __shfl_xor_sync(kFull, v, 1);
+    else v = __shfl_down_sync(kFull, v, 1);
   } else if (mode == 2) {
     if (t < 16) v = __shfl_xor_sync(kFull, v, 1);
     else __syncthreads();
   } else {
-    v = __shfl_down_sync(kFull, v, 1);
+    v = __shfl_sync(1u, v, 0);
   }
 }
 
@@ -111,8 +116,9 @@ cudaError_t rotate(const int* x, int* out, int threads) {
   return cudaGetLastError();
 }
 
-cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned mask, int arg, int width) {
-  FUSED_LAUNCH(1, threads, 0, nullptr, collective_kernel)(x, out, kind, mask, arg, width);
+cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned mask, unsigned exited, int arg,
+                       int width) {
+  FUSED_LAUNCH(1, threads, 0, nullptr, collective_kernel)(x, out, kind, mask, exited, arg, width);
   return cudaGetLastError();
 }
 
@@ -122,7 +128,7 @@ cudaError_t atomics(unsigned* counters, int blocks, int threads, unsigned limit)
 }
 
 cudaError_t fault(int mode) {
-  const unsigned threads = mode == 3 ? 48 : mode == 4 ? 2048 : 64;
+  const unsigned threads = mode == 4 ? 2048 : 64;
   const dim3 grid(1, mode == 5 ? 65536 : 1);
   FUSED_LAUNCH(grid, threads, 0, nullptr, fault_kernel)(mode);
   return cudaGetLastError();

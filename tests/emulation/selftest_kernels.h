@@ -19,16 +19,17 @@ cudaError_t warp_sum(const float* x, float* out, int warps, int first_offset);
 // out[t] = x[(t + 1) % threads] after each thread wrote x[t] to shared memory and a barrier: only right when the
 // threads interleave at the barrier.
 cudaError_t rotate(const int* x, int* out, int threads);
-// out[t] = thread t's result of a collective over x[t] among the lanes of `mask` (other lanes: -2): kind 0-3
-// __shfl_sync / _up / _down / _xor with arg and width, 4 __ballot_sync, 5 __any_sync, 6 __all_sync of x[t] != 0,
-// 7 x[t ^ 1] read from shared memory after __syncwarp.
-cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned mask, int arg, int width);
+// out[t] = thread t's result of a collective over x[t] among the lanes of `mask`: kind 0-3 __shfl_sync / _up /
+// _down / _xor with arg and width, 4 __ballot_sync, 5 __any_sync, 6 __all_sync of x[t] != 0, 7 x[t ^ 1] read from
+// shared memory after __syncwarp. Lanes in `exited` return first (out -3), then the lanes outside the mask (-2).
+cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned mask, unsigned exited, int arg,
+                       int width);
 // counters[0] += 1 (atomicAdd), counters[1] |= 1 << (t % 32) (atomicOr), counters[2]: atomicInc with limit
 // `limit`, counters[3]: atomicMax of t, by every thread of every block.
 cudaError_t atomics(unsigned* counters, int blocks, int threads, unsigned limit);
-// Launches that must fail: 0 a divergent __syncthreads, 1 a shuffle waiting for an exited lane, 2 half a warp
-// at a shuffle and half at __syncthreads (deadlock), 3 a full-mask shuffle in a 48-thread block,
-// 4 a block of 2048 threads, 5 a grid of 65536 blocks on y.
+// Launches that must fail: 0 a divergent __syncthreads, 1 half a warp at one shuffle and half at another with the
+// same mask, 2 half a warp at a shuffle and half at __syncthreads (deadlock), 3 lanes calling a shuffle whose
+// mask leaves them out, 4 a block of 2048 threads, 5 a grid of 65536 blocks on y.
 cudaError_t fault(int mode);
 
 }  // namespace emu_selftest
