@@ -496,6 +496,15 @@ def test_pairwise_distances_batches_past_65535(emu):
     assert_close(ga, F.pairwise_distances_backward(grad, a, b, dist, 2.0, False)[0])
 
 
+def test_distance_zero_dimensions(emu):
+    """D = 0: every distance is 0, for every metric."""
+    for p in (0.0, 1.0, 2.0, math.inf, 3.5):
+        dist = out((2, 3, 4), torch.float32)
+        launch(emu.pairwise_distances_direct, 0, metric(p), p, False, buf(torch.zeros(2, 3, 0)),
+               buf(torch.zeros(2, 4, 0)), dist, 2, 3, 4, 0)
+        assert torch.equal(dist, F.pairwise_distances(torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p, False))
+
+
 def test_distance_empty_inputs_launch_nothing(emu):
     dist = out((2, 0, 3), torch.float32)
     launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(torch.zeros(2, 0, 4)), buf(torch.zeros(2, 3, 4)),
