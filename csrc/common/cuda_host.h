@@ -158,7 +158,11 @@ template <typename T> T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return 
 template <typename T> T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
 template <typename T> T atomicXor(T* p, T v) { T old = *p; *p = old ^ v; return old; }
 template <typename T> T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
-inline unsigned atomicInc(unsigned* p, unsigned limit) { unsigned old = *p; *p = old >= limit ? 0 : old + 1; return old; }
+inline unsigned atomicInc(unsigned* p, unsigned limit) {
+  unsigned old = *p;
+  *p = old >= limit ? 0 : old + 1;
+  return old;
+}
 inline unsigned atomicDec(unsigned* p, unsigned limit) {
   unsigned old = *p;
   *p = old == 0 || old > limit ? limit : old - 1;

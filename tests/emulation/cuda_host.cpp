@@ -286,7 +286,8 @@ struct SharedLines {
     for (size_t i = 0; i < size(); i += kLine) {
       const size_t end = std::min(size(), i + kLine);
       bool dirty = false;
-      for (size_t j = i; j < end && !dirty; ++j) dirty = static_cast<unsigned char>(__start_fused_emu_shared[j]) != 0xff;
+      for (size_t j = i; j < end && !dirty; ++j)
+        dirty = static_cast<unsigned char>(__start_fused_emu_shared[j]) != 0xff;
       if (!dirty) continue;
       if (!ranges.empty() && ranges.back().second == i) ranges.back().second = end;
       else ranges.emplace_back(i, end);
@@ -306,7 +307,8 @@ bool run_block(uint64_t linear, int n, uint64_t& rng) {
   std::iota(order.begin(), order.end(), 0);
   for (int i = 0; i < n; ++i) {
     Thread& t = sched.threads[i];
-    t.idx = {unsigned(i % block_dim.x), unsigned(i / block_dim.x % block_dim.y), unsigned(i / block_dim.x / block_dim.y)};
+    t.idx = {unsigned(i % block_dim.x), unsigned(i / block_dim.x % block_dim.y),
+             unsigned(i / block_dim.x / block_dim.y)};
     start_fiber(t);
   }
   for (;;) {

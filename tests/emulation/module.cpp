@@ -11,6 +11,7 @@
 #include "distance/distance_kernels.h"
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
+#include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
 
 namespace py = pybind11;
@@ -111,6 +112,84 @@ void def_distance(py::module_& m) {
   });
 }
 
+namespace oc = optim_cuda;
+
+// The metadata of K lists of n tensors as the optimizer launchers read it (device memory is host memory here):
+// ptrs [K][n], numel and dtype codes [n] (kAligned added where every list's pointer is 16-byte aligned), the step
+// counters [n] or none, per-tensor hyperparameter rows [n * width] or none.
+struct Lists {
+  std::vector<uint8_t> buffer;
+  oc::TensorLists lists;
+  Lists(const std::vector<std::vector<Ptr>>& ptrs, const std::vector<int64_t>& numel, std::vector<uint8_t> dtype,
+        const std::vector<Ptr>& steps = {}, const std::vector<float>& hyper = {}, int width = 0) {
+    std::vector<std::vector<void*>> p(ptrs.size());
+    for (size_t k = 0; k < ptrs.size(); ++k)
+      for (Ptr q : ptrs[k]) p[k].push_back(ptr(q));
+    for (size_t i = 0; i < numel.size(); ++i) {
+      bool aligned = true;
+      for (const auto& list : ptrs) aligned &= list[i] % 16 == 0;
+      if (aligned) dtype[i] |= oc::kAligned;
+    }
+    std::vector<float*> step_ptrs;
+    for (Ptr q : steps) step_ptrs.push_back(ptr<float>(q));
+    const oc::ListsLayout layout = oc::lists_layout(int(ptrs.size()), numel, !steps.empty(), hyper.empty() ? 0 : width);
+    buffer.assign(layout.bytes, 0);
+    oc::pack_lists(buffer.data(), layout, p, numel, dtype, step_ptrs, hyper);
+    lists = oc::lists_at(buffer.data(), layout, !steps.empty());
+  }
+};
+
+using PtrLists = std::vector<std::vector<Ptr>>;
+using Codes = std::vector<uint8_t>;
+
+void def_optim(py::module_& m) {
+  m.attr("WORKSPACE_BYTES") = oc::kWorkspaceBytes;
+  m.attr("MASTER") = oc::kMaster;
+  m.attr("F32_STATE") = oc::kF32State;
+  m.attr("F32_GRAD") = oc::kF32Grad;
+  m.def("grad_norm", [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr ws,
+                        Ptr found_in, Ptr grad_scale, int norm, float p, float max_norm, float clip_value, bool finish,
+                        Ptr norm_out, Ptr coef_out, Ptr found_out, int num_sms) {
+    const Lists l(grads, numel, dtype);
+    check("grad_norm", oc::launch_grad_norm(l.lists, oc::workspace_at(ptr(ws)), ptr<float>(found_in),
+                                            ptr<float>(grad_scale), oc::Norm(norm), p, max_norm, clip_value, finish,
+                                            ptr<float>(norm_out), ptr<float>(coef_out), ptr<float>(found_out),
+                                            num_sms, nullptr));
+  });
+  m.def("scale_grads", [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr coef,
+                          int num_sms) {
+    const Lists l(grads, numel, dtype);
+    check("scale_grads", oc::launch_scale_grads(l.lists, ptr<float>(coef), num_sms, nullptr));
+  });
+  m.def("sgd_step", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
+                       const std::vector<Ptr>& steps, const std::vector<float>& hyper, Ptr ws, float lr,
+                       float momentum, float dampening, float weight_decay, float clip_value, bool nesterov,
+                       bool maximize, bool stochastic, uint64_t sr_seed, Ptr coef, Ptr grad_scale, Ptr found_inf,
+                       int num_sms) {
+    const Lists l(lists, numel, dtype, steps, hyper, 4);
+    const oc::SgdArgs args{lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize, momentum != 0,
+                           stochastic, sr_seed};
+    check("sgd_step", oc::launch_sgd_step(l.lists, oc::workspace_at(ptr(ws)), args, ptr<float>(coef),
+                                          ptr<float>(grad_scale), ptr<float>(found_inf), num_sms, nullptr));
+  });
+  m.def("adam_step", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
+                        const std::vector<Ptr>& steps, const std::vector<float>& hyper, Ptr ws, float lr, float beta1,
+                        float beta2, float eps, float weight_decay, float clip_value, bool amsgrad, bool decoupled,
+                        bool maximize, bool stochastic, uint64_t sr_seed, Ptr coef, Ptr grad_scale, Ptr found_inf,
+                        int num_sms) {
+    const Lists l(lists, numel, dtype, steps, hyper, 5);
+    const oc::AdamArgs args{lr, beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize,
+                            stochastic, sr_seed};
+    check("adam_step", oc::launch_adam_step(l.lists, oc::workspace_at(ptr(ws)), args, ptr<float>(coef),
+                                            ptr<float>(grad_scale), ptr<float>(found_inf), num_sms, nullptr));
+  });
+  m.def("accumulate_grads", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
+                               bool overwrite, int num_sms) {
+    const Lists l(lists, numel, dtype);
+    check("accumulate_grads", oc::launch_accumulate_grads(l.lists, overwrite, num_sms, nullptr));
+  });
+}
+
 void def_selftest(py::module_& m) {
   namespace st = emu_selftest;
   m.def("scale", [](Ptr x, Ptr y, int64_t n, int overrun, int threads) {
@@ -122,7 +201,9 @@ void def_selftest(py::module_& m) {
   m.def("warp_sum", [](Ptr x, Ptr out, int warps, int first_offset) {
     check("warp_sum", st::warp_sum(ptr<float>(x), ptr<float>(out), warps, first_offset));
   });
-  m.def("rotate", [](Ptr x, Ptr out, int threads) { check("rotate", st::rotate(ptr<int>(x), ptr<int>(out), threads)); });
+  m.def("rotate", [](Ptr x, Ptr out, int threads) {
+    check("rotate", st::rotate(ptr<int>(x), ptr<int>(out), threads));
+  });
   m.def("collective", [](Ptr x, Ptr out, int threads, int kind, unsigned mask, unsigned exited, int arg, int width) {
     check("collective", st::collective(ptr<int>(x), ptr<int>(out), threads, kind, mask, exited, arg, width));
   });
@@ -143,6 +224,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_elementwise(m);
   fused::emu::def_linear(m);
   fused::emu::def_distance(m);
+  fused::emu::def_optim(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");
   fused::emu::def_selftest(selftest);
 }
