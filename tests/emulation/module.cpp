@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/cuda_host.h"
@@ -24,6 +25,12 @@ using Ptr = uintptr_t;
 
 template <typename T = void> T* ptr(Ptr p) { return reinterpret_cast<T*>(p); }
 
+// A launcher's enum argument (dtype, activation, metric, norm) from its Python int, whatever the enum's type.
+struct Code {
+  int value;
+  template <typename E, typename = std::enable_if_t<std::is_enum_v<E>>> operator E() const { return E(value); }
+};
+
 void check(const char* launcher, cudaError_t err) {
   if (err != cudaSuccess)
     throw std::runtime_error(std::string(launcher) + ": " + cudaGetErrorString(err) + ": " + last_fault());
@@ -35,64 +42,62 @@ cuda::UnaryChain chain(const std::vector<int>& ops, const std::vector<double>& s
   if (ops.size() != scalars.size() || ops.size() > size_t(kMaxChain)) throw std::invalid_argument("bad chain");
   cuda::UnaryChain c{};
   c.len = int32_t(ops.size());
-  for (size_t j = 0; j < ops.size(); ++j) c.ops[j] = UnaryOp(ops[j]), c.scalars[j] = scalars[j];
+  for (size_t j = 0; j < ops.size(); ++j) c.ops[j] = Code{ops[j]}, c.scalars[j] = scalars[j];
   return c;
 }
 
 void def_elementwise(py::module_& m) {
-  using cuda::DType;
   m.def("column_sum_workspace", &cuda::column_sum_workspace);
   m.def("bias_act", [](int dtype, int act, Ptr x, Ptr bias, Ptr y, int64_t n, int64_t C) {
-    check("bias_act", cuda::bias_act(DType(dtype), Act(act), ptr(x), ptr(bias), ptr(y), n, C, nullptr));
+    check("bias_act", cuda::bias_act(Code{dtype}, Code{act}, ptr(x), ptr(bias), ptr(y), n, C, nullptr));
   });
   m.def("bias_act_backward", [](int dtype, int act, Ptr grad, Ptr x, Ptr bias, Ptr grad_x, Ptr grad_bias, Ptr ws,
                                 int64_t n, int64_t C) {
-    check("bias_act_backward", cuda::bias_act_backward(DType(dtype), Act(act), ptr(grad), ptr(x), ptr(bias),
+    check("bias_act_backward", cuda::bias_act_backward(Code{dtype}, Code{act}, ptr(grad), ptr(x), ptr(bias),
                                                        ptr(grad_x), ptr(grad_bias), ptr(ws), n, C, nullptr));
   });
   m.def("glu", [](int dtype, int act, Ptr gate, int64_t gate_stride, Ptr up, int64_t up_stride, Ptr y, int64_t rows,
                   int64_t cols) {
-    check("glu", cuda::glu(DType(dtype), Act(act), ptr(gate), gate_stride, ptr(up), up_stride, ptr(y), rows, cols,
+    check("glu", cuda::glu(Code{dtype}, Code{act}, ptr(gate), gate_stride, ptr(up), up_stride, ptr(y), rows, cols,
                            nullptr));
   });
   m.def("glu_backward", [](int dtype, int act, Ptr grad, Ptr gate, int64_t gate_stride, Ptr up, int64_t up_stride,
                            Ptr grad_gate, Ptr grad_up, int64_t rows, int64_t cols) {
-    check("glu_backward", cuda::glu_backward(DType(dtype), Act(act), ptr(grad), ptr(gate), gate_stride, ptr(up),
+    check("glu_backward", cuda::glu_backward(Code{dtype}, Code{act}, ptr(grad), ptr(gate), gate_stride, ptr(up),
                                              up_stride, ptr(grad_gate), ptr(grad_up), rows, cols, nullptr));
   });
   m.def("bias_dropout_add", [](int dtype, Ptr x, Ptr bias, Ptr residual, Ptr y, int64_t n, int64_t C, uint64_t seed,
                                uint64_t threshold, double scale) {
-    check("bias_dropout_add", cuda::bias_dropout_add(DType(dtype), ptr(x), ptr(bias), ptr(residual), ptr(y), n, C,
+    check("bias_dropout_add", cuda::bias_dropout_add(Code{dtype}, ptr(x), ptr(bias), ptr(residual), ptr(y), n, C,
                                                      dropout(seed, threshold, scale), nullptr));
   });
   m.def("dropout_backward", [](int dtype, Ptr grad, Ptr grad_x, Ptr grad_bias, Ptr ws, int64_t n, int64_t C,
                                uint64_t seed, uint64_t threshold, double scale) {
-    check("dropout_backward", cuda::dropout_backward(DType(dtype), ptr(grad), ptr(grad_x), ptr(grad_bias), ptr(ws),
+    check("dropout_backward", cuda::dropout_backward(Code{dtype}, ptr(grad), ptr(grad_x), ptr(grad_bias), ptr(ws),
                                                      n, C, dropout(seed, threshold, scale), nullptr));
   });
   m.def("unary_chain", [](int dtype, const std::vector<int>& ops, const std::vector<double>& scalars, Ptr x, Ptr y,
                           int64_t n) {
-    check("unary_chain", cuda::unary_chain(DType(dtype), chain(ops, scalars), ptr(x), ptr(y), n, nullptr));
+    check("unary_chain", cuda::unary_chain(Code{dtype}, chain(ops, scalars), ptr(x), ptr(y), n, nullptr));
   });
   m.def("unary_chain_backward", [](int dtype, const std::vector<int>& ops, const std::vector<double>& scalars,
                                    Ptr grad, Ptr x, Ptr grad_x, int64_t n) {
-    check("unary_chain_backward", cuda::unary_chain_backward(DType(dtype), chain(ops, scalars), ptr(grad), ptr(x),
+    check("unary_chain_backward", cuda::unary_chain_backward(Code{dtype}, chain(ops, scalars), ptr(grad), ptr(x),
                                                              ptr(grad_x), n, nullptr));
   });
 }
 
 void def_linear(py::module_& m) {
-  using linear::DType;
   m.def("bias_act_epilogue", [](int dtype, int act, Ptr y, Ptr pre, Ptr bias, int64_t M, int64_t N) {
     check("bias_act_epilogue",
-          linear::launch_bias_act_epilogue(ptr(y), ptr(pre), ptr(bias), M, N, Act(act), DType(dtype), nullptr));
+          linear::launch_bias_act_epilogue(ptr(y), ptr(pre), ptr(bias), M, N, Code{act}, Code{dtype}, nullptr));
   });
   m.def("act_grad_bias_workspace_bytes",
-        [](int dtype, int64_t M, int64_t N) { return linear::act_grad_bias_workspace_bytes(M, N, DType(dtype)); });
+        [](int dtype, int64_t M, int64_t N) { return linear::act_grad_bias_workspace_bytes(M, N, Code{dtype}); });
   m.def("act_grad_bias", [](int dtype, int act, Ptr grad, Ptr saved, Ptr grad_pre, Ptr grad_bias, Ptr ws, int64_t M,
                             int64_t N) {
     check("act_grad_bias", linear::launch_act_grad_bias(ptr(grad), ptr(saved), ptr(grad_pre), ptr(grad_bias), ptr(ws),
-                                                        M, N, Act(act), DType(dtype), nullptr));
+                                                        M, N, Code{act}, Code{dtype}, nullptr));
   });
 }
 
@@ -100,14 +105,14 @@ void def_distance(py::module_& m) {
   namespace kd = cuda::distance;
   m.def("pairwise_distances_direct", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr out,
                                         int64_t B, int64_t N, int64_t M, int64_t D) {
-    check("pairwise_distances_direct", kd::pairwise_distances_direct(kd::DType(dtype), kd::Metric(metric), p, squared,
+    check("pairwise_distances_direct", kd::pairwise_distances_direct(Code{dtype}, Code{metric}, p, squared,
                                                                      ptr(a), ptr(b), ptr(out), B, N, M, D, nullptr));
   });
   m.def("pairwise_distances_grad", [](int dtype, int metric, double p, bool squared, Ptr x, Ptr y, Ptr grad,
                                       Ptr dist, Ptr grad_x, int64_t B, int64_t R, int64_t C, int64_t D, int64_t s_r,
                                       int64_t s_c) {
     check("pairwise_distances_grad",
-          kd::pairwise_distances_grad(kd::DType(dtype), kd::Metric(metric), p, squared, ptr(x), ptr(y), ptr(grad),
+          kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad),
                                       ptr(dist), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
   });
 }
@@ -152,7 +157,7 @@ void def_optim(py::module_& m) {
                         Ptr norm_out, Ptr coef_out, Ptr found_out, int num_sms) {
     const Lists l(grads, numel, dtype);
     check("grad_norm", oc::launch_grad_norm(l.lists, oc::workspace_at(ptr(ws)), ptr<float>(found_in),
-                                            ptr<float>(grad_scale), oc::Norm(norm), p, max_norm, clip_value, finish,
+                                            ptr<float>(grad_scale), Code{norm}, p, max_norm, clip_value, finish,
                                             ptr<float>(norm_out), ptr<float>(coef_out), ptr<float>(found_out),
                                             num_sms, nullptr));
   });
