@@ -2,7 +2,7 @@
 built by tests/cuda_emulation.py): every launcher of every *_kernels.cu on CPU tensors, held against the CPU
 kernels (torch.ops.fused.*) and the float64 references with the harness's tolerances, bit for bit where the CPU
 and CUDA formulas are meant to match (dropout). Every buffer sits between NaN guards: a kernel that reads past a
-buffer gets NaN, one that writes past it fails the launch check. Reductions give the same bits under other block
+buffer gets NaN, one that writes past it fails the test. Reductions give the same bits under other block
 and thread orders and SM counts. Odd sizes, tails, unaligned pointers (the scalar paths), several blocks, grid-
 stride loops (one SM: 8 blocks a wave), grids sliced past 65535 blocks, empty inputs. The emulation's own
 semantics and planted bugs (a missing barrier, an off-by-one tail, a wrong shuffle offset) are checked first.
@@ -42,12 +42,14 @@ def reschedule(emu):
     """Runs f() under other schedule seeds and SM counts; restores the defaults."""
     def run(f):
         results = []
-        for seed, sms in [(0, 1), (12345, 3), (99, 132)]:
-            emu.set_schedule_seed(seed)
-            emu.set_sm_count(sms)
-            results.append(f())
-        emu.set_schedule_seed(1)
-        emu.set_sm_count(1)
+        try:
+            for seed, sms in [(0, 1), (12345, 3), (99, 132)]:
+                emu.set_schedule_seed(seed)
+                emu.set_sm_count(sms)
+                results.append(f())
+        finally:
+            emu.set_schedule_seed(1)
+            emu.set_sm_count(1)
         return results
     return run
 
@@ -157,13 +159,20 @@ def test_atomics(emu):
     assert c.tolist() == [192, -1, 192 % 101, 191]  # atomicInc wraps to 0 after the limit
 
 
-def test_planted_missing_barrier_is_caught(emu):
+def test_planted_missing_barrier_is_caught(emu, reschedule):
+    """Without the barriers a thread reads shared memory before the thread that writes it ran: NaN or a wrong sum,
+    in every order the emulation runs threads (index order too)."""
     x = make((2 * 256,), seed=0)
-    y = out((2,), torch.float32)
-    launch(emu.selftest.block_sum, x, y, 2, 256, True)
-    assert_close(y, x.view(2, 256).sum(1), scale=10)
-    launch(emu.selftest.block_sum, x, y, 2, 256, False)
-    assert not torch.allclose(y, x.view(2, 256).sum(1), equal_nan=False)  # reads before the writes: NaN or wrong
+
+    def block_sum(barrier):
+        y = out((2,), torch.float32)
+        launch(emu.selftest.block_sum, x, y, 2, 256, barrier)
+        return y
+
+    for y in [block_sum(True)] + reschedule(lambda: block_sum(True)):
+        assert_close(y, x.view(2, 256).sum(1), scale=10)
+    for y in [block_sum(False)] + reschedule(lambda: block_sum(False)):
+        assert not torch.allclose(y, x.view(2, 256).sum(1))
 
 
 def test_planted_off_by_one_tail_is_caught(emu):
@@ -191,6 +200,7 @@ def test_planted_wrong_shuffle_offset_is_caught(emu):
     (3, r"__shfl_sync with mask 1 and width 32 \(the calling lane must be in the mask"),
     (4, r"invalid configuration argument: launch of grid \(1,1,1\), block \(2048,1,1\)"),
     (5, r"invalid configuration argument: launch of grid \(1,65536,1\)"),
+    (6, "dynamic shared memory is not emulated"),
 ])
 def test_faults_fail_the_launch(emu, mode, message):
     with pytest.raises(RuntimeError, match=message):

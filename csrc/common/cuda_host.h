@@ -1,18 +1,19 @@
-// The launch form of every CUDA kernel, and a host emulation of CUDA's execution model that runs the same .cu
-// files on the CPU for the test suite (tests/cuda_emulation.py builds them with g++; production builds never do).
+// The launch form of every CUDA kernel, and a host emulation of CUDA's execution model that runs the same .cu files
+// on the CPU for the test suite (tests/cuda_emulation.py builds them with g++; production builds never do).
 //
 // Every launcher writes FUSED_LAUNCH(grid, block, smem, stream, kernel)(args...): under nvcc the real
-// kernel<<<grid, block, smem, stream>>>(args...). Compiled by a host compiler, this header stands in for the
-// device: each CUDA thread of a block is a fiber with its own stack (tests/emulation/cuda_host.cpp), switched
-// cooperatively, so threads really interleave at __syncthreads() and at every warp collective; a shuffle returns
-// the value its source lane held at that instruction; __shared__ variables are one copy for the block that runs,
-// filled with 0xff bytes (NaN) before each block, so a read before any write shows; blocks run one after another
-// in a shuffled order, threads between two barriers in a shuffled order too (tests pick the seed). Threads that
-// exited are not waited for, at barriers or in warp collectives (a shuffle reading from one gets 0xff bytes).
-// Failed launches: configurations a GPU refuses, a barrier or warp collective that can never complete (deadlock),
-// threads of a block waiting at different __syncthreads, lanes of one mask at different collectives. Atomics are
-// plain read-modify-writes (one fiber runs at a time); memory is sequentially consistent, so __threadfence is a
-// no-op. Not shown: the GPU memory model and real data races, occupancy and timing, nvcc's own code generation.
+// kernel<<<grid, block, smem, stream>>>(args...). Compiled by a host compiler, this header stands in for the device:
+// each CUDA thread of a block is a fiber with its own stack (tests/emulation/cuda_host.cpp), switched cooperatively,
+// so threads really interleave at __syncthreads() and at every warp collective; a shuffle returns the value its
+// source lane held at that instruction; __shared__ variables are one copy for the block that runs, filled with 0xff
+// bytes (NaN) before a launch (and what its first block wrote, before each later block), so a read before any write
+// shows; blocks run one after another in a shuffled order, threads between two barriers in a shuffled order too
+// (tests pick the seed). Threads that exited are not waited for, at barriers or in warp collectives (a shuffle
+// reading from one gets 0xff bytes). Failed launches: configurations a GPU refuses, a barrier or warp collective
+// that can never complete (deadlock), threads of a block waiting at different __syncthreads, lanes of one mask at
+// different collectives. Atomics are plain read-modify-writes (one fiber runs at a time); memory is sequentially
+// consistent, so __threadfence is a no-op. Not shown: the GPU memory model and real data races, occupancy and
+// timing, nvcc's own code generation.
 #pragma once
 
 #if defined(__CUDACC__)
@@ -76,7 +77,7 @@ template <typename T> uint64_t to_bits(T v) {
 }
 
 // FUSED_LAUNCH's host form: the arguments are copied once, as a launch copies them to the device, and every
-// thread calls the kernel with them (by value).
+// thread calls the kernel with them (by value). Dynamic shared memory (smem > 0) is not emulated: the launch fails.
 template <typename Kernel> struct Launch {
   dim3 grid, block;
   size_t smem;
@@ -106,8 +107,7 @@ template <typename Kernel> Launch<Kernel> launch(dim3 grid, dim3 block, size_t s
 #define __global__
 #define __device__
 #define __host__
-// One copy per program; tests/emulation/shared_memory.ld gathers them so that the scheduler can fill them with 0xff
-// before each block.
+// One copy per program; tests/emulation/shared_memory.ld gathers them so that the scheduler can fill them with 0xff.
 #define __shared__ static
 #define __launch_bounds__(...)
 #define threadIdx (static_cast<const uint3&>(::fused::emu::thread_idx))

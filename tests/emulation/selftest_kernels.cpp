@@ -130,7 +130,8 @@ cudaError_t atomics(unsigned* counters, int blocks, int threads, unsigned limit)
 cudaError_t fault(int mode) {
   const unsigned threads = mode == 4 ? 2048 : 64;
   const dim3 grid(1, mode == 5 ? 65536 : 1);
-  FUSED_LAUNCH(grid, threads, 0, nullptr, fault_kernel)(mode);
+  const size_t dynamic_shared = mode == 6 ? 1024 : 0;
+  FUSED_LAUNCH(grid, threads, dynamic_shared, nullptr, fault_kernel)(mode);
   return cudaGetLastError();
 }
 

@@ -29,7 +29,8 @@ cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned m
 cudaError_t atomics(unsigned* counters, int blocks, int threads, unsigned limit);
 // Launches that must fail: 0 a divergent __syncthreads, 1 half a warp at one shuffle and half at another with the
 // same mask, 2 half a warp at a shuffle and half at __syncthreads (deadlock), 3 lanes calling a shuffle whose
-// mask leaves them out, 4 a block of 2048 threads, 5 a grid of 65536 blocks on y.
+// mask leaves them out, 4 a block of 2048 threads, 5 a grid of 65536 blocks on y, 6 dynamic shared memory (not
+// emulated).
 cudaError_t fault(int mode);
 
 }  // namespace emu_selftest
