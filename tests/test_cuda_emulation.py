@@ -153,6 +153,22 @@ def test_warp_collectives(emu, kind, arg, width, mask, exited, threads):
     assert y.tolist() == collective_model(x.tolist(), kind, mask, exited, arg, width)
 
 
+def test_planted_missing_syncwarp_is_caught(emu, reschedule):
+    """Warp-synchronous code without __syncwarp: lanes run one after another, so some read their neighbour's slot
+    before it was written, in every thread order."""
+    x = torch.arange(64, dtype=torch.int32)
+
+    def exchange(kind):
+        y = out((64,), torch.int32)
+        launch(emu.selftest.collective, x, y, 64, kind, 0xFFFFFFFF, 0, 0, 32)
+        return y
+
+    for y in [exchange(7)] + reschedule(lambda: exchange(7)):
+        assert torch.equal(y, x ^ 1)
+    for y in [exchange(8)] + reschedule(lambda: exchange(8)):
+        assert not torch.equal(y, x ^ 1)
+
+
 def test_atomics(emu):
     c = torch.zeros(4, dtype=torch.int32)
     launch(emu.selftest.atomics, c, 3, 64, 100)

@@ -62,9 +62,9 @@ __global__ void collective_kernel(const int* x, int* out, int kind, unsigned mas
     case 4: out[t] = int(__ballot_sync(mask, v)); break;
     case 5: out[t] = __any_sync(mask, v); break;
     case 6: out[t] = __all_sync(mask, v); break;
-    default:
+    default:  // 7, or 8: without the __syncwarp
       s[t] = v;
-      __syncwarp(mask);
+      if (kind == 7) __syncwarp(mask);
       out[t] = s[t ^ 1];
   }
 }

@@ -21,7 +21,8 @@ cudaError_t warp_sum(const float* x, float* out, int warps, int first_offset);
 cudaError_t rotate(const int* x, int* out, int threads);
 // out[t] = thread t's result of a collective over x[t] among the lanes of `mask`: kind 0-3 __shfl_sync / _up /
 // _down / _xor with arg and width, 4 __ballot_sync, 5 __any_sync, 6 __all_sync of x[t] != 0, 7 x[t ^ 1] read from
-// shared memory after __syncwarp. Lanes in `exited` return first (out -3), then the lanes outside the mask (-2).
+// shared memory after __syncwarp (8: without it). Lanes in `exited` return first (out -3), then the lanes outside
+// the mask (-2).
 cudaError_t collective(const int* x, int* out, int threads, int kind, unsigned mask, unsigned exited, int arg,
                        int width);
 // counters[0] += 1 (atomicAdd), counters[1] |= 1 << (t % 32) (atomicOr), counters[2]: atomicInc with limit
