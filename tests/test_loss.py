@@ -24,8 +24,10 @@ from torch import nn
 import fused
 from fused.loss import ops as loss_ops
 from fused.loss import reference as ref
+from tests import cuda_emulation
 from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
                            check_compile, device_backends, make, noncontiguous, raises, rel_error, requires_triton)
+from tests.test_cuda_emulation import buf, emu, launch, out  # noqa: F401  (emu: the emulation's fixture)
 
 GEMM_SCALE = {torch.float64: 10.0, torch.float32: 10.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 # Every option at once: class weights, label smoothing, z-loss, softcap (and ignored rows, from `targets`).
@@ -700,6 +702,93 @@ def test_triton_kernel_compiles_for_sm90():
     stats = re.search(r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)",
                       out.stdout)
     assert stats and int(stats[1]) == 6 and int(stats[2]) > 0 and int(stats[3]) == 0, out.stdout
+
+
+# ---- the CUDA C++ row kernel, run on the CPU by the host emulation of CUDA (tests/cuda_emulation.py) ----
+def emu_rows(emu, logits, target, weight, scale, grad, ignore_index, label_smoothing, z_loss, softcap, ld=None):
+    """The CUDA launcher on guarded buffers (tests/test_cuda_emulation.py's), as the binding calls it: (loss, lse)."""
+    rows, V = target.shape[0], logits.shape[-1]
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    loss, lse = out((rows,), acc), out((rows,), acc)
+    w_sum = None if weight is None else buf(weight.double().sum().reshape(1))
+    launch(emu.cross_entropy_rows, cuda_emulation.code(logits.dtype), logits, ld or V, grad, V if grad is not None else 0,
+           buf(target), None if weight is None else buf(weight), w_sum, buf(scale), 2 if scale.dim() == 2 else 0,
+           loss, lse, rows, V, ignore_index, label_smoothing, z_loss, softcap)
+    return loss, lse
+
+
+requires_emulation = pytest.mark.skipif(cuda_emulation.unavailable() is not None,
+                                        reason=str(cuda_emulation.unavailable()))
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("options", ["plain", "all"])
+@pytest.mark.parametrize("V", [100, 1300])  # fewer columns than the block's 512 threads, and 2-3 per thread
+def test_emulated_cuda_rows_match_cpu_kernel(emu, dtype, options, V):
+    """Loss, logsumexp and gradient of the CUDA kernel (one block per row, per-thread online softmax, fixed-tree
+    combine) against the CPU kernel, with a gradient in a separate buffer and written over the logits, class weights,
+    per-row scales, ignored rows, softcap; every buffer between NaN guards."""
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    logits = make((5, V), dtype, low=-6, high=6, seed=1)
+    t = targets((5,), V)
+    cw = class_weight(V, acc) if options == "all" else None
+    kw = (0.1, 1e-2, 4.0) if options == "all" else (0.0, 0.0, 0.0)
+    scale = make((5, 2), acc, low=0.5, high=2, seed=2)
+    want_grad = torch.empty_like(logits)
+    want = torch.ops.fused.cross_entropy_rows(logits, t, cw, scale, want_grad, -100, *kw)
+    grad = buf(torch.zeros_like(logits))
+    got = emu_rows(emu, buf(logits), t, cw, scale, grad, -100, *kw)
+    for a, e in zip(got, want):
+        assert_close(a, e, scale=4)
+    assert_close(grad, want_grad, scale=4)
+    in_place = buf(logits)
+    emu_rows(emu, in_place, t, cw, scale, in_place, -100, *kw)
+    assert_close(in_place, want_grad, scale=4)
+    no_grad = emu_rows(emu, buf(logits), t, cw, scale[0], None, -100, *kw)
+    for a, e in zip(no_grad, want):
+        assert_close(a, e, scale=4)
+
+
+@requires_emulation
+def test_emulated_cuda_rows_special_cases(emu):
+    """Same bits under other block and thread orders and SM counts (fixed-order combine); a confident prediction's
+    true-class gradient in bf16 written over its logits (Liger #1329); masked (-inf) logits with smoothing give
+    eager's inf; an out-of-range target gives that row NaN (no host sync on a GPU); no rows launch nothing."""
+    logits = make((3, 700), low=-5, high=5, seed=3)
+    t = torch.tensor([0, 699, 350])
+    runs = []
+    for seed, sms in [(1, 1), (0, 1), (12345, 3), (99, 132)]:  # (test_cuda_emulation.py's reschedule orders)
+        emu.set_schedule_seed(seed)
+        emu.set_sm_count(sms)
+        grad = buf(torch.zeros_like(logits))
+        runs.append((*emu_rows(emu, buf(logits), t, class_weight(700), torch.ones(2), grad, -100, 0.1, 1e-3, 0.0),
+                     grad.clone()))
+    emu.set_schedule_seed(1)
+    emu.set_sm_count(1)
+    for run in runs[1:]:
+        assert all(torch.equal(a, c) for a, c in zip(run, runs[0]))
+
+    confident = torch.randn(2, 500, generator=torch.Generator().manual_seed(0))
+    confident[:, 3] = math.log(0.999 / 0.001 * confident.exp().sum(1).mean().item())
+    x16 = buf(confident.bfloat16())
+    x64 = x16.double().requires_grad_()
+    exact = torch.autograd.grad(F.cross_entropy(x64, torch.tensor([3, 3]), reduction="sum"), x64)[0][:, 3]
+    emu_rows(emu, x16, torch.tensor([3, 3]), None, torch.ones(2), x16, -100, 0.0, 0.0, 0.0)
+    assert rel_error(x16[:, 3], exact) < 1e-2
+
+    masked = make((2, 1300), seed=6)
+    masked[0, :600] = float("-inf")
+    for ls in (0.0, 0.1):
+        loss, _ = emu_rows(emu, buf(masked), torch.tensor([900, 7]), None, torch.ones(2), None, -100, ls, 0.0, 0.0)
+        torch.testing.assert_close(loss, F.cross_entropy(masked, torch.tensor([900, 7]), reduction="none",
+                                                         label_smoothing=ls))
+    grad = buf(torch.zeros(2, 1300))
+    loss, lse = emu_rows(emu, buf(masked), torch.tensor([700, 1300]), None, torch.ones(2), grad, -100, 0.0, 0.0, 0.0)
+    assert torch.isfinite(loss[0]) and loss[1].isnan() and grad[1].isnan().all() and torch.isfinite(grad[0]).all()
+    empty = emu_rows(emu, buf(masked[:0]), torch.zeros(0, dtype=torch.long), None, torch.ones(2), None, -100, 0.0,
+                     0.0, 0.0)
+    assert empty[0].shape == (0,)
 
 
 # ---- a real client: a GPT-2-style model trained with the fused loss on its tied embedding ----

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "common/scalar_math.h"
 #include "loss/loss_kernels.h"
 #include "loss/loss_math.h"
@@ -139,7 +140,7 @@ cudaError_t cross_entropy_rows(DType dtype, const RowsArgs& args, cudaStream_t s
   return visit_dtype(dtype, [&](auto zero) {
     using T = decltype(zero);
     using M = typename MathType<T>::type;
-    cross_entropy_rows_kernel<T><<<static_cast<unsigned>(args.rows), kThreads, 0, stream>>>(
+    FUSED_LAUNCH(static_cast<unsigned>(args.rows), kThreads, 0, stream, cross_entropy_rows_kernel<T>)(
         args, M(args.label_smoothing), M(args.label_smoothing / (args.V > 0 ? args.V : 1)), M(args.z_loss),
         M(args.softcap));
     return cudaGetLastError();

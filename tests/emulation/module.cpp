@@ -12,6 +12,7 @@
 #include "distance/distance_kernels.h"
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
+#include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
 
@@ -114,6 +115,17 @@ void def_distance(py::module_& m) {
     check("pairwise_distances_grad",
           kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad),
                                       ptr(dist), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
+  });
+}
+
+void def_loss(py::module_& m) {
+  m.def("cross_entropy_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight,
+                                 Ptr weight_sum, Ptr scale, int64_t scale_ld, Ptr loss, Ptr lse, int64_t rows, int64_t V,
+                                 int64_t ignore_index, double label_smoothing, double z_loss, double softcap) {
+    const cuda::loss::RowsArgs args{ptr(logits), ld, ptr(grad), ldg, ptr<const int64_t>(target), ptr(weight),
+                                    ptr<const double>(weight_sum), ptr(scale), scale_ld, ptr(loss), ptr(lse), rows, V,
+                                    ignore_index, label_smoothing, z_loss, softcap};
+    check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
   });
 }
 
@@ -230,6 +242,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_linear(m);
   fused::emu::def_distance(m);
   fused::emu::def_optim(m);
+  fused::emu::def_loss(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");
   fused::emu::def_selftest(selftest);
 }
