@@ -1,7 +1,8 @@
 """The loss family: fused.linear_cross_entropy, fused.cross_entropy and nn.FusedLinearCrossEntropyLoss against the
 reference (fused/loss/reference.py: torch's F.cross_entropy plus the z_loss and softcap extensions) and against
-float64; the row kernel's Triton launcher under the interpreter; a GPT-2-style model trained with the fused loss,
-in one process and under FSDP2 with 2 gloo processes.
+float64; the row kernel's Triton launcher under the interpreter (and compiled for sm_90), its CUDA C++ kernel in
+the CUDA host emulation; a GPT-2-style model trained with the fused loss, in one process and under FSDP2 with 2
+gloo processes.
 
 Ported cases (adapted to these ops, small shapes):
 - torch test/nn/test_linear_cross_entropy.py: all targets ignored (mean nan, sum 0, none zeros), parameter
@@ -13,6 +14,8 @@ Ported cases (adapted to these ops, small shapes):
   out-of-bounds targets, bf16 against fp32 internals, and PR #1329's true-class gradient of confident predictions.
 - Liger-Kernel test/transformers/test_fused_linear_cross_entropy.py: the same options through the linear head with
   and without bias, and reduction="none" gradients (Liger issue #968).
+- torch test_nn.py's cross-entropy cases: label smoothing with class weights and ignored targets per reduction,
+  K-dimensional (N, C, d1, ...) logits, 1-D logits with a 0-d target, empty batches, uint8 targets.
 """
 import math
 
