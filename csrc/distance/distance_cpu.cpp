@@ -14,9 +14,6 @@ namespace fused {
 namespace distance {
 namespace {
 
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
-
 // b of every batch packed in panels: [B, P * D * W].
 template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
   const int64_t B = b.size(0), M = b.size(1), D = b.size(2), len = num_panels<T>(M) * D * kPanel<T>;

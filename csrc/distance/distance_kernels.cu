@@ -132,8 +132,8 @@ __global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, co
 }
 
 template <typename F> cudaError_t visit(DType dtype, Metric metric, const F& f) {
-  auto with_type = [&](auto type_tag) {
-    using T = decltype(type_tag);
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
     switch (metric) {
       case Metric::kZero: return f(T(), std::integral_constant<Metric, Metric::kZero>());
       case Metric::kOne: return f(T(), std::integral_constant<Metric, Metric::kOne>());
@@ -141,13 +141,7 @@ template <typename F> cudaError_t visit(DType dtype, Metric metric, const F& f) 
       case Metric::kInf: return f(T(), std::integral_constant<Metric, Metric::kInf>());
       default: return f(T(), std::integral_constant<Metric, Metric::kGeneral>());
     }
-  };
-  switch (dtype) {
-    case DType::f32: return with_type(float());
-    case DType::f16: return with_type(__half());
-    case DType::bf16: return with_type(__nv_bfloat16());
-    default: return with_type(double());
-  }
+  });
 }
 
 }  // namespace

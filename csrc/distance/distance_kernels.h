@@ -6,11 +6,12 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+
 namespace fused {
 namespace cuda {
 namespace distance {
 
-enum class DType : int32_t { f32, f16, bf16, f64 };
 // p = 0, 1, 2, inf specialised; any other p >= 0 is kGeneral.
 enum class Metric : int32_t { kZero, kOne, kTwo, kInf, kGeneral };
 
