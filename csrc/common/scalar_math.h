@@ -1,7 +1,7 @@
 // Scalar primitives for pointwise_math.h (CUDA device code and host code), float and double.
 #pragma once
 #include <cmath>
-#include "common/philox.h"  // FUSED_HD
+#include "common/host_device.h"
 
 namespace fused {
 FUSED_HD float p_exp(float x) { return expf(x); }

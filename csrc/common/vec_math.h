@@ -1,7 +1,7 @@
 // CPU primitives for pointwise_math.h over at::vec::Vectorized<T> (AVX2 / AVX-512 / scalar fallback).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
-#include "common/philox.h"  // FUSED_HD
+#include "common/host_device.h"
 
 namespace fused {
 template <typename T> using Vec = at::vec::Vectorized<T>;

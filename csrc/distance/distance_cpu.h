@@ -16,8 +16,6 @@
 namespace fused {
 namespace distance {
 
-enum class Metric { P0, P1, P2, PInf, PGen };
-
 inline Metric metric_of(double p) {
   if (p == 0) return Metric::P0;
   if (p == 1) return Metric::P1;
@@ -32,16 +30,6 @@ inline bool use_matmul(Metric m, int64_t D) { return m == Metric::P2 && D >= kMa
 // The matmul path recomputes directly every d^2 below this fraction of |a|^2 + |b|^2 (after centering): there
 // the cancellation in |a|^2 + |b|^2 - 2 a.b would cost more than a few bits.
 constexpr double kRecompute = 1.0 / 16;
-
-template <typename F> void visit_metric(Metric m, const F& f) {
-  switch (m) {
-    case Metric::P0: return f(std::integral_constant<Metric, Metric::P0>());
-    case Metric::P1: return f(std::integral_constant<Metric, Metric::P1>());
-    case Metric::P2: return f(std::integral_constant<Metric, Metric::P2>());
-    case Metric::PInf: return f(std::integral_constant<Metric, Metric::PInf>());
-    case Metric::PGen: return f(std::integral_constant<Metric, Metric::PGen>());
-  }
-}
 
 template <typename T> struct Params {
   Vec<T> p, inv_p, p_minus_1;
