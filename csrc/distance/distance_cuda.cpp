@@ -4,26 +4,18 @@
 // distance_kernels.cu on the current stream. Built only when torch has CUDA.
 #include <torch/library.h>
 
-#include <cmath>
 #include <tuple>
 
 #include "common/cuda_binding.h"
 #include "distance/distance_args.h"
 #include "distance/distance_kernels.h"
+#include "distance/distance_math.h"
 
 namespace fused {
 namespace distance {
 namespace {
 
 namespace kd = fused::cuda::distance;
-
-kd::Metric metric_of(double p) {
-  if (p == 0) return kd::Metric::kZero;
-  if (p == 1) return kd::Metric::kOne;
-  if (p == 2) return kd::Metric::kTwo;
-  if (std::isinf(p)) return kd::Metric::kInf;
-  return kd::Metric::kGeneral;
-}
 
 at::Tensor pairwise_distances_cuda(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared) {
   const char* op = "pairwise_distances";
