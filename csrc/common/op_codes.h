@@ -38,8 +38,10 @@ template <typename T, T v> struct Tag {
   constexpr int k##Enum##Count = sizeof(k##Enum##Names) / sizeof(char*);  \
   template <typename Fn> FUSED_HD auto visit(Enum code, Fn&& fn) {        \
     using Code = Enum;                                                    \
-    switch (code) { TABLE(FUSED_CODE_CASE) }                              \
-    return fn(Tag<Code, Code(0)>{});                                      \
+    switch (code) {                                                       \
+      default:                                                            \
+        TABLE(FUSED_CODE_CASE)                                            \
+    }                                                                     \
   }
 
 FUSED_CODE_TABLE(Act, visit_act, FUSED_ACTS)
