@@ -19,7 +19,8 @@ import triton.language as tl
 
 from fused._codes import METRIC_CODES, metric_of
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
-from fused.elementwise.triton_math import _div, _pow, _sqrt, on_device_of, program_2d
+from fused import triton_math as tm
+from fused.triton_utils import on_device_of, program_2d
 
 # The metric codes of csrc/common/op_codes.h (host code gets them from fused._codes.metric_of).
 P0, P1, P2, PINF, PGEN = (tl.constexpr(METRIC_CODES[name]) for name in ("P0", "P1", "P2", "PInf", "PGen"))
@@ -68,7 +69,7 @@ def _center(b3, dtype):
 def _pow_p(x, p: tl.constexpr):
     """x ** p for the general metric's constant p: the elementwise kernels' pow (libdevice's on a GPU, as
     torch.cdist's; tl.exp2 / tl.log2 are the approximate instructions), with p in x's type."""
-    return _pow(x, tl.zeros_like(x) + p)
+    return tm.pow(x, tl.zeros_like(x) + p)
 
 
 @triton.jit
@@ -90,7 +91,7 @@ def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
 def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
     if METRIC == P2:
         if not SQUARED:
-            acc = _sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
+            acc = tm.sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
     elif METRIC == PGEN:
         acc = _pow_p(acc, inv_p)
     return acc
@@ -313,9 +314,9 @@ def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexp
         if SQUARED:
             w = 2.0 * g
         else:
-            w = tl.where(dist == 0.0, 0.0, _div(g, dist))
+            w = tl.where(dist == 0.0, 0.0, tm.div(g, dist))
     elif METRIC == PGEN:
-        w = tl.where(dist == 0.0, 0.0, _div(g, _pow_p(dist, p - 1.0)))
+        w = tl.where(dist == 0.0, 0.0, tm.div(g, _pow_p(dist, p - 1.0)))
     else:
         w = g
     return w
