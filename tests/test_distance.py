@@ -572,7 +572,7 @@ def compile_triton_kernels_for_sm90():
         for metric in range(5):
             for matmul in (False, True) if metric == tk.P2 and dt != "fp64" else (False,):
                 common = dict(METRIC=metric, SQUARED=False, MATMUL=matmul, CENTER=dt == "fp32", PREC=prec, ACC=acc)
-                bn, bm, bk = tk._config(matmul, 1, 1)
+                bn, bm, bk = tk.MATMUL_TILE if matmul else tk.DIRECT_TILE
                 build(tk._distances_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", out_ptr=f"*{dt}",
                                                  N="i32", M="i32", D="i32"),
                       dict(common, P=0.7, BN=bn, BM=bm, BK=bk))

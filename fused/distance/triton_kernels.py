@@ -163,10 +163,8 @@ def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, ME
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
-def _config(matmul, n, m):
-    if matmul:
-        return 64, 64, 32
-    return 32, 64, 16
+DIRECT_TILE = (32, 64, 16)  # BN, BM, BK of the distances kernel on the direct path
+MATMUL_TILE = (64, 64, 32)  # and on the tensor-core path
 
 
 @on_device_of
@@ -179,7 +177,7 @@ def pairwise_distances(a, b, p=2.0, squared=False):
     metric = metric_of(p)
     matmul = use_matmul(metric, d, a.dtype)
     center, centered = _center(b3, a.dtype)
-    bn, bm, bk = _config(matmul, n, m)
+    bn, bm, bk = MATMUL_TILE if matmul else DIRECT_TILE
     grid = (bsz * triton.cdiv(n, bn) * triton.cdiv(m, bm),)
     _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
                             matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
