@@ -16,16 +16,13 @@
 #include <unordered_map>
 
 #include "common/checks.h"
+#include "common/cuda_binding.h"
 #include "optim/optim_kernels.h"
 #include "optim/optim_args.h"
 
 namespace fused {
 namespace {
 namespace oc = optim_cuda;
-
-void check_launch(cudaError_t e, const char* op) {
-  TORCH_CHECK(e == cudaSuccess, "fused.", op, ": CUDA error: ", cudaGetErrorString(e));
-}
 
 int num_sms(c10::DeviceIndex device) {
   static std::mutex mu;
@@ -34,7 +31,7 @@ int num_sms(c10::DeviceIndex device) {
   auto it = cache.find(device);
   if (it == cache.end()) {
     int n = 0;
-    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "optim");
+    check_launch("optim", cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     it = cache.emplace(device, n).first;
   }
   return it->second;
@@ -138,7 +135,7 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   static std::list<CachedLists> cache;  // most recent first
   constexpr size_t kCacheSize = 32;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_launch(cudaStreamIsCapturing(stream, &capture), op);
+  check_launch(op, cudaStreamIsCapturing(stream, &capture));
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = cache.begin(); it != cache.end(); ++it) {
     if (it->key == key) {
@@ -251,10 +248,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
   const oc::Norm kind = norm_type == 2 ? oc::Norm::L2 : norm_type == 1 ? oc::Norm::L1
                         : std::isinf(norm_type) ? oc::Norm::Inf : oc::Norm::P;
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, float(norm_type), float(max_norm),
-                                    float(clip_value), finish, norm.data_ptr<float>(),
-                                    finish ? coef.data_ptr<float>() : nullptr, found.data_ptr<float>(),
-                                    num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, float(norm_type),
+                                        float(max_norm), float(clip_value), finish, norm.data_ptr<float>(),
+                                        finish ? coef.data_ptr<float>() : nullptr, found.data_ptr<float>(),
+                                        num_sms(device.index()), stream));
   return {norm, coef, found};
 }
 
@@ -267,7 +264,7 @@ void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_scale_grads(lists, clip_coef.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_scale_grads(lists, clip_coef.const_data_ptr<float>(), num_sms(device.index()), stream));
 }
 
 void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
@@ -314,8 +311,8 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
                          nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
-  check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
-                                   found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+                                       found_inf.const_data_ptr<float>(), num_sms(device.index()), stream));
 }
 
 void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -368,8 +365,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
                           amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};
-  check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
-                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+                                        found_inf.const_data_ptr<float>(), num_sms(device.index()), stream));
 }
 
 void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overwrite) {
@@ -392,7 +389,7 @@ void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overw
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const auto dl = device_lists(op, {accs, grads}, {}, device, stream, codes);
-  check_launch(oc::launch_accumulate_grads(dl, overwrite, num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_accumulate_grads(dl, overwrite, num_sms(device.index()), stream));
 }
 
 }  // namespace
