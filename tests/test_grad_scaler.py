@@ -116,3 +116,27 @@ def test_step_twice_is_an_error():
     scaler.step(opt)
     with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
         scaler.step(opt)
+
+
+@pytest.mark.parametrize("scaler_cls", [fused.amp.GradScaler, torch.amp.GradScaler], ids=["fused", "torch"])
+@pytest.mark.parametrize("name,hyper", [("SGD", dict(momentum=0.9)), ("Adam", dict(maximize=True)),
+                                        ("AdamW", dict(weight_decay=0.1))])
+def test_grad_after_step_as_torch_fused_leaves_it(scaler_cls, name, hyper):
+    """After scaler.step(opt), .grad holds the unscaled gradient, as torch's fused=True optimizer with torch's scaler
+    leaves it; a skipped step (inf/NaN) writes nothing, so .grad stays scaled there, as torch's fused ones leave it."""
+    ours, theirs = make(), make()
+    opt = getattr(fused.optim, name)(ours, lr=1e-2, **hyper)
+    ref = getattr(torch.optim, name)(theirs, lr=1e-2, fused=True, **hyper)
+    scaler, ref_scaler = scaler_cls("cpu", init_scale=2.0**10), torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for step in range(3):
+        for s, ps, o in ((scaler, ours, opt), (ref_scaler, theirs, ref)):
+            o.zero_grad()
+            backward(s, ps, step)
+            if step == 1:
+                ps[0].grad[3, 2] = math.inf
+            s.step(o)
+            s.update()
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+    assert scaler.get_scale() == ref_scaler.get_scale() == 2.0**9

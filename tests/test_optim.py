@@ -7,7 +7,7 @@ import torch
 
 import fused
 from fused.optim.reference import ReferenceOptimizer
-from harness import raises
+from harness import assert_accuracy, raises
 
 SHAPES = [(37, 5), (70001,), (3,), (2, 3, 131), ()]  # odd sizes, one over a chunk (32768), a scalar
 
@@ -39,7 +39,7 @@ def set_grads(groups, step, scale=1.0, dtype=None):
     for ps in zip(*groups):
         grad = torch.randn(ps[0].shape, generator=g, dtype=torch.float64) * scale
         for p in ps:
-            p.grad = grad.to(p.dtype)
+            p.grad = grad.to(p.dtype, copy=True)  # one tensor per param: steps write .grad
 
 
 def assert_params_close(a, b, rtol=2e-5, atol=2e-6):
@@ -109,14 +109,42 @@ def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value)
         assert_params_close(ours, theirs)
 
 
-def test_gradients_are_never_written():
-    params = make_params()
-    opt = fused.optim.AdamW(params, max_grad_norm=0.1, clip_value=0.01)
-    set_grads([params], 0)
-    before = [p.grad.clone() for p in params]
+@pytest.mark.parametrize("name,hyper", [CONFIGS[3], CONFIGS[5], CONFIGS[8]], ids=[IDS[3], IDS[5], IDS[8]])
+@pytest.mark.parametrize("max_grad_norm,clip_value", [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)])
+def test_grad_after_step_is_what_the_torch_recipe_leaves(name, hyper, max_grad_norm, clip_value):
+    """.grad after step() holds the gradient the update used, as torch's clip_grad_value_ + clip_grad_norm_ + step
+    leaves it: value-clipped, then norm-clipped; maximize and weight decay never touch it. Where nothing clips, .grad
+    is not written at all (bit for bit what backward left)."""
+    ours, theirs = make_params(), make_params()
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    ref = ReferenceOptimizer(name, theirs, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    for step in range(2):
+        set_grads([ours, theirs], step, scale=3.0)
+        before = [p.grad.clone() for p in ours]
+        opt.step()
+        ref.step()
+        for p, q, b in zip(ours, theirs, before):
+            if max_grad_norm in (None, 1e9) and clip_value is None:
+                assert torch.equal(p.grad, b)
+            else:
+                assert not torch.equal(p.grad, b) or p.numel() == 1
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_grad_write_back_in_the_gradient_dtype(dtype):
+    """16-bit gradients receive the clipped gradient rounded once to their dtype (the update itself uses it in
+    fp32); the result is as close to float64 clipping as torch's clip_grad_norm_ in that dtype."""
+    ours, theirs = make_params(dtype), make_params(dtype)
+    exact = make_params(torch.float64)
+    opt = fused.optim.AdamW(ours, lr=1e-3, max_grad_norm=0.5)
+    set_grads([ours, theirs, exact], 0, scale=3.0)
     opt.step()
-    for p, g in zip(params, before):
-        assert torch.equal(p.grad, g)
+    torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    torch.nn.utils.clip_grad_norm_(exact, 0.5)
+    for p, q, e in zip(ours, theirs, exact):
+        assert p.grad.dtype == dtype
+        assert_accuracy(p.grad, q.grad, e.grad)
 
 
 def test_param_groups_scheduler_zero_grad_closure():

@@ -221,16 +221,21 @@ void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
 }
 
 // ---- pass 2: the updates ----
-// The gradient as the update sees it: unscaled, value-clipped, norm-clipped, negated under maximize.
+// The gradient as the update sees it: clipped() is unscaled, value-clipped and norm-clipped (what write_grads
+// stores back into .grad, as torch's recipe unscale_ + clip_grad_value_ + clip_grad_norm_ leaves it); signed()
+// then negates it under maximize.
 template <typename T> struct GradTransform {
   GradIn<T> in;
   T coef;
   bool maximize;
-  inline Vec<T> operator()(Vec<T> g) const {
-    g = in(g) * Vec<T>(coef);
-    return maximize ? Vec<T>(0) - g : g;
-  }
+  inline Vec<T> clipped(Vec<T> g) const { return in(g) * Vec<T>(coef); }
+  inline Vec<T> signed_(Vec<T> g) const { return maximize ? Vec<T>(0) - g : g; }
 };
+
+// write_grads stores the gradient back only where the step changes it (a loss scale, value or norm clipping).
+bool writes_back(bool write_grads, float inv, double clip_value, float coef) {
+  return write_grads && (inv != 1.f || !std::isinf(clip_value) || coef != 1.f);
+}
 
 // body(vector index i, count) over [0, n): full vectors, then the tail (count < size).
 template <typename T, typename F> inline void for_vectors(int64_t n, const F& body) {
@@ -382,7 +387,7 @@ void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<b
         const at::Tensor* t = lists[k];
         if (!t) b[k] = nullptr;
         else if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
-          b[k] = const_cast<T*>(t->template const_data_ptr<T>()) + off;
+          b[k] = (writes[k] ? t->template data_ptr<T>() : const_cast<T*>(t->template const_data_ptr<T>())) + off;
         else {
           load_any(*t, off, buf[k], len);
           b[k] = buf[k];
@@ -470,7 +475,8 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                  bool write_grads) {
   const char* op = "sgd_step_";
   check_params(op, params);
   check_grads(op, grads);
@@ -489,6 +495,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
   const float coef = clip_coef.item<float>();
+  const bool write_back = writes_back(write_grads, inv, clip_value, coef);
   std::vector<char> first(params.size(), 0);
   if (use_momentum)
     for (size_t i = 0; i < params.size(); ++i) first[i] = *steps[i].const_data_ptr<float>() == 0.f;
@@ -500,7 +507,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
       const int64_t t = ch.tensor;
       const bool is_first = first[t];
       const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
-      run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
+      run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, write_back, true},
                    model_params.empty() ? nullptr : &model_params[t], rounding_for(sr_seed, t), ch,
                    [&](auto b, int64_t len) {
         using T = std::remove_pointer_t<typename decltype(b)::value_type>;
@@ -508,7 +515,9 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
         const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
         for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
           V p = ld(b[0] + i, cnt);
-          V d = tr(ld(b[1] + i, cnt));
+          V d = tr.clipped(ld(b[1] + i, cnt));
+          if (write_back) st(d, b[1] + i, cnt);
+          d = tr.signed_(d);
           if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
           if (use_momentum) {
             V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
@@ -528,7 +537,8 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                   bool write_grads) {
   const char* op = "adam_step_";
   check_params(op, params);
   check_grads(op, grads);
@@ -546,6 +556,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
   const float coef = clip_coef.item<float>();
+  const bool write_back = writes_back(write_grads, inv, clip_value, coef);
   // Per tensor, from its step count after this step (bias corrections in double, as torch does).
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -561,7 +572,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
       const int64_t t = ch.tensor;
       const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
       run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
-                   {true, false, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
+                   {true, write_back, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
                    rounding_for(sr_seed, t), ch, [&](auto b, int64_t len) {
         using T = std::remove_pointer_t<typename decltype(b)::value_type>;
         using V = Vec<T>;
@@ -571,7 +582,9 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
         const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
         for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
           V p = ld(b[0] + i, cnt);
-          V g = tr(ld(b[1] + i, cnt));
+          V g = tr.clipped(ld(b[1] + i, cnt));
+          if (write_back) st(g, b[1] + i, cnt);
+          g = tr.signed_(g);
           if (weight_decay != 0) {
             if (decoupled) p = p * decay;
             else g = at::vec::fmadd(p, vwd, g);

@@ -274,7 +274,8 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                   bool write_grads) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -313,7 +314,8 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
     check_sgd_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], nesterov, use_momentum);
   const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
   const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
-                         nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
+                         nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed),
+                         write_grads};
   check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
 }
@@ -323,7 +325,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                     const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                    bool write_grads) {
   const char* op = "adam_step_";
   if (params.empty()) return;
   const at::Device device = params[0].device();
@@ -367,7 +370,7 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
     check_adam_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4]);
   const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
   const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
-                          amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};
+                          amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed), write_grads};
   check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
                                     found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
 }
@@ -401,14 +404,15 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cuda_grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
         "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
   m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
-  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
+  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
         "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
-        "Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
-  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "Tensor? sr_seed=None, Tensor? hyper=None, bool write_grads=False) -> ()");
+  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
+        "bool write_grads=False) -> ()");
   m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }
 

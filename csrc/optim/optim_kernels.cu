@@ -191,13 +191,18 @@ __global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, co
 }
 
 // ---- pass 2 ----
-// The gradient as the update sees it: unscaled, value-clipped, norm-clipped, negated under maximize.
-template <typename M>
-__device__ __forceinline__ M transform_grad(M g, float inv, float clip_value, float coef, bool maximize) {
+// The gradient as the update sees it, before maximize negates it: unscaled, value-clipped, norm-clipped (what
+// write_grads stores back, as torch's recipe unscale_ + clip_grad_value_ + clip_grad_norm_ leaves .grad).
+template <typename M> __device__ __forceinline__ M clipped_grad(M g, float inv, float clip_value, float coef) {
   g *= M(inv);
   if (isfinite(clip_value)) g = g < M(-clip_value) ? M(-clip_value) : g > M(clip_value) ? M(clip_value) : g;
-  g *= M(coef);
-  return maximize ? -g : g;
+  return g * M(coef);
+}
+
+// write_grads stores the gradient back only where the step changes it (a loss scale, value or norm clipping):
+// the same answer in every block (a uniform branch).
+__device__ __forceinline__ bool writes_back(bool write_grads, float inv, float clip_value, float coef) {
+  return write_grads && (inv != 1.f || isfinite(clip_value) || coef != 1.f);
 }
 
 // The last block advances every step counter, once every block has read them.
@@ -263,6 +268,7 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
                                                        const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
+  const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
     const SgdArgs a = args_for(args, L, r.t);
@@ -276,7 +282,7 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
       using TM = decltype(model_tag);
       using M = typename Math<TP>::type;
       TP* param = list_ptr<TP>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
+      TG* grad = list_ptr<TG>(L, 1, r.t);
       TS* buf = a.use_momentum ? list_ptr<TS>(L, 2, r.t) : nullptr;
       TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
       for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
@@ -286,7 +292,8 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
         if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          M d = transform_grad(g[k], inv, a.clip_value, coef, a.maximize);
+          g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
+          M d = a.maximize ? -g[k] : g[k];
           if (a.weight_decay != 0.f) d += M(a.weight_decay) * p[k];
           if (a.use_momentum) {
             b[k] = first ? d : M(a.momentum) * b[k] + M(1.f - a.dampening) * d;
@@ -297,6 +304,7 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
         store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
         if (master) store4(model, i, r.end, r.aligned, p);
         if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
+        if (write_back) store4(grad, i, r.end, r.aligned, g);
       }
     });
   }
@@ -308,6 +316,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
                                                         const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
   const float inv = inverse_scale(grad_scale), coef = *coef_p;
+  const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
     const AdamArgs a = args_for(args, L, r.t);
@@ -323,7 +332,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
       using TM = decltype(model_tag);
       using M = typename Math<TP>::type;
       TP* param = list_ptr<TP>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
+      TG* grad = list_ptr<TG>(L, 1, r.t);
       TS* exp_avg = list_ptr<TS>(L, 2, r.t);
       TS* exp_avg_sq = list_ptr<TS>(L, 3, r.t);
       TS* max_sq = a.amsgrad ? list_ptr<TS>(L, 4, r.t) : nullptr;
@@ -337,7 +346,8 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
         if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          M gk = transform_grad(g[k], inv, a.clip_value, coef, a.maximize);
+          g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
+          M gk = a.maximize ? -g[k] : g[k];
           if (a.weight_decay != 0.f) {
             if (a.decoupled) p[k] *= M(1.f - a.lr * a.weight_decay);
             else gk += M(a.weight_decay) * p[k];
@@ -354,6 +364,7 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
         store4(exp_avg, i, r.end, r.aligned, m);
         store4(exp_avg_sq, i, r.end, r.aligned, v);
         if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+        if (write_back) store4(grad, i, r.end, r.aligned, g);
       }
     });
   }

@@ -130,6 +130,7 @@ struct SgdArgs {
   bool nesterov, maximize, use_momentum;
   bool stochastic;  // bf16 params rounded stochastically with sr_seed
   uint64_t sr_seed;
+  bool write_grads;  // store the unscaled, clipped gradient back into list 1
 };
 // lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
 // lists.hyper (width 4): per-tensor lr, momentum, dampening, weight_decay in place of args'.
@@ -141,6 +142,7 @@ struct AdamArgs {
   bool amsgrad, decoupled, maximize;
   bool stochastic;
   uint64_t sr_seed;
+  bool write_grads;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
 // lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.

@@ -47,17 +47,18 @@ def _shard_groups(t):
     return [mesh.get_group(d) for d, pl in enumerate(t.placements) if pl.is_shard()]
 
 
-def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value):
+def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, tensors=None):
     """(norm, clip_coef, found_inf): float32 device scalars. `grads` may mix plain tensors and DTensors; found_inf
-    comes back set where the found_inf argument (None: unset) is, or a gradient is not finite (on any rank)."""
+    comes back set where the found_inf argument (None: unset) is, or a gradient is not finite (on any rank).
+    tensors: what the kernel reads for each of grads (default: its local tensor), e.g. a dense copy."""
     max_norm = INF if max_norm is None else float(max_norm)
     clip_value = INF if clip_value is None else float(clip_value)
     norm_type = float(norm_type)
-    sharded = [local(g) for g in grads if is_sharded(g)]
+    tensors = [local(g) for g in grads] if tensors is None else tensors
+    sharded = [t for g, t in zip(grads, tensors) if is_sharded(g)]
     if not sharded:
-        return torch.ops.fused.grad_norm([local(g) for g in grads], found_inf, grad_scale, norm_type, max_norm,
-                                         clip_value, True)
-    replicated = [local(g) for g in grads if not is_sharded(g)]
+        return torch.ops.fused.grad_norm(tensors, found_inf, grad_scale, norm_type, max_norm, clip_value, True)
+    replicated = [t for g, t in zip(grads, tensors) if not is_sharded(g)]
     acc, _, found_inf = torch.ops.fused.grad_norm(sharded, found_inf, grad_scale, norm_type, max_norm, clip_value,
                                                   False)
     op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM

@@ -20,13 +20,14 @@ def _(grads, clip_coef):
 
 @torch.library.register_fake("fused::sgd_step_")
 def _(params, grads, momentum_buffers, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None, write_grads=False):
     return None
 
 
 @torch.library.register_fake("fused::adam_step_")
 def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
+      write_grads=False):
     return None
 
 

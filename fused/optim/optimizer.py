@@ -84,17 +84,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return found_inf
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
-        grads = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
-        check_dense(f"optim.{name}", grads)
+        sources = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
+        check_dense(f"optim.{name}", sources)
+        grads, copies = self._kernel_grads(all_params)
         device = local(all_params[0]).device
         if found_inf is not None:
             found_inf = found_inf.to(device=device, dtype=torch.float32)
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
-        self.last_grad_norm, coef, found_inf = global_norm(grads, found_inf, grad_scale, 2.0, self.max_grad_norm,
-                                                           self.clip_value)
+        self.last_grad_norm, coef, found_inf = global_norm(sources, found_inf, grad_scale, 2.0, self.max_grad_norm,
+                                                           self.clip_value, [grads[p] for p in all_params])
         clip_value = INF if self.clip_value is None else float(self.clip_value)
-        self._update_groups(groups, coef, grad_scale, found_inf, clip_value)
+        # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
+        # the fp32 sums of accumulate_grads() are internal and are not written.
+        write_grads = not self._acc_live
+        self._update_groups(groups, grads, coef, grad_scale, found_inf, clip_value, write_grads)
+        if write_grads and (grad_scale is not None or self.max_grad_norm is not None or self.clip_value is not None):
+            for grad, copy in copies:
+                grad.copy_(copy)
         self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
         return found_inf
 
@@ -132,7 +139,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._acc_live.clear()
         super().zero_grad(set_to_none)
 
-    def _update_groups(self, groups, coef, grad_scale, found_inf, clip_value):
+    def _update_groups(self, groups, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         """One update call for every group alike in the kernel's flags (and in having master weights), whatever
         their learning rates, betas or weight decays: those go per tensor (the op's `hyper`)."""
         calls = {}
@@ -141,7 +148,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if kind:
                     calls.setdefault((self._uses_master(kind[0]),) + self._flags(group), []).append((group, kind))
         for entries in calls.values():
-            self._update(entries, coef, grad_scale, found_inf, clip_value)
+            self._update(entries, grads, coef, grad_scale, found_inf, clip_value, write_grads)
 
     def _hyper(self, entries):
         """Per-tensor hyperparameter rows (float64 [n, H]) for several groups; None for one (the scalars)."""
@@ -150,14 +157,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return torch.tensor([self._row(group) for group, params in entries for _ in params], dtype=torch.float64)
 
     def _grad_of(self, p, from_buffer=True):
-        """The local gradient (the fp32 sums after accumulate_grads), with the strides of the parameter (the
-        kernels walk both as flat memory)."""
+        """The local gradient the kernels read (the fp32 sums after accumulate_grads): .grad itself when it is laid
+        out like the parameter (the kernels walk both as flat memory), else a copy in the parameter's layout."""
         if from_buffer and p in self._acc_live:
             return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
         if g.stride() != lp.stride():
-            g = torch.empty_like(lp).copy_(g)
+            g = torch.empty_like(lp, dtype=g.dtype).copy_(g)
         return g
+
+    def _kernel_grads(self, params):
+        """{param: the gradient the kernels read}, and the (.grad, copy) pairs where that is a copy: the step's
+        write-back goes into the copy, and from there into .grad."""
+        grads, copies = {}, []
+        for p in params:
+            grads[p] = self._grad_of(p)
+            if p not in self._acc_live and grads[p].data_ptr() != local(p.grad).data_ptr():
+                copies.append((local(p.grad), grads[p]))
+        return grads, copies
 
     def _new_step(self, p):
         return torch.zeros((), dtype=torch.float32, device=local(p).device)
@@ -261,7 +278,7 @@ class SGD(_FusedOptimizer):
     def _row(self, group):
         return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]), float(group["weight_decay"])]
 
-    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         group = entries[0][0]
         params = [p for _, ps in entries for p in ps]
         use_momentum = group["momentum"] != 0
@@ -276,10 +293,10 @@ class SGD(_FusedOptimizer):
                 bufs.append(local(state["momentum_buffer"]))
                 steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.sgd_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
+        torch.ops.fused.sgd_step_([self._target(p) for p in params], [grads[p] for p in params], bufs, steps,
                                   *self._row(group), bool(group["nesterov"]), bool(group["maximize"]),
                                   coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                  self._hyper(entries))
+                                  self._hyper(entries), write_grads)
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -312,7 +329,7 @@ class Adam(_FusedOptimizer):
         beta1, beta2 = group["betas"]
         return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"])]
 
-    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         group = entries[0][0]
         params = [p for _, ps in entries for p in ps]
         amsgrad, decoupled, maximize = self._flags(group)
@@ -331,10 +348,10 @@ class Adam(_FusedOptimizer):
                 max_sqs.append(local(state["max_exp_avg_sq"]))
             steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.adam_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], exp_avgs,
+        torch.ops.fused.adam_step_([self._target(p) for p in params], [grads[p] for p in params], exp_avgs,
                                    exp_avg_sqs, max_sqs, steps, *self._row(group), amsgrad, decoupled, maximize, coef,
                                    grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                   self._hyper(entries))
+                                   self._hyper(entries), write_grads)
 
 
 class AdamW(Adam):
