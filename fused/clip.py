@@ -5,7 +5,7 @@ import math
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
-from fused.optim.functional import check_dense, check_one_device, global_norm, local
+from fused.optim.functional import check_dense, check_one_device, global_norm, local, norm_dtype
 
 
 def _check_args(max_norm, norm_type):
@@ -57,4 +57,4 @@ _lib.impl("clip_grad_norm_", _clip_grad_norm_op, "CompositeExplicitAutograd")
 @torch.library.register_fake("fused::clip_grad_norm_")
 def _(grads, max_norm, norm_type=2.0):
     _check_args(max_norm, norm_type)
-    return grads[0].new_empty((), dtype=torch.float32) if len(grads) else torch.empty(())
+    return grads[0].new_empty((), dtype=norm_dtype(grads)) if len(grads) else torch.empty(())

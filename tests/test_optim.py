@@ -131,10 +131,11 @@ def test_grad_after_step_is_what_the_torch_recipe_leaves(name, hyper, max_grad_n
                 torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
 def test_grad_write_back_in_the_gradient_dtype(dtype):
     """16-bit gradients receive the clipped gradient rounded once to their dtype (the update itself uses it in
-    fp32); the result is as close to float64 clipping as torch's clip_grad_norm_ in that dtype."""
+    fp32); float64 ones are clipped in float64. Each is as close to float64 clipping as torch's clip_grad_norm_
+    in that dtype."""
     ours, theirs = make_params(dtype), make_params(dtype)
     exact = make_params(torch.float64)
     opt = fused.optim.AdamW(ours, lr=1e-3, max_grad_norm=0.5)
@@ -248,16 +249,22 @@ def test_fp32_and_16bit_in_one_group():
         assert ours_err <= 2 * torch_err + 1e-6 * e.norm(), (o.dtype, ours_err, torch_err)
 
 
-def test_float64_params():
+@pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[8]], ids=[IDS[2], IDS[6], IDS[8]])
+def test_float64_params(name, hyper):
+    """float64 gradients are normed and clipped in float64 (last_grad_norm is float64, as torch's norm) and the
+    update runs in float64: parameters, state and norm agree with torch's float64 recipe to float64 precision."""
     ours, theirs = make_params(torch.float64), make_params(torch.float64)
-    opt = fused.optim.Adam(ours, lr=1e-2, max_grad_norm=1.0)
-    ref = ReferenceOptimizer("Adam", theirs, lr=1e-2, max_grad_norm=1.0)
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=1.0, clip_value=0.5, **hyper)
+    ref = ReferenceOptimizer(name, theirs, max_grad_norm=1.0, clip_value=0.5, **hyper)
     for step in range(3):
-        set_grads([ours, theirs], step)
+        set_grads([ours, theirs], step, scale=3.0)
         opt.step()
         ref.step()
-    # the clip coefficient is a float32 scalar (as last_grad_norm): ~1e-7 relative, not float64's 1e-16
-    assert_params_close(ours, theirs, rtol=1e-6, atol=1e-7)
+        assert opt.last_grad_norm.dtype == torch.float64
+        torch.testing.assert_close(opt.last_grad_norm, ref.last_grad_norm, rtol=1e-13, atol=0)
+        assert_params_close(ours, theirs, rtol=1e-12, atol=1e-14)
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-13, atol=1e-15)
 
 
 def test_deterministic_across_thread_counts():
@@ -314,7 +321,7 @@ def test_bad_inputs():
 
 def test_ops_reject_bad_arguments():
     p, g = torch.zeros(4), torch.ones(4)
-    coef, found = torch.ones(()), torch.zeros(())
+    coef, found = torch.ones((), dtype=torch.float64), torch.zeros(())
     with raises("fused.adam_step_: lr must be >= 0"):
         torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
                                    1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
@@ -329,7 +336,7 @@ def test_opcheck():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
     params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    found, coef, inv = torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    found, coef, inv = torch.zeros(()), torch.tensor(0.5, dtype=torch.float64), torch.tensor(4.0)
     torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
     torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, None, None, 3.0, 1.0, 0.5, False))
     torch.library.opcheck(torch.ops.fused.scale_grads_.default, ([g.clone() for g in grads], coef))

@@ -4,6 +4,14 @@
 
 namespace fused {
 
+// The dtype of the norm grad_norm returns, as torch's clip_grad_norm_ returns it: the gradients' promoted dtype
+// (float32 for none). The norm itself is accumulated in fp32 (fp64 for fp64 gradients) and added up in fp64.
+inline at::ScalarType norm_dtype(at::TensorList grads) {
+  at::ScalarType t = grads.empty() ? at::kFloat : grads[0].scalar_type();
+  for (const auto& g : grads) t = c10::promoteTypes(t, g.scalar_type());
+  return t;
+}
+
 inline void check_nonneg(const char* op, const char* name, double v) {
   TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
 }

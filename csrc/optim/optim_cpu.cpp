@@ -35,10 +35,10 @@ std::vector<Chunk> make_chunks(at::TensorList ts) {
 }
 
 // ---- argument checks ----
-void check_flag(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
-              " must be a float32 tensor with one element on the CPU, got ", t.scalar_type(), " ", t.sizes(),
-              " on ", t.device());
+void check_flag(const char* op, const char* name, const at::Tensor& t, at::ScalarType dtype = at::kFloat) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == dtype && t.numel() == 1, "fused.", op, ": ", name,
+              " must be a ", dtype_name(dtype), " tensor with one element on the CPU, got ", t.scalar_type(), " ",
+              t.sizes(), " on ", t.device());
 }
 
 void check_grads(const char* op, at::TensorList grads) {
@@ -187,20 +187,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
     any_nonfinite |= nonfinite[c] != 0;
   }
   if (found_inf && found_inf->item<float>() != 0.f) any_nonfinite = true;
-  auto opts = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, opts);
-  if (!finish) return {at::scalar_tensor(acc, opts), at::empty({0}, opts), found};
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat));
+  if (!finish) return {at::scalar_tensor(acc, f64), at::empty({0}, f64), found};
   double norm = kind == Norm::L2 ? std::sqrt(acc) : kind == Norm::L1 || kind == Norm::Inf ? acc
                                                                                           : std::pow(acc, 1.0 / norm_type);
   // inf and NaN propagate into the norm (and a NaN norm into the coefficient) as in torch's clip_grad_norm_.
   const double coef = std::isinf(max_norm) ? 1.0 : std::isnan(norm) ? norm : std::min(1.0, max_norm / (norm + 1e-6));
-  return {at::scalar_tensor(norm, opts), at::scalar_tensor(coef, opts), found};
+  return {at::scalar_tensor(norm, at::TensorOptions().dtype(norm_dtype(grads))), at::scalar_tensor(coef, f64), found};
 }
 
 void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
   check_grads("scale_grads_", grads);
-  check_flag("scale_grads_", "clip_coef", clip_coef);
-  const float coef = clip_coef.item<float>();
+  check_flag("scale_grads_", "clip_coef", clip_coef, at::kDouble);
+  const double coef = clip_coef.item<double>();
   const auto chunks = make_chunks(grads);
   at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) {
@@ -233,8 +233,8 @@ template <typename T> struct GradTransform {
 };
 
 // write_grads stores the gradient back only where the step changes it (a loss scale, value or norm clipping).
-bool writes_back(bool write_grads, float inv, double clip_value, float coef) {
-  return write_grads && (inv != 1.f || !std::isinf(clip_value) || coef != 1.f);
+bool writes_back(bool write_grads, float inv, double clip_value, double coef) {
+  return write_grads && (inv != 1.f || !std::isinf(clip_value) || coef != 1.0);
 }
 
 // body(vector index i, count) over [0, n): full vectors, then the tail (count < size).
@@ -491,10 +491,10 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     check_list(op, "momentum_buffers", bufs, params, true);
     check_steps(op, steps, params.size());
   }
-  check_flag(op, "clip_coef", clip_coef);
+  check_flag(op, "clip_coef", clip_coef, at::kDouble);
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
-  const float coef = clip_coef.item<float>();
+  const double coef = clip_coef.item<double>();
   const bool write_back = writes_back(write_grads, inv, clip_value, coef);
   std::vector<char> first(params.size(), 0);
   if (use_momentum)
@@ -552,10 +552,10 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   // (lr, beta1, beta2, eps, weight_decay) per tensor
   const auto hp = per_tensor<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
   for (const auto& h : hp) check_adam_hyper(op, h[0], h[1], h[2], h[3], h[4]);
-  check_flag(op, "clip_coef", clip_coef);
+  check_flag(op, "clip_coef", clip_coef, at::kDouble);
   const float inv = inverse_scale(grad_scale, op);
   if (skipped(found_inf, op)) return;
-  const float coef = clip_coef.item<float>();
+  const double coef = clip_coef.item<double>();
   const bool write_back = writes_back(write_grads, inv, clip_value, coef);
   // Per tensor, from its step count after this step (bias corrections in double, as torch does).
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());

@@ -85,16 +85,16 @@ uint8_t update_code(const char* op, const at::Tensor& param, const at::Tensor& g
   return d;
 }
 
-// Per-tensor hyperparameters (float64 CPU [n, width], several param groups in one call) as float32 rows for the
+// Per-tensor hyperparameters (float64 CPU [n, width], several param groups in one call) as rows for the
 // metadata; empty when not given (the kernel takes the scalar arguments).
-std::vector<float> hyper_rows(const char* op, const std::optional<at::Tensor>& hyper, size_t n, int width) {
+std::vector<double> hyper_rows(const char* op, const std::optional<at::Tensor>& hyper, size_t n, int width) {
   if (!hyper) return {};
   TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
                   hyper->size(0) == int64_t(n) && hyper->size(1) == width,
               "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", width, "], got ",
               hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
-  const auto rows = hyper->contiguous().to(at::kFloat);
-  return std::vector<float>(rows.const_data_ptr<float>(), rows.const_data_ptr<float>() + rows.numel());
+  const auto rows = hyper->contiguous();
+  return std::vector<double>(rows.const_data_ptr<double>(), rows.const_data_ptr<double>() + rows.numel());
 }
 
 // The device-resident description of `lists` (K lists of n tensors each), `steps` (n or none) and per-tensor
@@ -102,7 +102,7 @@ std::vector<float> hyper_rows(const char* op, const std::optional<at::Tensor>& h
 // list 0's dtype); kAligned is added here.
 oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
                              const at::Device& device, cudaStream_t stream, const std::vector<uint8_t>& codes = {},
-                             const std::vector<float>& hyper = {}, int hyper_width = 0) {
+                             const std::vector<double>& hyper = {}, int hyper_width = 0) {
   if (hyper.empty()) hyper_width = 0;
   const size_t n = lists[0].size();
   std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
@@ -128,8 +128,8 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
     key.push_back(reinterpret_cast<int64_t>(step_ptrs.back()));
   }
   key.push_back(hyper_width);
-  for (float h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
-    int32_t bits;
+  for (double h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
+    int64_t bits;
     std::memcpy(&bits, &h, sizeof bits);
     key.push_back(bits);
   }
@@ -175,10 +175,11 @@ void check_on(const char* op, const char* name, const at::Tensor& t, const at::D
   TORCH_CHECK(t.layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
   TORCH_CHECK(t.is_non_overlapping_and_dense(), "fused.", op, ": ", name, " must be dense (non-overlapping)");
 }
-void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.device() == device && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
-              " must be a float32 tensor with one element on ", device, ", got ", t.scalar_type(), " ", t.sizes(),
-              " on ", t.device());
+void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
+                  at::ScalarType dtype = at::kFloat) {
+  TORCH_CHECK(t.device() == device && t.scalar_type() == dtype && t.numel() == 1, "fused.", op, ": ", name,
+              " must be a ", dtype_name(dtype), " tensor with one element on ", device, ", got ", t.scalar_type(),
+              " ", t.sizes(), " on ", t.device());
 }
 const float* optional_ptr(const char* op, const char* name, const std::optional<at::Tensor>& t,
                           const at::Device& device) {
@@ -245,15 +246,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const float* found_in = optional_ptr(op, "found_inf", found_inf, device);
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor norm = at::empty({}, opts), coef = at::empty(finish ? at::IntArrayRef{} : at::IntArrayRef{0}, opts);
-  at::Tensor found = at::empty({}, opts);
+  auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor norm = at::empty({}, finish ? f64.dtype(norm_dtype(grads)) : f64);
+  at::Tensor coef = at::empty(finish ? at::IntArrayRef{} : at::IntArrayRef{0}, f64);
+  at::Tensor found = at::empty({}, f64.dtype(at::kFloat));
+  bool fp64 = false;
+  for (const auto& g : grads) fp64 |= g.scalar_type() == at::kDouble;
   const oc::Norm kind = norm_type == 2 ? oc::Norm::L2 : norm_type == 1 ? oc::Norm::L1
                         : std::isinf(norm_type) ? oc::Norm::Inf : oc::Norm::P;
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, float(norm_type), float(max_norm),
-                                    float(clip_value), finish, norm.data_ptr<float>(),
-                                    finish ? coef.data_ptr<float>() : nullptr, found.data_ptr<float>(),
+  check_launch(oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, norm_type, max_norm, clip_value,
+                                    fp64, finish, norm.data_ptr(), dtype_code(op, norm),
+                                    finish ? coef.data_ptr<double>() : nullptr, found.data_ptr<float>(),
                                     num_sms(device.index()), stream), op);
   return {norm, coef, found};
 }
@@ -263,11 +267,11 @@ void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
   if (grads.empty()) return;
   const at::Device device = grads[0].device();
   for (const auto& g : grads) check_on(op, "grads", g, device);
-  check_scalar(op, "clip_coef", clip_coef, device);
+  check_scalar(op, "clip_coef", clip_coef, device, at::kDouble);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_scale_grads(lists, clip_coef.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  check_launch(oc::launch_scale_grads(lists, clip_coef.const_data_ptr<double>(), num_sms(device.index()), stream), op);
 }
 
 void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
@@ -297,7 +301,7 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   check_nonneg(op, "clip_value", clip_value);
   TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
               ": nesterov needs momentum > 0 and dampening == 0");
-  check_scalar(op, "clip_coef", clip_coef, device);
+  check_scalar(op, "clip_coef", clip_coef, device, at::kDouble);
   check_scalar(op, "found_inf", found_inf, device);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -313,10 +317,9 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   for (size_t i = 0; i < rows.size(); i += 4)
     check_sgd_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], nesterov, use_momentum);
   const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
-  const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
-                         nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed),
-                         write_grads};
-  check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+  const oc::SgdArgs args{lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize, use_momentum,
+                         sr_seed.has_value(), seed_value(op, sr_seed), write_grads};
+  check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<double>(), scale,
                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
 }
 
@@ -353,7 +356,7 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   check_nonneg(op, "clip_value", clip_value);
   TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
               beta1, ", ", beta2, ")");
-  check_scalar(op, "clip_coef", clip_coef, device);
+  check_scalar(op, "clip_coef", clip_coef, device, at::kDouble);
   check_scalar(op, "found_inf", found_inf, device);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
@@ -369,9 +372,9 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   for (size_t i = 0; i < rows.size(); i += 5)
     check_adam_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4]);
   const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
-  const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
-                          amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed), write_grads};
-  check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
+  const oc::AdamArgs args{lr, beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize,
+                          sr_seed.has_value(), seed_value(op, sr_seed), write_grads};
+  check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<double>(), scale,
                                     found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
 }
 

@@ -78,17 +78,17 @@ template <typename T> __device__ __forceinline__ T* list_ptr(const TensorLists& 
 }
 
 // One value per block, combined in a fixed order: sum, or max (NaN wins, like torch's max).
-template <Norm N> __device__ __forceinline__ float combine(float a, float b) {
-  if constexpr (N == Norm::Inf) return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+template <Norm N, typename A> __device__ __forceinline__ A combine(A a, A b) {
+  if constexpr (N == Norm::Inf) return a != a ? a : b != b ? b : a > b ? a : b;
   else return a + b;
 }
-template <Norm N> __device__ float block_reduce(float v) {
-  __shared__ float warp_vals[32];
+template <Norm N, typename A> __device__ A block_reduce(A v) {
+  __shared__ A warp_vals[32];
   for (int o = 16; o > 0; o >>= 1) v = combine<N>(v, __shfl_down_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_vals[warp] = v;
   __syncthreads();
-  v = threadIdx.x < (blockDim.x >> 5) ? warp_vals[threadIdx.x] : 0.f;
+  v = threadIdx.x < (blockDim.x >> 5) ? warp_vals[threadIdx.x] : A(0);
   if (warp == 0)
     for (int o = 16; o > 0; o >>= 1) v = combine<N>(v, __shfl_down_sync(0xffffffffu, v, o));
   __syncthreads();
@@ -112,21 +112,40 @@ __device__ __forceinline__ float inverse_scale(const float* grad_scale) {
   return grad_scale ? float(1.0 / double(*grad_scale)) : 1.f;
 }
 
-// ---- pass 1 ----
-template <Norm N> __device__ __forceinline__ float norm_term(float x, float p) {
-  if constexpr (N == Norm::L2) return x * x;
-  else if constexpr (N == Norm::L1 || N == Norm::Inf) return fabsf(x);
-  else return powf(fabsf(x), p);
+// The gradient as the update sees it, before maximize negates it: unscaled, value-clipped (NaN stays NaN, as in
+// torch), norm-clipped. Pass 1 takes it with coef = 1; pass 2 stores it back under write_grads, as torch's recipe
+// unscale_ + clip_grad_value_ + clip_grad_norm_ leaves .grad.
+template <typename M> __device__ __forceinline__ M clipped_grad(M g, float inv, double clip_value, double coef) {
+  g *= M(inv);
+  if (isfinite(clip_value)) g = g < M(-clip_value) ? M(-clip_value) : g > M(clip_value) ? M(clip_value) : g;
+  return g * M(coef);
 }
 
-template <Norm N>
+// ---- pass 1 ----
+template <Norm N, typename A> __device__ __forceinline__ A norm_term(A x, A p) {
+  if constexpr (N == Norm::L2) return x * x;
+  else if constexpr (N == Norm::L1 || N == Norm::Inf) return fabs(x);
+  else if constexpr (sizeof(A) == 4) return powf(fabsf(x), p);
+  else return pow(fabs(x), p);
+}
+
+// Stores a finished scalar into memory of dtype code d (16-bit through float, as the CPU's at::scalar_tensor).
+__device__ __forceinline__ void store_scalar(void* out, uint8_t d, double v) {
+  dispatch(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) *static_cast<double*>(out) = v;
+    else *static_cast<T*>(out) = from_math<T>(float(v));
+  });
+}
+
+// A: the accumulator, float unless some gradient is float64. Per-block partials are added up in double.
+template <Norm N, typename A>
 __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Workspace ws, const float* found_in,
-                                                             const float* grad_scale, float p, float max_norm,
-                                                             float clip_value, bool finish, float* norm_out,
-                                                             float* coef_out, float* found_out) {
+                                                             const float* grad_scale, double p, double max_norm,
+                                                             double clip_value, bool finish, void* norm_out,
+                                                             uint8_t norm_dtype, double* coef_out, float* found_out) {
   const float inv = inverse_scale(grad_scale);
-  const bool clip = isfinite(clip_value);
-  float acc = 0.f;
+  A acc = 0;
   bool bad = false;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
@@ -140,9 +159,7 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           bad |= !isfinite(x[k]);
-          float v = float(x[k]) * inv;
-          if (clip && v == v) v = fminf(fmaxf(v, -clip_value), clip_value);  // NaN stays NaN, as in torch
-          const float term = norm_term<N>(v, p);
+          const A term = norm_term<N>(A(clipped_grad(x[k], inv, clip_value, 1.0)), A(p));
           acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
         }
       }
@@ -154,25 +171,24 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
   if (!last_block(&ws.tickets[0])) return;
   if (threadIdx.x != 0) return;
   // The last block adds the partials in slot order: the same result whatever order the blocks ran in.
-  const volatile float* partials = ws.partials;
+  const volatile double* partials = ws.partials;
   double total = 0;
-  for (int b = 0; b < (int)gridDim.x; ++b)
-    total = N == Norm::Inf ? double(combine<N>(float(total), partials[b])) : total + partials[b];
+  for (int b = 0; b < (int)gridDim.x; ++b) total = combine<N>(total, double(partials[b]));
   const bool nonfinite = *(volatile int*)ws.nonfinite != 0 || (found_in && *found_in != 0.f);
   *found_out = nonfinite ? 1.f : 0.f;
   *ws.nonfinite = 0;
   if (!finish) {
-    *norm_out = float(total);
+    *static_cast<double*>(norm_out) = total;
     return;
   }
   const double norm = N == Norm::L2 ? sqrt(total) : N == Norm::P ? pow(total, 1.0 / p) : total;
-  *norm_out = float(norm);
+  store_scalar(norm_out, norm_dtype, norm);
   // inf and NaN propagate as in torch's clip_grad_norm_: inf -> coefficient 0, NaN -> NaN.
-  *coef_out = isinf(max_norm) ? 1.f : norm != norm ? float(norm) : float(fmin(1.0, max_norm / (norm + 1e-6)));
+  *coef_out = isinf(max_norm) ? 1.0 : norm != norm ? norm : fmin(1.0, max_norm / (norm + 1e-6));
 }
 
-__global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, const float* coef_p) {
-  const float coef = *coef_p;
+__global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, const double* coef_p) {
+  const double coef = *coef_p;
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
     dispatch(L.dtype[r.t], [&](auto tag) {
@@ -191,18 +207,10 @@ __global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, co
 }
 
 // ---- pass 2 ----
-// The gradient as the update sees it, before maximize negates it: unscaled, value-clipped, norm-clipped (what
-// write_grads stores back, as torch's recipe unscale_ + clip_grad_value_ + clip_grad_norm_ leaves .grad).
-template <typename M> __device__ __forceinline__ M clipped_grad(M g, float inv, float clip_value, float coef) {
-  g *= M(inv);
-  if (isfinite(clip_value)) g = g < M(-clip_value) ? M(-clip_value) : g > M(clip_value) ? M(clip_value) : g;
-  return g * M(coef);
-}
-
 // write_grads stores the gradient back only where the step changes it (a loss scale, value or norm clipping):
 // the same answer in every block (a uniform branch).
-__device__ __forceinline__ bool writes_back(bool write_grads, float inv, float clip_value, float coef) {
-  return write_grads && (inv != 1.f || isfinite(clip_value) || coef != 1.f);
+__device__ __forceinline__ bool writes_back(bool write_grads, float inv, double clip_value, double coef) {
+  return write_grads && (inv != 1.f || isfinite(clip_value) || coef != 1.0);
 }
 
 // The last block advances every step counter, once every block has read them.
@@ -250,24 +258,25 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
 // The hyperparameters of tensor t: its row of L.hyper where there is one (several param groups in one launch).
 __device__ __forceinline__ SgdArgs args_for(SgdArgs a, const TensorLists& L, int t) {
   if (L.hyper) {
-    const float* h = L.hyper + t * L.hyper_width;
+    const double* h = L.hyper + t * L.hyper_width;
     a.lr = h[0], a.momentum = h[1], a.dampening = h[2], a.weight_decay = h[3];
   }
   return a;
 }
 __device__ __forceinline__ AdamArgs args_for(AdamArgs a, const TensorLists& L, int t) {
   if (L.hyper) {
-    const float* h = L.hyper + t * L.hyper_width;
+    const double* h = L.hyper + t * L.hyper_width;
     a.lr = h[0], a.beta1 = h[1], a.beta2 = h[2], a.eps = h[3], a.weight_decay = h[4];
   }
   return a;
 }
 
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args,
-                                                       const float* coef_p, const float* grad_scale,
+                                                       const double* coef_p, const float* grad_scale,
                                                        const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale), coef = *coef_p;
+  const float inv = inverse_scale(grad_scale);
+  const double coef = *coef_p;
   const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
@@ -294,9 +303,9 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
         for (int k = 0; k < 4; ++k) {
           g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
           M d = a.maximize ? -g[k] : g[k];
-          if (a.weight_decay != 0.f) d += M(a.weight_decay) * p[k];
+          if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
           if (a.use_momentum) {
-            b[k] = first ? d : M(a.momentum) * b[k] + M(1.f - a.dampening) * d;
+            b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
             d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
           }
           p[k] -= M(a.lr) * d;
@@ -312,17 +321,18 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
 }
 
 __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args,
-                                                        const float* coef_p, const float* grad_scale,
+                                                        const double* coef_p, const float* grad_scale,
                                                         const float* found_inf) {
   if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale), coef = *coef_p;
+  const float inv = inverse_scale(grad_scale);
+  const double coef = *coef_p;
   const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
     const AdamArgs a = args_for(args, L, r.t);
     const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
-    const double step_size = a.lr / (1.0 - pow(double(a.beta1), step));
-    const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(double(a.beta2), step));
+    const double step_size = a.lr / (1.0 - pow(a.beta1, step));
+    const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
     const bool master = (L.dtype[r.t] & kMaster) != 0;
     const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
     dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
@@ -348,12 +358,12 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
         for (int k = 0; k < 4; ++k) {
           g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
           M gk = a.maximize ? -g[k] : g[k];
-          if (a.weight_decay != 0.f) {
-            if (a.decoupled) p[k] *= M(1.f - a.lr * a.weight_decay);
+          if (a.weight_decay != 0.0) {
+            if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
             else gk += M(a.weight_decay) * p[k];
           }
-          m[k] += (gk - m[k]) * M(1.f - a.beta1);
-          v[k] = M(a.beta2) * v[k] + M(1.f - a.beta2) * gk * gk;
+          m[k] += (gk - m[k]) * M(1.0 - a.beta1);
+          v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
           M vv = v[k];
           if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
           const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
@@ -404,43 +414,37 @@ int grid_for(const TensorLists& L, int num_sms) {
 }  // namespace
 
 cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float* found_in, const float* grad_scale,
-                             Norm norm, float p, float max_norm, float clip_value, bool finish, float* norm_out,
-                             float* coef_out, float* found_out, int num_sms, cudaStream_t stream) {
+                             Norm norm, double p, double max_norm, double clip_value, bool fp64, bool finish,
+                             void* norm_out, uint8_t norm_dtype, double* coef_out, float* found_out, int num_sms,
+                             cudaStream_t stream) {
   const int grid = grid_for(grads, num_sms);
+  auto launch = [&](auto norm_tag, auto acc_tag) {
+    grad_norm_kernel<decltype(norm_tag)::value, decltype(acc_tag)><<<grid, kThreads, 0, stream>>>(
+        grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, norm_dtype, coef_out, found_out);
+  };
+  auto with_acc = [&](auto norm_tag) { fp64 ? launch(norm_tag, double{}) : launch(norm_tag, float{}); };
   switch (norm) {
-    case Norm::L2:
-      grad_norm_kernel<Norm::L2><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::L1:
-      grad_norm_kernel<Norm::L1><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::Inf:
-      grad_norm_kernel<Norm::Inf><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                 clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::P:
-      grad_norm_kernel<Norm::P><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                               clip_value, finish, norm_out, coef_out, found_out);
-      break;
+    case Norm::L2: with_acc(std::integral_constant<Norm, Norm::L2>{}); break;
+    case Norm::L1: with_acc(std::integral_constant<Norm, Norm::L1>{}); break;
+    case Norm::Inf: with_acc(std::integral_constant<Norm, Norm::Inf>{}); break;
+    case Norm::P: with_acc(std::integral_constant<Norm, Norm::P>{}); break;
   }
   return cudaGetLastError();
 }
 
-cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int num_sms, cudaStream_t stream) {
+cudaError_t launch_scale_grads(const TensorLists& grads, const double* coef, int num_sms, cudaStream_t stream) {
   if (grads.num_chunks == 0) return cudaSuccess;
   scale_grads_kernel<<<grid_for(grads, num_sms), kThreads, 0, stream>>>(grads, coef);
   return cudaGetLastError();
 }
 
-cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const double* coef,
                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
   sgd_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
   return cudaGetLastError();
 }
 
-cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const double* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
   adam_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
   return cudaGetLastError();

@@ -8,13 +8,15 @@
 #include <torch/library.h>
 
 TORCH_LIBRARY_FRAGMENT(fused, m) {
-  // g' = clamp(g / grad_scale, -clip_value, clip_value); acc = sum |g'|^p (max |g'| for p = inf) over all grads.
-  // Returns float32 scalars (norm, clip_coef, found_inf): found_inf = 1 where the found_inf argument is set or a
-  // gradient holds inf/NaN, else 0. finish=False: (acc, empty, found_inf), for an all-reduce before the finish.
+  // g' = clamp(g / grad_scale, -clip_value, clip_value); acc = sum |g'|^p (max |g'| for p = inf) over all grads,
+  // in fp32 (fp64 for fp64 grads), added up in fp64. Returns scalars (norm, clip_coef, found_inf): the norm in the
+  // grads' promoted dtype (as torch's clip_grad_norm_; float32 for none), clip_coef float64 (from the fp64 norm),
+  // found_inf float32, 1 where the found_inf argument is set or a gradient holds inf/NaN, else 0.
+  // finish=False: (acc as float64, empty, found_inf), for an all-reduce before the finish.
   // max_norm = inf: no norm clipping (clip_coef = 1). grad_scale: the GradScaler's scale (None: 1).
   m.def("grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
         "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
-  // grads *= clip_coef (float32 scalar tensor): the second pass of fused.clip_grad_norm_.
+  // grads *= clip_coef (float64 scalar tensor): the second pass of fused.clip_grad_norm_.
   m.def("scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
   // momentum_buffers and steps are empty when momentum == 0. steps: float32 scalars, +1 unless skipped.
   m.def("sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "

@@ -1,6 +1,7 @@
 """The global gradient norm over plain and DTensor (FSDP2) gradients, on the fused kernels: pass 1 of every
 fused optimizer step and of fused.clip_grad_norm_. Single process: one grad_norm launch that also finishes
 the norm and the clip coefficient on the device. Sharded gradients: a local sum, one all-reduce, then the finish."""
+import functools
 import math
 
 import torch
@@ -47,10 +48,17 @@ def _shard_groups(t):
     return [mesh.get_group(d) for d, pl in enumerate(t.placements) if pl.is_shard()]
 
 
+def norm_dtype(tensors):
+    """The dtype of a norm over `tensors`, as torch's clip_grad_norm_ returns it: their promoted dtype."""
+    return functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype) if tensors \
+        else torch.float32
+
+
 def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, tensors=None):
-    """(norm, clip_coef, found_inf): float32 device scalars. `grads` may mix plain tensors and DTensors; found_inf
-    comes back set where the found_inf argument (None: unset) is, or a gradient is not finite (on any rank).
-    tensors: what the kernel reads for each of grads (default: its local tensor), e.g. a dense copy."""
+    """(norm, clip_coef, found_inf): device scalars, the norm in the gradients' dtype (norm_dtype), clip_coef
+    float64, found_inf float32. `grads` may mix plain tensors and DTensors; found_inf comes back set where the
+    found_inf argument (None: unset) is, or a gradient is not finite (on any rank). tensors: what the kernel reads
+    for each of grads (default: its local tensor), e.g. a dense copy."""
     max_norm = INF if max_norm is None else float(max_norm)
     clip_value = INF if clip_value is None else float(clip_value)
     norm_type = float(norm_type)
@@ -69,6 +77,6 @@ def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, t
         rest, _, found_inf = torch.ops.fused.grad_norm(replicated, found_inf, grad_scale, norm_type, max_norm,
                                                        clip_value, False)
         acc = torch.maximum(acc, rest) if math.isinf(norm_type) else acc + rest
-    norm = acc if norm_type in (1.0, INF) else acc.pow(1.0 / norm_type)
+    norm = acc if norm_type in (1.0, INF) else acc.pow(1.0 / norm_type)  # float64, as the kernel's finish
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0) if not math.isinf(max_norm) else torch.ones_like(norm)
-    return norm, coef, found_inf
+    return norm.to(norm_dtype(tensors)), coef, found_inf
