@@ -5,7 +5,7 @@ import math
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
-from fused.optim.functional import check_dense, check_one_device, global_norm, local, norm_dtype
+from fused.optim.functional import check_grads, check_one_device, global_norm, is_dense, local, norm_dtype
 
 
 def _check_args(max_norm, norm_type):
@@ -18,16 +18,22 @@ def _check_args(max_norm, norm_type):
 
 
 def _clip_grads(grads, max_norm, norm_type, error_if_nonfinite=False):
-    """The two passes over `grads` (plain tensors or DTensor shards): norm + finite check, then the scaling."""
+    """The two passes over `grads` (plain tensors or DTensor shards): norm + finite check, then the scaling.
+    Gradients that are not dense in memory (strided views) go through a dense copy, written back."""
     if not grads:
         return torch.tensor(0.0)
-    check_dense("clip_grad_norm_", grads)
+    check_grads("clip_grad_norm_", grads, written=True)
     check_one_device("clip_grad_norm_", grads)
-    norm, coef, _ = global_norm(grads, None, None, norm_type, max_norm, None)
+    tensors = [local(g) for g in grads]
+    dense = [t if is_dense(t) else t.contiguous() for t in tensors]
+    norm, coef, _ = global_norm(grads, None, None, norm_type, max_norm, None, dense)
     if error_if_nonfinite and not math.isfinite(norm.item()):
         raise RuntimeError(f"fused.clip_grad_norm_: the total norm of order {norm_type} for gradients is "
                            "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
-    torch.ops.fused.scale_grads_([local(g) for g in grads], coef)
+    torch.ops.fused.scale_grads_(dense, coef)
+    for t, d in zip(tensors, dense):
+        if d is not t:
+            t.copy_(d)
     return norm
 
 

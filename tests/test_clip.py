@@ -110,6 +110,37 @@ def test_nonfinite_as_torch(bad, norm_type):
         fused.clip_grad_norm_(clone(ours), 1.0, error_if_nonfinite=True)
 
 
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_strided_grads(norm_type):
+    """Strided (non-dense) and transposed gradients are clipped in place, keeping their layout, as torch's."""
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(20, 20, generator=g)
+    ours = [torch.zeros(20, 5, requires_grad=True), torch.zeros(20, 20, requires_grad=True),
+            torch.zeros(20, 5, requires_grad=True)]
+    ours[0].grad, ours[1].grad = wide[:, :5], wide.t().contiguous().t()
+    ours[2].grad = torch.randn(20, 5, generator=g)
+    theirs = clone(ours)
+    norm = fused.clip_grad_norm_(ours, 1.0, norm_type)
+    ref = torch.nn.utils.clip_grad_norm_(theirs, 1.0, norm_type)
+    torch.testing.assert_close(norm, ref, rtol=1e-6, atol=0)
+    assert ours[0].grad.stride() == (20, 1) and ours[1].grad.stride() == (1, 20)
+    assert ours[0].grad.data_ptr() == wide.data_ptr()  # written in place: the view's base holds the result
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+def test_expanded_grads_are_refused_as_torch():
+    """A gradient that overlaps itself cannot be scaled in place: torch's clip_grad_norm_ fails on it; ours says so
+    by name before it changes anything."""
+    p, q = torch.zeros(4, 5, requires_grad=True), torch.zeros(3, requires_grad=True)
+    p.grad, q.grad = torch.ones(5).expand(4, 5), torch.full((3,), 7.0)
+    with raises(r"fused.clip_grad_norm_: a gradient of shape \(4, 5\) overlaps itself in memory"):
+        fused.clip_grad_norm_([q, p], 1.0)
+    assert torch.equal(q.grad, torch.full((3,), 7.0))
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.nn.utils.clip_grad_norm_([q, p], 1.0)
+
+
 def test_bad_input():
     with raises("fused.clip_grad_norm_: max_norm must be >= 0"):
         fused.clip_grad_norm_(params_with_grads(), -1.0)

@@ -148,6 +148,62 @@ def test_grad_write_back_in_the_gradient_dtype(dtype):
         assert_accuracy(p.grad, q.grad, e.grad)
 
 
+def strided_grads(shape, seed):
+    """Gradients of the same values in the layouts torch's unscale test uses: dense, transposed (dense, other
+    order), and strided views with gaps ([:, :5] of a wider tensor)."""
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).float() * 3
+    wide = torch.zeros(shape[0], shape[1] * 3)
+    wide[:, 1:1 + shape[1]] = g
+    return [g.clone(), g.t().contiguous().t(), wide[:, 1:1 + shape[1]]]
+
+
+@pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[7]], ids=[IDS[2], IDS[6], IDS[7]])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_strided_grads(name, hyper, scaled):
+    """Non-dense (strided) and transposed .grad are taken and give torch's result; .grad keeps its own layout and
+    holds the unscaled clipped gradient afterwards, as the torch recipe leaves it."""
+    shape = (20, 5)
+    ours = [torch.zeros(shape, requires_grad=True) for _ in range(3)]
+    theirs = clone(ours)
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=1.0, **hyper)
+    ref = getattr(torch.optim, name)(theirs, foreach=False, **hyper)
+    scaler = fused.amp.GradScaler("cpu", init_scale=2.0**7, enabled=scaled)
+    scaler.scale(torch.ones(()))
+    for step in range(3):
+        for p, q, g in zip(ours, theirs, strided_grads(shape, step)):
+            q.grad = g.clone()
+            p.grad = g.mul_(scaler.get_scale())  # in place: the layout stays
+        strides = [p.grad.stride() for p in ours]
+        scaler.step(opt)
+        scaler.update()
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        ref.step()
+        assert [p.grad.stride() for p in ours] == strides and strides[2] == (15, 1)
+        assert_params_close(ours, theirs)
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_expanded_grads_as_torch(name):
+    """A gradient that overlaps itself (expanded) is read as torch reads it when the step writes nothing back; where
+    it would write (a scale, clipping), it is refused before anything changes, as torch's in-place ops refuse it."""
+    base = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    ours, theirs = [torch.zeros(4, 5, requires_grad=True)], [torch.zeros(4, 5, requires_grad=True)]
+    ours[0].grad, theirs[0].grad = base.expand(4, 5), base.expand(4, 5)
+    extra = dict(momentum=0.9) if name == "SGD" else {}
+    getattr(fused.optim, name)(ours, lr=0.1, **extra).step()
+    getattr(torch.optim, name)(theirs, lr=0.1, foreach=False, **extra).step()
+    assert_params_close(ours, theirs)
+    opt = getattr(fused.optim, name)(ours, lr=0.1, max_grad_norm=1.0, **extra)
+    before = ours[0].detach().clone()
+    with raises(f"fused.optim.{name}: a gradient of shape \\(4, 5\\) overlaps itself in memory"):
+        opt.step()
+    assert torch.equal(ours[0].detach(), before) and not opt.state[ours[0]]
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)  # torch's recipe fails there too
+
+
 def test_param_groups_scheduler_zero_grad_closure():
     ours, theirs = make_params(), make_params()
 
@@ -330,6 +386,9 @@ def test_ops_reject_bad_arguments():
                                   found, math.inf, [])
     with raises("fused.grad_norm: norm_type must be > 0"):
         torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
+    with raises(r"fused.grad_norm: grads must be dense in memory \(no gaps, no overlap\), got sizes \[4, 2\] and "
+                r"strides \[4, 1\]"):
+        torch.ops.fused.grad_norm([torch.ones(4, 4)[:, :2]], found, None, 2.0, math.inf, math.inf, True)
 
 
 def test_opcheck():

@@ -12,6 +12,14 @@ inline at::ScalarType norm_dtype(at::TensorList grads) {
   return t;
 }
 
+// The kernels walk every tensor as flat memory: it must cover its elements exactly, in any dimension order (a
+// strided view such as t[:, :5] has gaps, an expanded tensor overlaps itself). The optimizers and
+// fused.clip_grad_norm_ pass other layouts through a dense copy.
+inline void check_dense(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.is_non_overlapping_and_dense(), "fused.", op, ": ", name, " must be dense in memory (no gaps, no ",
+              "overlap), got sizes ", t.sizes(), " and strides ", t.strides());
+}
+
 inline void check_nonneg(const char* op, const char* name, double v) {
   TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
 }

@@ -47,7 +47,7 @@ void check_grads(const char* op, at::TensorList grads) {
     TORCH_CHECK(g.device().is_cpu(), "fused.", op, ": grads must all be on one device; got ", g.device(),
                 " in a CPU call");
     check_floating(op, "grads", g);
-    TORCH_CHECK(g.is_non_overlapping_and_dense(), "fused.", op, ": grads must be dense (non-overlapping)");
+    check_dense(op, "grads", g);
   }
 }
 
@@ -56,7 +56,7 @@ void check_params(const char* op, at::TensorList params) {
     TORCH_CHECK(p.device().is_cpu(), "fused.", op, ": params must all be on one device; got ", p.device(),
                 " in a CPU call");
     check_floating(op, "params", p);
-    TORCH_CHECK(p.is_non_overlapping_and_dense(), "fused.", op, ": params must be dense (non-overlapping)");
+    check_dense(op, "params", p);
   }
 }
 

@@ -173,7 +173,7 @@ void check_on(const char* op, const char* name, const at::Tensor& t, const at::D
   TORCH_CHECK(t.device() == device, "fused.", op, ": all tensors of one call must be on one device; ", name,
               " is on ", t.device(), ", not ", device);
   TORCH_CHECK(t.layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
-  TORCH_CHECK(t.is_non_overlapping_and_dense(), "fused.", op, ": ", name, " must be dense (non-overlapping)");
+  check_dense(op, name, t);
 }
 void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
                   at::ScalarType dtype = at::kFloat) {

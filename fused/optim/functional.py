@@ -36,10 +36,33 @@ def check_one_device(op, tensors):
                            f"{', '.join(sorted(map(str, devices)))}")
 
 
-def check_dense(op, grads):
+def is_dense(t):
+    """Whether t covers its elements exactly in some dimension order (no gaps, no overlap): what the kernels walk
+    as flat memory (torch's is_non_overlapping_and_dense)."""
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def overlaps_itself(t):
+    """Whether elements of t share memory (an expanded tensor: stride 0 over a dim of size > 1), as torch's in-place
+    ops find it."""
+    return any(stride == 0 and size > 1 for stride, size in zip(t.stride(), t.shape))
+
+
+def check_grads(op, grads, written):
+    """Sparse gradients are refused; strided ones are taken (through a dense copy). Where the call writes the
+    gradients, one that overlaps itself is refused, as torch's in-place ops refuse it."""
     for g in grads:
         if g.is_sparse or g.layout != torch.strided:
             raise RuntimeError(f"fused.{op}: sparse gradients are not supported")
+        if written and overlaps_itself(local(g)):
+            raise RuntimeError(f"fused.{op}: a gradient of shape {tuple(g.shape)} overlaps itself in memory (an "
+                               f"expanded tensor, strides {local(g).stride()}): it cannot be written in place, as "
+                               "torch's in-place ops refuse it; clone() it")
 
 
 def _shard_groups(t):

@@ -21,7 +21,7 @@ fused.amp.GradScaler.unscale_ does unscale them)."""
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
-from fused.optim.functional import check_dense, check_one_device, global_norm, local
+from fused.optim.functional import check_grads, check_one_device, global_norm, local
 
 INF = float("inf")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -85,7 +85,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
         sources = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
-        check_dense(f"optim.{name}", sources)
+        # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
+        # the fp32 sums of accumulate_grads() are internal and are not written.
+        write_grads = not self._acc_live
+        changes = grad_scale is not None or self.max_grad_norm is not None or self.clip_value is not None
+        check_grads(f"optim.{name}", sources, write_grads and changes)
         grads, copies = self._kernel_grads(all_params)
         device = local(all_params[0]).device
         if found_inf is not None:
@@ -95,11 +99,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.last_grad_norm, coef, found_inf = global_norm(sources, found_inf, grad_scale, 2.0, self.max_grad_norm,
                                                            self.clip_value, [grads[p] for p in all_params])
         clip_value = INF if self.clip_value is None else float(self.clip_value)
-        # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
-        # the fp32 sums of accumulate_grads() are internal and are not written.
-        write_grads = not self._acc_live
         self._update_groups(groups, grads, coef, grad_scale, found_inf, clip_value, write_grads)
-        if write_grads and (grad_scale is not None or self.max_grad_norm is not None or self.clip_value is not None):
+        if write_grads and changes:
             for grad, copy in copies:
                 grad.copy_(copy)
         self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
