@@ -106,7 +106,7 @@ def test_nonfinite_as_torch(bad, norm_type):
     torch.testing.assert_close(norm, ref, equal_nan=True)
     for p, q in zip(ours, theirs):
         torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
-    with raises("fused.clip_grad_norm_: the total norm of order 2.0 .* non-finite"):
+    with raises("fused.clip_grad_norm_: The total norm of order 2.0 for gradients from `parameters` is non-finite"):
         fused.clip_grad_norm_(clone(ours), 1.0, error_if_nonfinite=True)
 
 
@@ -141,11 +141,50 @@ def test_expanded_grads_are_refused_as_torch():
         torch.nn.utils.clip_grad_norm_([q, p], 1.0)
 
 
+def test_warnings_and_arguments_as_torch():
+    """torch's warning for an exhausted generator (same text, pointing at the caller), norm_type as a string,
+    foreach taken as torch takes it, no gradients: a float32 zero."""
+    params = params_with_grads()
+    gen = (p for p in params)
+    list(gen)
+    for clip in (fused.clip_grad_norm_, torch.nn.utils.clip_grad_norm_):
+        with pytest.warns(UserWarning) as record:
+            norm = clip(gen, 1.0)
+        assert [str(w.message) for w in record] == ["`parameters` is an empty generator, no gradient clipping will occur."]
+        assert record[0].filename == __file__
+        assert norm.dtype == torch.float32 and norm.item() == 0.0
+    for norm_type in ("inf", "2", 3):
+        exact = params_with_grads(torch.float64)
+        exact_norm = torch.nn.utils.clip_grad_norm_([e for e in exact if e.numel()], 1.0, norm_type=norm_type)
+        for foreach in (None, True, False):
+            ours, theirs = params_with_grads(), params_with_grads()
+            norm = fused.clip_grad_norm_(ours, 1.0, norm_type=norm_type, foreach=foreach)
+            ref = torch.nn.utils.clip_grad_norm_([q for q in theirs if q.numel()], 1.0, norm_type=norm_type,
+                                                 foreach=foreach)
+            assert_accuracy(norm.reshape(1), ref.reshape(1), exact_norm.reshape(1))
+            for p, q, e in zip(ours, theirs, exact):
+                if p.numel():
+                    assert_accuracy(p.grad, q.grad, e.grad)
+
+
+@pytest.mark.parametrize("norm_type", [0, -0.5, -1.0, -math.inf, math.nan])
+def test_orders_that_are_not_norms_run_torchs_definition(norm_type):
+    """Orders <= 0 and NaN are not norms (0 counts the gradients with a nonzero entry): torch's own result."""
+    ours = [p for p in params_with_grads(torch.float64) if p.numel()]  # torch refuses empty ones for p < 0
+    ours[2].grad.zero_()
+    theirs = clone(ours)
+    norm = fused.clip_grad_norm_(ours, 0.5, norm_type)
+    ref = torch.nn.utils.clip_grad_norm_(theirs, 0.5, norm_type)
+    torch.testing.assert_close(norm, ref, equal_nan=True)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p.grad, q.grad, equal_nan=True)
+
+
 def test_bad_input():
-    with raises("fused.clip_grad_norm_: max_norm must be >= 0"):
-        fused.clip_grad_norm_(params_with_grads(), -1.0)
-    with raises("fused.clip_grad_norm_: norm_type must be > 0 or inf"):
-        fused.clip_grad_norm_(params_with_grads(), 1.0, norm_type=0.0)
+    """A negative or NaN max_norm is refused (a contract choice: torch scales by a negative or NaN coefficient)."""
+    for max_norm in (-1.0, math.nan):
+        with raises("fused.clip_grad_norm_: max_norm must be >= 0"):
+            fused.clip_grad_norm_(params_with_grads(), max_norm)
     a, b = torch.zeros(3, requires_grad=True), torch.zeros(3, device="meta", requires_grad=True)
     a.grad, b.grad = torch.ones(3), torch.ones(3, device="meta")
     with raises("fused.clip_grad_norm_: all parameters of one call must be on one device"):
