@@ -150,7 +150,8 @@ def test_warnings_and_arguments_as_torch():
     for clip in (fused.clip_grad_norm_, torch.nn.utils.clip_grad_norm_):
         with pytest.warns(UserWarning) as record:
             norm = clip(gen, 1.0)
-        assert [str(w.message) for w in record] == ["`parameters` is an empty generator, no gradient clipping will occur."]
+        warning = "`parameters` is an empty generator, no gradient clipping will occur."
+        assert [str(w.message) for w in record] == [warning]
         assert record[0].filename == __file__
         assert norm.dtype == torch.float32 and norm.item() == 0.0
     for norm_type in ("inf", "2", 3):

@@ -110,7 +110,8 @@ def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value)
 
 
 @pytest.mark.parametrize("name,hyper", [CONFIGS[3], CONFIGS[5], CONFIGS[8]], ids=[IDS[3], IDS[5], IDS[8]])
-@pytest.mark.parametrize("max_grad_norm,clip_value", [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)])
+@pytest.mark.parametrize("max_grad_norm,clip_value",
+                         [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)])
 def test_grad_after_step_is_what_the_torch_recipe_leaves(name, hyper, max_grad_norm, clip_value):
     """.grad after step() holds the gradient the update used, as torch's clip_grad_value_ + clip_grad_norm_ + step
     leaves it: value-clipped, then norm-clipped; maximize and weight decay never touch it. Where nothing clips, .grad

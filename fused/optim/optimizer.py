@@ -92,8 +92,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         check_grads(f"optim.{name}", sources, write_grads and changes)
         grads, copies = self._kernel_grads(all_params)
         device = local(all_params[0]).device
+        # torch.amp.GradScaler hands a Python 0 as found_inf when no .grad was checked (accumulate_grads' sums)
         if found_inf is not None:
-            found_inf = found_inf.to(device=device, dtype=torch.float32)
+            found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=device)
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
         self.last_grad_norm, coef, found_inf = global_norm(sources, found_inf, grad_scale, 2.0, self.max_grad_norm,
