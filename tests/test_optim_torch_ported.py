@@ -119,6 +119,30 @@ def inject_inf(model):
         model[1].weight.grad.fill_(math.inf)
 
 
+def backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, before_inf=None, after_inf=None,
+                      control=None):
+    """The tail of torch's run() bodies: backward (of the scaled loss in the scaled run), the inf injected into the
+    scaled run at skip_iter, the step, which the control leaves out at skip_iter as the scaler skips it there.
+    before_inf / after_inf: what the scaled run does around the injection; control: what the control does before
+    its step."""
+    if try_scaling_api:
+        scaler.scale(loss).backward()
+        if before_inf:
+            before_inf()
+        if i == skip_iter and scaler.is_enabled():
+            inject_inf(model)
+        if after_inf:
+            after_inf()
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()
+        if control:
+            control()
+        if not scaler.is_enabled() or i != skip_iter:
+            optimizer.step()
+
+
 @pytest.mark.parametrize("scaler_cls,try_pickle", SCALER_NO_PICKLE + [pytest.param(fused.amp.GradScaler, True,
                                                                             id="fused_scaler-pickled")])
 @pytest.mark.parametrize("name,hyper", OPTIMS)
@@ -130,18 +154,9 @@ def test_grad_scaling_autocast(scaler_cls, try_pickle, name, hyper):
             optimizer.zero_grad()
             with torch.autocast("cpu", dtype=torch.float16, enabled=try_scaling_api):
                 loss = loss_fn(model(x), target)
-            if try_scaling_api:
-                scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    inject_inf(model)
-                scaler.step(optimizer)
-                scaler.update()
-                if try_pickle:
-                    scaler = pickle.loads(pickle.dumps(scaler))
-            else:
-                loss.backward()
-                if not scaler.is_enabled() or i != skip_iter:
-                    optimizer.step()
+            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api)
+            if try_scaling_api and try_pickle:
+                scaler = pickle.loads(pickle.dumps(scaler))
         return scaler
 
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1, atol=1e-3)
@@ -158,22 +173,16 @@ def test_grad_scaling_clipping(scaler_cls, name, hyper, clip):
 
     def run(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api):
         clip_fn = fused.clip_grad_norm_ if clip == "fused" else torch.nn.utils.clip_grad_norm_
+
+        def clip_scaled():
+            if getattr(optimizer, "max_grad_norm", None) is None:  # else the fused step clips
+                clip_fn(model.parameters(), max_norm * scaler.get_scale())
+
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
             loss = loss_fn(model(x), target)
-            if try_scaling_api:
-                scaler.scale(loss).backward()
-                if getattr(optimizer, "max_grad_norm", None) is None:  # else the fused step clips
-                    clip_fn(model.parameters(), max_norm * scaler.get_scale())
-                if i == skip_iter and scaler.is_enabled():
-                    inject_inf(model)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                if not scaler.is_enabled() or i != skip_iter:
-                    optimizer.step()
+            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, before_inf=clip_scaled,
+                              control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
     ours_kw = dict(max_grad_norm=max_norm) if clip == "max_grad_norm" else None
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1, atol=1e-5, ours_kw=ours_kw)
@@ -188,22 +197,15 @@ def test_grad_scaling_clipping_separate_unscale(scaler_cls, name, hyper, clip):
     clip_fn = fused.clip_grad_norm_ if clip == "fused" else torch.nn.utils.clip_grad_norm_
 
     def run(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api):
+        def unscale_and_clip():
+            scaler.unscale_(optimizer)
+            clip_fn(model.parameters(), max_norm)
+
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
             loss = loss_fn(model(x), target)
-            if try_scaling_api:
-                scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    inject_inf(model)
-                scaler.unscale_(optimizer)
-                clip_fn(model.parameters(), max_norm)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                if not scaler.is_enabled() or i != skip_iter:
-                    optimizer.step()
+            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, after_inf=unscale_and_clip,
+                              control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
 
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1)
 
@@ -222,16 +224,7 @@ def test_grad_scaling_penalty(scaler_cls, name, hyper):
             else:
                 grad_params = torch.autograd.grad(loss, model.parameters(), create_graph=True)
             loss = loss + sum(g.pow(2).sum() for g in grad_params).sqrt()
-            if try_scaling_api:
-                scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    inject_inf(model)
-                scaler.step(optimizer)
-                scaler.update()
-            else:
-                loss.backward()
-                if not scaler.is_enabled() or i != skip_iter:
-                    optimizer.step()
+            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api)
 
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1)
 
