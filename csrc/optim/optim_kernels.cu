@@ -77,6 +77,14 @@ template <typename T> __device__ __forceinline__ T* list_ptr(const TensorLists& 
   return static_cast<T*>(L.ptrs[k * L.num_tensors + t]);
 }
 
+// Runs body(r, tag) over this block's chunks: r the chunk, tag's type the storage type of its tensor.
+template <typename F> __device__ __forceinline__ void for_chunks(const TensorLists& L, F&& body) {
+  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
+    const ChunkRange r = chunk_range(L, c);
+    dispatch(L.dtype[r.t], [&](auto tag) { body(r, tag); });
+  }
+}
+
 // One value per block, combined in a fixed order: sum, or max (NaN wins, like torch's max).
 template <Norm N, typename A> __device__ __forceinline__ A combine(A a, A b) {
   if constexpr (N == Norm::Inf) return a != a ? a : b != b ? b : a > b ? a : b;
@@ -147,24 +155,21 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
   const float inv = inverse_scale(grad_scale);
   A acc = 0;
   bool bad = false;
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      const T* g = list_ptr<T>(L, 0, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M x[4];
-        load4(g, i, r.end, r.aligned, x);
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using T = decltype(tag);
+    using M = typename Math<T>::type;
+    const T* g = list_ptr<T>(L, 0, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M x[4];
+      load4(g, i, r.end, r.aligned, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          bad |= !isfinite(x[k]);
-          const A term = norm_term<N>(A(clipped_grad(x[k], inv, clip_value, 1.0)), A(p));
-          acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
-        }
+      for (int k = 0; k < 4; ++k) {
+        bad |= !isfinite(x[k]);
+        const A term = norm_term<N>(A(clipped_grad(x[k], inv, clip_value, 1.0)), A(p));
+        acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
       }
-    });
-  }
+    }
+  });
   acc = block_reduce<N>(acc);
   if (bad) atomicOr(ws.nonfinite, 1);
   if (threadIdx.x == 0) ws.partials[blockIdx.x] = acc;
@@ -189,21 +194,18 @@ __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Work
 
 __global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, const double* coef_p) {
   const double coef = *coef_p;
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      T* g = list_ptr<T>(L, 0, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M x[4];
-        load4(g, i, r.end, r.aligned, x);
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using T = decltype(tag);
+    using M = typename Math<T>::type;
+    T* g = list_ptr<T>(L, 0, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M x[4];
+      load4(g, i, r.end, r.aligned, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] *= M(coef);
-        store4(g, i, r.end, r.aligned, x);
-      }
-    });
-  }
+      for (int k = 0; k < 4; ++k) x[k] *= M(coef);
+      store4(g, i, r.end, r.aligned, x);
+    }
+  });
 }
 
 // ---- pass 2 ----
@@ -271,137 +273,147 @@ __device__ __forceinline__ AdamArgs args_for(AdamArgs a, const TensorLists& L, i
   return a;
 }
 
-__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args,
-                                                       const double* coef_p, const float* grad_scale,
-                                                       const float* found_inf) {
-  if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale);
-  const double coef = *coef_p;
-  const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
+// What an update reads besides its lists: the inverse loss scale, the clip coefficient, and whether the gradient
+// is written back.
+struct UpdateScalars {
+  float inv;
+  double coef;
+  bool write_back;
+};
+
+// One tensor of an update in this block: its typed parameter, gradient and (master weights) model parameter, and
+// its stochastic-rounding key. M: the math type; TS: the state's storage type (state(k): state list k).
+template <typename TP, typename TG, typename TS, typename TM> struct UpdateTensor {
+  using M = typename Math<TP>::type;
+  const TensorLists& L;
+  int t;
+  TP* param;
+  TG* grad;
+  TM* model;  // null without master weights
+  uint64_t key;
+  // Stores four updated parameters, and their rounded copy into the model parameter with master weights.
+  __device__ __forceinline__ void store_params(int64_t i, int64_t end, bool aligned, const M p[4],
+                                               bool stochastic) const {
+    store_param4(param, i, end, aligned, p, stochastic, key);
+    if (model) store4(model, i, end, aligned, p);
+  }
+  __device__ __forceinline__ TS* state(int k) const { return list_ptr<TS>(L, k, t); }
+};
+
+// What the SGD and Adam kernels share around their arithmetic: the whole step skipped on found_inf (false), the
+// scalars, the loop over this block's chunks with each tensor's hyperparameters, and the dispatch on its types.
+// body(r, a, s, tensor) runs one chunk.
+template <typename Args, typename F>
+__device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Args& args, StepScalars in, F&& body) {
+  if (*in.found_inf != 0.f) return false;  // every block sees the same flag
+  const float inv = inverse_scale(in.grad_scale);
+  const double coef = *in.coef;
+  const UpdateScalars s{inv, coef, writes_back(args.write_grads, inv, args.clip_value, coef)};
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
-    const SgdArgs a = args_for(args, L, r.t);
-    const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
+    const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
     dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
-      using TS = decltype(state_tag);
       using TM = decltype(model_tag);
-      using M = typename Math<TP>::type;
-      TP* param = list_ptr<TP>(L, 0, r.t);
-      TG* grad = list_ptr<TG>(L, 1, r.t);
-      TS* buf = a.use_momentum ? list_ptr<TS>(L, 2, r.t) : nullptr;
-      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M p[4], g[4], b[4];
-        load4(param, i, r.end, r.aligned, p);
-        load4(grad, i, r.end, r.aligned, g);
-        if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
-          M d = a.maximize ? -g[k] : g[k];
-          if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
-          if (a.use_momentum) {
-            b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
-            d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
-          }
-          p[k] -= M(a.lr) * d;
-        }
-        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
-        if (master) store4(model, i, r.end, r.aligned, p);
-        if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
-        if (write_back) store4(grad, i, r.end, r.aligned, g);
-      }
+      const UpdateTensor<TP, TG, decltype(state_tag), TM> u{
+          L, r.t, list_ptr<TP>(L, 0, r.t), list_ptr<TG>(L, 1, r.t),
+          master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr, a.sr_seed + uint64_t(r.t) * kTensorKeyStep};
+      body(r, a, s, u);
     });
   }
-  if (args.use_momentum) advance_steps(L, ws);
+  return true;
 }
 
-__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args,
-                                                        const double* coef_p, const float* grad_scale,
-                                                        const float* found_inf) {
-  if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale);
-  const double coef = *coef_p;
-  const bool write_back = writes_back(args.write_grads, inv, args.clip_value, coef);
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    const AdamArgs a = args_for(args, L, r.t);
+__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args, StepScalars in) {
+  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const SgdArgs& a,
+                                                          const UpdateScalars& s, const auto& u) {
+    using M = typename std::decay_t<decltype(u)>::M;
+    const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
+    auto* buf = a.use_momentum ? u.state(2) : nullptr;
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M p[4], g[4], b[4];
+      load4(u.param, i, r.end, r.aligned, p);
+      load4(u.grad, i, r.end, r.aligned, g);
+      if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+        M d = a.maximize ? -g[k] : g[k];
+        if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
+        if (a.use_momentum) {
+          b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
+          d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
+        }
+        p[k] -= M(a.lr) * d;
+      }
+      u.store_params(i, r.end, r.aligned, p, a.stochastic);
+      if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
+      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    }
+  });
+  if (stepped && args.use_momentum) advance_steps(L, ws);
+}
+
+__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
+  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const AdamArgs& a,
+                                                          const UpdateScalars& s, const auto& u) {
+    using M = typename std::decay_t<decltype(u)>::M;
     const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
     const double step_size = a.lr / (1.0 - pow(a.beta1, step));
     const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
-    const bool master = (L.dtype[r.t] & kMaster) != 0;
-    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
-    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
-      using TP = decltype(param_tag);
-      using TG = decltype(grad_tag);
-      using TS = decltype(state_tag);
-      using TM = decltype(model_tag);
-      using M = typename Math<TP>::type;
-      TP* param = list_ptr<TP>(L, 0, r.t);
-      TG* grad = list_ptr<TG>(L, 1, r.t);
-      TS* exp_avg = list_ptr<TS>(L, 2, r.t);
-      TS* exp_avg_sq = list_ptr<TS>(L, 3, r.t);
-      TS* max_sq = a.amsgrad ? list_ptr<TS>(L, 4, r.t) : nullptr;
-      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M p[4], g[4], m[4], v[4], vmax[4];
-        load4(param, i, r.end, r.aligned, p);
-        load4(grad, i, r.end, r.aligned, g);
-        load4(exp_avg, i, r.end, r.aligned, m);
-        load4(exp_avg_sq, i, r.end, r.aligned, v);
-        if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+    auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M p[4], g[4], m[4], v[4], vmax[4];
+      load4(u.param, i, r.end, r.aligned, p);
+      load4(u.grad, i, r.end, r.aligned, g);
+      load4(exp_avg, i, r.end, r.aligned, m);
+      load4(exp_avg_sq, i, r.end, r.aligned, v);
+      if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          g[k] = clipped_grad(g[k], inv, a.clip_value, coef);
-          M gk = a.maximize ? -g[k] : g[k];
-          if (a.weight_decay != 0.0) {
-            if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
-            else gk += M(a.weight_decay) * p[k];
-          }
-          m[k] += (gk - m[k]) * M(1.0 - a.beta1);
-          v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
-          M vv = v[k];
-          if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
-          const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
-          p[k] -= M(step_size) * m[k] / denom;
+      for (int k = 0; k < 4; ++k) {
+        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+        M gk = a.maximize ? -g[k] : g[k];
+        if (a.weight_decay != 0.0) {
+          if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
+          else gk += M(a.weight_decay) * p[k];
         }
-        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
-        if (master) store4(model, i, r.end, r.aligned, p);
-        store4(exp_avg, i, r.end, r.aligned, m);
-        store4(exp_avg_sq, i, r.end, r.aligned, v);
-        if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
-        if (write_back) store4(grad, i, r.end, r.aligned, g);
+        m[k] += (gk - m[k]) * M(1.0 - a.beta1);
+        v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
+        M vv = v[k];
+        if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
+        const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
+        p[k] -= M(step_size) * m[k] / denom;
       }
-    });
-  }
-  advance_steps(L, ws);
+      u.store_params(i, r.end, r.aligned, p, a.stochastic);
+      store4(exp_avg, i, r.end, r.aligned, m);
+      store4(exp_avg_sq, i, r.end, r.aligned, v);
+      if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    }
+  });
+  if (stepped) advance_steps(L, ws);
 }
 
 // accs (float32; float64 for float64 grads) += grads, or = grads.
 __global__ void __launch_bounds__(kThreads) accumulate_kernel(TensorLists L, bool overwrite) {
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using TG = decltype(tag);
-      using M = typename Math<TG>::type;
-      M* acc = list_ptr<M>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M a[4], g[4];
-        load4(grad, i, r.end, r.aligned, g);
-        if (!overwrite) {
-          load4(acc, i, r.end, r.aligned, a);
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using TG = decltype(tag);
+    using M = typename Math<TG>::type;
+    M* acc = list_ptr<M>(L, 0, r.t);
+    const TG* grad = list_ptr<TG>(L, 1, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M a[4], g[4];
+      load4(grad, i, r.end, r.aligned, g);
+      if (!overwrite) {
+        load4(acc, i, r.end, r.aligned, a);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) g[k] += a[k];
-        }
-        store4(acc, i, r.end, r.aligned, g);
+        for (int k = 0; k < 4; ++k) g[k] += a[k];
       }
-    });
-  }
+      store4(acc, i, r.end, r.aligned, g);
+    }
+  });
 }
 
 int grid_for(const TensorLists& L, int num_sms) {
@@ -438,15 +450,15 @@ cudaError_t launch_scale_grads(const TensorLists& grads, const double* coef, int
   return cudaGetLastError();
 }
 
-cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const double* coef,
-                            const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  sgd_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, StepScalars scalars, int num_sms,
+                            cudaStream_t stream) {
+  sgd_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 
-cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const double* coef,
-                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  adam_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
+                             cudaStream_t stream) {
+  adam_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 

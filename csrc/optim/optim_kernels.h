@@ -127,6 +127,14 @@ cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float
 
 cudaError_t launch_scale_grads(const TensorLists& grads, const double* coef, int num_sms, cudaStream_t stream);
 
+// The device scalars an update reads: pass 1's clip coefficient (fp64), the scaler's scale (null: 1) and
+// found_inf (set: the whole update is skipped).
+struct StepScalars {
+  const double* coef;
+  const float* grad_scale;
+  const float* found_inf;
+};
+
 // Hyperparameters in double: float64 parameters are updated with them exactly; other math types round them once.
 struct SgdArgs {
   double lr, momentum, dampening, weight_decay, clip_value;
@@ -137,8 +145,8 @@ struct SgdArgs {
 };
 // lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
 // lists.hyper (width 4): per-tensor lr, momentum, dampening, weight_decay in place of args'.
-cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const double* coef,
-                            const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, StepScalars scalars, int num_sms,
+                            cudaStream_t stream);
 
 struct AdamArgs {
   double lr, beta1, beta2, eps, weight_decay, clip_value;
@@ -149,8 +157,8 @@ struct AdamArgs {
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
 // lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.
-cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const double* coef,
-                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
+                             cudaStream_t stream);
 
 // lists: accs (float32, float64 for float64 grads), grads (dtype code). accs += grads, or accs = grads.
 cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream);

@@ -17,7 +17,7 @@ accumulate_grads(): adds every parameter's 16-bit .grad into an fp32 buffer (one
 .grad; the next step() uses the fp32 sums (plus any .grad left from a last micro-batch). A state_dict taken
 between micro-batches carries the sums ("accumulated_grads"), so a checkpoint there loses nothing; the sums are
 invisible to code that reads .grad (use max_grad_norm rather than clip_grad_norm_ on the parameters;
-fused.amp.GradScaler.unscale_ does unscale them)."""
+fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
@@ -41,7 +41,9 @@ def _check_not_differentiable(cls, differentiable):
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
-    """Common step: pass 1 over every gradient of every group, then the per-group update."""
+    """Common step: pass 1 over every gradient of every group, then the per-group update. Gradient scalers drive
+    it through one public hook, scaler_step() (torch.amp.GradScaler through torch's grad_scale / found_inf
+    attributes, which step() reads)."""
 
     # torch.amp.GradScaler hands `grad_scale` and `found_inf` to optimizers that declare this (no unscale pass).
     _step_supports_amp_scaling = True
@@ -72,16 +74,48 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._fused_step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         return loss
 
+    @torch.no_grad()
+    def scaler_step(self, grad_scale=None, found_inf=None, *, unscale_by=None):
+        """The hook through which a gradient scaler drives this optimizer (fused.amp.GradScaler uses nothing else).
+
+        It works on the gradients step() reads: .grad, or after accumulate_grads() the fp32 sums (a last
+        micro-batch still in .grad folded in first). grad_scale: the loss scale they carry, a float32 scalar tensor
+        (None: 1). found_inf: a float32 scalar tensor (or a number) or'ed into the finite check (None: unset).
+        By default it is one fused step on the gradients divided by grad_scale, skipped whole when found_inf is
+        set or a gradient is inf/NaN; .grad is left unscaled and clipped, as torch's fused optimizers leave it.
+        With unscale_by (a float32 scalar tensor, the inverse scale: what scaler.unscale_ does) there is no step:
+        the fp32 sums are multiplied by it in place, with the finite check; when step() would read .grad instead,
+        nothing is done and None returned (the scaler unscales .grad itself).
+        Returns found_inf after the check, a float32 scalar on the parameters' device; None where no parameter
+        has a gradient."""
+        if unscale_by is not None:
+            return self._unscale_sums(unscale_by, found_inf)
+        return self._fused_step(grad_scale, found_inf)
+
+    def _unscale_sums(self, inv_scale, found_inf):
+        if not self._acc_live:
+            return None
+        self.accumulate_grads()  # a last micro-batch left in .grad joins the sums
+        by_dtype = {}
+        for p in self._acc_live:
+            acc = local(self._grad_acc[p])
+            by_dtype.setdefault(acc.dtype, []).append(acc)
+        device = next(iter(by_dtype.values()))[0].device
+        found = torch.zeros((), device=device) if found_inf is None else \
+            torch.as_tensor(found_inf, dtype=torch.float32, device=device).clone()
+        for accs in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(accs, found, inv_scale.to(device))
+        return found
+
     def _fused_step(self, grad_scale=None, found_inf=None):
-        """Pass 1 and pass 2. grad_scale: the scaler's scale, a float32 device scalar (None: 1); found_inf: a
-        float32 device scalar or'ed into the finite check (None: unset). Returns found_inf after the check."""
+        """Pass 1 and pass 2 (see scaler_step). Returns found_inf after the check; None without gradients."""
         name = type(self).__name__
         if self._acc_live:
             self.accumulate_grads()  # a last micro-batch left in .grad joins the sums
         groups = [(g, [p for p in g["params"] if self._has_grad(p)]) for g in self.param_groups]
         groups = [(g, ps) for g, ps in groups if ps]
         if not groups:
-            return found_inf
+            return None
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
         sources = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
@@ -109,9 +143,6 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
     def _has_grad(self, p):
         return p.grad is not None or p in self._acc_live
-
-    def _params_with_grads(self):
-        return [p for g in self.param_groups for p in g["params"] if self._has_grad(p)]
 
     @torch.no_grad()
     def accumulate_grads(self):
