@@ -61,7 +61,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.stochastic_rounding = bool(stochastic_rounding)
         self._grad_acc = {}  # param -> fp32 buffer of accumulated micro-batch gradients (kept across steps)
         self._acc_live = set()  # params whose buffer holds sums since the last step
-        self.last_grad_norm = None  # float32 device tensor after each step: the unscaled norm before clipping
+        self.last_grad_norm = None  # after each step: the unscaled norm before clipping (device, the grads' dtype)
         super().__init__(params, defaults)
 
     @torch.no_grad()
