@@ -36,6 +36,16 @@ def log(x):
 
 
 @triton.jit
+def expm1(x):
+    """exp(x) - 1 without the cancellation near 0 (the interpreter, which lacks it: exp in float64 and - 1, exact
+    enough for a float32 result)."""
+    if INTERPRET:
+        return (tl.exp(x.to(tl.float64)) - 1.0).to(x.dtype)
+    else:
+        return libdevice.expm1(x)
+
+
+@triton.jit
 def sin(x):
     if INTERPRET:
         return tl.sin(x)

@@ -10,6 +10,7 @@ import torch
 from fused.distance import reference as distance_ref
 from fused.elementwise import reference as elementwise_ref
 from fused.linear import reference as linear_ref
+from fused.loss import reference as loss_ref
 from fused.optim import reference as optim_ref
 from tests.harness import make
 
@@ -68,6 +69,23 @@ def _grad_norm_samples():
     return [(grads, found, inv, 2.0, 1.0, math.inf, True), (grads, None, None, 3.0, 1.0, 0.5, False)]
 
 
+def _lce():  # input, linear_weight, target (two ignored), linear_bias, class weight of a linear_cross_entropy
+    target = torch.randint(0, 20, (12,), generator=torch.Generator().manual_seed(0))
+    target[::5] = -100
+    return (_x(12, 8, requires_grad=True), _x(20, 8, seed=1, requires_grad=True), target,
+            _x(20, seed=2, requires_grad=True), _x(20, seed=3, low=0.2, high=2.0))
+
+
+def _lce_bwd(grad_loss, reduction):
+    x, w, t, b, cw = _lce()
+    return (grad_loss, x.detach(), w.detach(), t, b.detach(), cw, reduction, -100, 0.1, 1e-3, 5.0, True, True, True)
+
+
+def _ce_logits(requires_grad=True):
+    x, _, t, _, cw = _lce()
+    return _x(12, 20, seed=4, requires_grad=requires_grad), t, cw
+
+
 _SEED = torch.tensor(1234)
 OPS = {
     # elementwise
@@ -105,6 +123,24 @@ OPS = {
         lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
                   *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],
         backward_of="pairwise_topk"),
+    # loss: the public composites, the chunked forward (gradients computed in it for mean / sum), the backward that
+    # recomputes them, and the row kernel they share (it writes the gradient through `grad`: no autograd)
+    "linear_cross_entropy": Op(lambda: [_lce()[:3]], loss_ref.linear_cross_entropy),
+    "linear_cross_entropy_fwd": Op(lambda: [(*_lce(), reduction, -100, 0.1, 1e-3, 5.0, True, True, True)
+                                            for reduction in ("mean", "none")]
+                                   + [(*_lce()[:3], None, None, "sum", -100, 0.0, 0.0, 0.0, True, False, False)],
+                                   loss_ref.linear_cross_entropy),
+    "linear_cross_entropy_bwd": Op(lambda: [_lce_bwd(torch.randn(12), "none"), _lce_bwd(torch.tensor(0.5), "mean")],
+                                   backward_of="linear_cross_entropy_fwd"),
+    "cross_entropy": Op(lambda: [_ce_logits()[:2]], loss_ref.cross_entropy),
+    "cross_entropy_fwd": Op(lambda: [(*_ce_logits(), reduction, -100, 0.1, 1e-3, 3.0, True)
+                                     for reduction in ("mean", "none")], loss_ref.cross_entropy),
+    "cross_entropy_bwd": Op(lambda: [(torch.randn(12), *_ce_logits(False), "none", -100, 0.1, 1e-3, 3.0)],
+                            backward_of="cross_entropy_fwd"),
+    "cross_entropy_rows": Op(lambda: [(*_ce_logits(False), torch.rand(12, 2), torch.empty(12, 20), -100, 0.1, 1e-3,
+                                       3.0), (*_ce_logits(False)[:2], None, torch.ones(2), torch.empty(0), -100, 0.0,
+                                              0.0, 0.0)],
+                             loss_ref.cross_entropy, differentiable=False),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
     "scale_grads_": Op(lambda: [(_optim_lists()[0], torch.tensor(0.5))], optim_ref.clip_grad_norm_,

@@ -28,9 +28,21 @@ import fused
 from fused.loss import ops as loss_ops
 from fused.loss import reference as ref
 from tests import cuda_emulation
-from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, device_backends, make, noncontiguous, raises, rel_error, requires_triton)
-from tests.test_cuda_emulation import buf, emu, launch, out  # noqa: F401  (emu: the emulation's fixture)
+from tests.harness import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    HAS_CUDA,
+    assert_accuracy,
+    assert_close,
+    check_compile,
+    make,
+    noncontiguous,
+    raises,
+    rel_error,
+    requires_triton,
+)
+from tests.test_cuda_emulation import buf, launch, out
+from tests.test_cuda_emulation import emu as emu_fixture  # noqa: F401  (the fixture `emu`)
 
 GEMM_SCALE = {torch.float64: 10.0, torch.float32: 10.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 # Every option at once: class weights, label smoothing, z-loss, softcap (and ignored rows, from `targets`).
@@ -77,19 +89,17 @@ def lce_ref(x, w, b, t, **kw):
 
 
 # ---- linear_cross_entropy against the reference in the same dtype ----
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("options", ["plain", "all"])
-def test_linear_parity(device, bk, reduction, dtype, options):
-    x, w, b = lce_inputs((3, 5), 33, 131, dtype, device)
-    t = targets((3, 5), 131, device)
+def test_linear_parity(dev, reduction, dtype, options):
+    x, w, b = lce_inputs((3, 5), 33, 131, dtype, dev)
+    t = targets((3, 5), 131, dev)
     kw = dict(reduction=reduction)
     if options == "all":
-        kw.update(ALL_OPTIONS, weight=class_weight(131, dtype, device))
-    g = make((3, 5), dtype, device, seed=7) if reduction == "none" else None
-    with backend(bk):
-        out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
+        kw.update(ALL_OPTIONS, weight=class_weight(131, dtype, dev))
+    g = make((3, 5), dtype, dev, seed=7) if reduction == "none" else None
+    out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
     want_out, want = loss_and_grads(lambda: lce_ref(x, w, b, t, **kw), (x, w, b), g)
     assert out.dtype == dtype and out.shape == want_out.shape
     assert_close(out, want_out, scale=GEMM_SCALE[dtype])
@@ -98,19 +108,17 @@ def test_linear_parity(device, bk, reduction, dtype, options):
         assert_close(a, e, scale=2 * GEMM_SCALE[dtype])
 
 
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("option", [dict(label_smoothing=0.2), dict(z_loss=1e-4), dict(z_loss=1e-5),
                                     dict(softcap=30.0), dict(softcap=2.0), "weight"], ids=str)
-def test_linear_each_option(device, bk, reduction, option):
+def test_linear_each_option(dev, reduction, option):
     """Each extension alone (z_loss: PaLM's and Chameleon's coefficients) in float64, gradients against autograd
     of the reference."""
-    x, w, b = lce_inputs((2, 9), 16, 70, torch.float64, device)
-    t = targets((2, 9), 70, device)
-    kw = dict(weight=class_weight(70, torch.float64, device)) if option == "weight" else dict(option)
-    g = make((2, 9), torch.float64, device, seed=4) if reduction == "none" else None
-    with backend(bk):
-        out, got = loss_and_grads(lambda: lce(x, w, b, t, reduction=reduction, **kw), (x, w, b), g)
+    x, w, b = lce_inputs((2, 9), 16, 70, torch.float64, dev)
+    t = targets((2, 9), 70, dev)
+    kw = dict(weight=class_weight(70, torch.float64, dev)) if option == "weight" else dict(option)
+    g = make((2, 9), torch.float64, dev, seed=4) if reduction == "none" else None
+    out, got = loss_and_grads(lambda: lce(x, w, b, t, reduction=reduction, **kw), (x, w, b), g)
     want_out, want = loss_and_grads(lambda: lce_ref(x, w, b, t, reduction=reduction, **kw), (x, w, b), g)
     assert_close(out, want_out)
     for a, e in zip(got, want):
@@ -118,21 +126,19 @@ def test_linear_each_option(device, bk, reduction, option):
 
 
 # ---- accuracy against float64: no worse than eager (x2) ----
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("options", ["plain", "all"])
-def test_linear_accuracy_vs_float64(device, bk, dtype, reduction, options):
-    x, w, b = lce_inputs((96,), 64, 300, dtype, device)
-    t = targets((96,), 300, device)
+def test_linear_accuracy_vs_float64(dev, dtype, reduction, options):
+    x, w, b = lce_inputs((96,), 64, 300, dtype, dev)
+    t = targets((96,), 300, dev)
     kw = dict(reduction=reduction)
     if options == "all":
-        kw.update(ALL_OPTIONS, weight=class_weight(300, dtype, device))
-    g = make((96,), dtype, device, low=0, high=2, seed=5) if reduction == "none" else None
+        kw.update(ALL_OPTIONS, weight=class_weight(300, dtype, dev))
+    g = make((96,), dtype, dev, low=0, high=2, seed=5) if reduction == "none" else None
     x64, w64, b64 = (a.detach().double().requires_grad_() for a in (x, w, b))
     kw64 = dict(kw, weight=kw["weight"].double()) if "weight" in kw else kw
-    with backend(bk):
-        out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
+    out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
     eager, eager_grads = loss_and_grads(lambda: lce_ref(x, w, b, t, **kw), (x, w, b), g)
     exact, exact_grads = loss_and_grads(lambda: lce_ref(x64, w64, b64, t, **kw64), (x64, w64, b64),
                                         None if g is None else g.double())
@@ -219,7 +225,8 @@ def test_all_targets_ignored(ignore_index):
     """torch's: mean is nan, sum is 0, none is zeros; every gradient is zero."""
     x, w, b = lce_inputs((16,), 8, 20)
     t = torch.full((16,), ignore_index)
-    for reduction, kw in (("mean", {}), ("sum", {}), ("none", {}), ("mean", dict(ALL_OPTIONS, weight=class_weight(20)))):
+    all_options = dict(ALL_OPTIONS, weight=class_weight(20))
+    for reduction, kw in (("mean", {}), ("sum", {}), ("none", {}), ("mean", all_options)):
         g = torch.ones(16) if reduction == "none" else None
         out, got = loss_and_grads(lambda: lce(x, w, b, t, reduction=reduction, ignore_index=ignore_index, **kw),
                                   (x, w, b), g)
@@ -408,16 +415,14 @@ def test_memory_without_the_logits(monkeypatch):
 
 
 # ---- fused.cross_entropy (given logits) ----
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_cross_entropy_parity_and_accuracy(device, bk, dtype, reduction):
-    logits = make((45, 77), dtype, device, low=-4, high=4, seed=1, requires_grad=True)
-    t = targets((45,), 77, device)
-    kw = dict(ALL_OPTIONS, reduction=reduction, weight=class_weight(77, dtype, device))
-    g = make((45,), dtype, device, seed=2) if reduction == "none" else None
-    with backend(bk):
-        out, got = loss_and_grads(lambda: fused.cross_entropy(logits, t, **kw), [logits], g)
+def test_cross_entropy_parity_and_accuracy(dev, dtype, reduction):
+    logits = make((45, 77), dtype, dev, low=-4, high=4, seed=1, requires_grad=True)
+    t = targets((45,), 77, dev)
+    kw = dict(ALL_OPTIONS, reduction=reduction, weight=class_weight(77, dtype, dev))
+    g = make((45,), dtype, dev, seed=2) if reduction == "none" else None
+    out, got = loss_and_grads(lambda: fused.cross_entropy(logits, t, **kw), [logits], g)
     want, want_grad = loss_and_grads(lambda: ref.cross_entropy(logits, t, **kw), [logits], g)
     assert_close(out, want, scale=2)
     assert_close(got[0], want_grad[0], scale=2)
@@ -459,7 +464,7 @@ def test_bfloat16_matches_float32_internals():
     assert torch.equal(g16[0], g32[0].bfloat16())
 
 
-# ---- gradcheck, opcheck, compile ----
+# ---- gradcheck and compile (opcheck: tests/op_registry.py's samples, run by test_op_coverage.py) ----
 def test_gradcheck_float64():
     x, w, b = lce_inputs((3,), 5, 20, torch.float64)
     t = torch.tensor([1, -100, 19])
@@ -472,31 +477,6 @@ def test_gradcheck_float64():
     for reduction in ("mean", "none"):
         assert torch.autograd.gradcheck(lambda a: fused.cross_entropy(a, t, reduction=reduction, **ALL_OPTIONS),
                                         (logits,))
-
-
-def test_opcheck():
-    x, w, b = lce_inputs((12,), 8, 20)
-    t = targets((12,), 20)
-    cw = class_weight(20)
-    for reduction in ("mean", "none"):
-        torch.library.opcheck(torch.ops.fused.linear_cross_entropy_fwd,
-                              (x, w, t, b, cw, reduction, -100, 0.1, 1e-3, 5.0, True, True, True))
-    torch.library.opcheck(torch.ops.fused.linear_cross_entropy_fwd,
-                          (x, w, t, None, None, "sum", -100, 0.0, 0.0, 0.0, True, False, False))
-    xd, wd, bd = x.detach(), w.detach(), b.detach()
-    for grad_loss, reduction in ((torch.randn(12), "none"), (torch.tensor(0.5), "mean")):
-        torch.library.opcheck(torch.ops.fused.linear_cross_entropy_bwd,
-                              (grad_loss, xd, wd, t, bd, cw, reduction, -100, 0.1, 1e-3, 5.0, True, True, True))
-    logits = make((12, 20), requires_grad=True)
-    for reduction in ("mean", "none"):
-        torch.library.opcheck(torch.ops.fused.cross_entropy_fwd, (logits, t, cw, reduction, -100, 0.1, 1e-3, 3.0,
-                                                                  True))
-    torch.library.opcheck(torch.ops.fused.cross_entropy_bwd, (torch.randn(12), logits.detach(), t, cw, "none", -100,
-                                                              0.1, 1e-3, 3.0))
-    torch.library.opcheck(torch.ops.fused.cross_entropy_rows, (logits.detach(), t, cw, torch.rand(12, 2),
-                                                               torch.empty(12, 20), -100, 0.1, 1e-3, 3.0))
-    torch.library.opcheck(torch.ops.fused.linear_cross_entropy, (x, w, t), dict(linear_bias=b, reduction="sum"))
-    torch.library.opcheck(torch.ops.fused.cross_entropy, (logits, t), dict(weight=cw, z_loss=1e-3))
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -714,9 +694,9 @@ def emu_rows(emu, logits, target, weight, scale, grad, ignore_index, label_smoot
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     loss, lse = out((rows,), acc), out((rows,), acc)
     w_sum = None if weight is None else buf(weight.double().sum().reshape(1))
-    launch(emu.cross_entropy_rows, cuda_emulation.code(logits.dtype), logits, ld or V, grad, V if grad is not None else 0,
-           buf(target), None if weight is None else buf(weight), w_sum, buf(scale), 2 if scale.dim() == 2 else 0,
-           loss, lse, rows, V, ignore_index, label_smoothing, z_loss, softcap)
+    launch(emu.cross_entropy_rows, cuda_emulation.code(logits.dtype), logits, ld or V, grad,
+           V if grad is not None else 0, buf(target), None if weight is None else buf(weight), w_sum, buf(scale),
+           2 if scale.dim() == 2 else 0, loss, lse, rows, V, ignore_index, label_smoothing, z_loss, softcap)
     return loss, lse
 
 
@@ -728,7 +708,7 @@ requires_emulation = pytest.mark.skipif(cuda_emulation.unavailable() is not None
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("options", ["plain", "all"])
 @pytest.mark.parametrize("V", [100, 1300])  # fewer columns than the block's 512 threads, and 2-3 per thread
-def test_emulated_cuda_rows_match_cpu_kernel(emu, dtype, options, V):
+def test_cuda_emulation_rows_match_cpu_kernel(emu, dtype, options, V):
     """Loss, logsumexp and gradient of the CUDA kernel (one block per row, per-thread online softmax, fixed-tree
     combine) against the CPU kernel, with a gradient in a separate buffer and written over the logits, class weights,
     per-row scales, ignored rows, softcap; every buffer between NaN guards."""
@@ -754,7 +734,7 @@ def test_emulated_cuda_rows_match_cpu_kernel(emu, dtype, options, V):
 
 
 @requires_emulation
-def test_emulated_cuda_rows_special_cases(emu):
+def test_cuda_emulation_rows_special_cases(emu):
     """Same bits under other block and thread orders and SM counts (fixed-order combine); a confident prediction's
     true-class gradient in bf16 written over its logits (Liger #1329); masked (-inf) logits with smoothing give
     eager's inf; an out-of-range target gives that row NaN (no host sync on a GPU); no rows launch nothing."""

@@ -11,14 +11,11 @@
 #include <vector>
 
 #include "common/cpu_utils.h"
-#include "loss/loss_checks.h"
+#include "loss/loss_args.h"
 #include "loss/loss_math.h"
 
 namespace fused {
 namespace {
-
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
 
 template <typename M> inline Vec<M> vadd(Vec<M> a, Vec<M> b) { return a + b; }
 
@@ -39,8 +36,8 @@ template <typename M> M row_max(const M* z, int64_t n) {
 }
 
 // sum_c exp(z_c - m), and sum_c w_c (z_c - m) when `smooth` (w null: all ones).
-template <typename M> void row_sums(const M* z, const M* w, int64_t n, M m, bool smooth, double& sum_exp,
-                                    double& sum_smooth) {
+template <typename M>
+void row_sums(const M* z, const M* w, int64_t n, M m, bool smooth, double& sum_exp, double& sum_smooth) {
   const Vec<M> vm(m);
   sum_exp = sum_smooth = 0.0;
   for (int64_t i = 0; i < n; i += kBlock) {
@@ -48,8 +45,8 @@ template <typename M> void row_sums(const M* z, const M* w, int64_t n, M m, bool
     sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, vadd<M>, z + i, len);
     if (!smooth) continue;
     if (w) {
-      sum_smooth += at::vec::map2_reduce_all<M>([&](Vec<M> v, Vec<M> wv) { return wv * (v - vm); }, vadd<M>, z + i,
-                                                w + i, len);
+      sum_smooth +=
+          at::vec::map2_reduce_all<M>([&](Vec<M> v, Vec<M> wv) { return wv * (v - vm); }, vadd<M>, z + i, w + i, len);
     } else {
       sum_smooth += at::vec::map_reduce_all<M>([&](Vec<M> v) { return v - vm; }, vadd<M>, z + i, len);
     }
@@ -57,11 +54,11 @@ template <typename M> void row_sums(const M* z, const M* w, int64_t n, M m, bool
 }
 
 template <typename scalar_t>
-void cross_entropy_rows_kernel(const scalar_t* logits, int64_t ld, scalar_t* grad, int64_t ldg,
-                               const int64_t* target, const at::opmath_type<scalar_t>* weight,
-                               const at::opmath_type<scalar_t>* scale, int64_t scale_ld, int64_t rows, int64_t V,
-                               int64_t ignore_index, const loss::Params<at::opmath_type<scalar_t>>& p,
-                               at::opmath_type<scalar_t>* loss_out, at::opmath_type<scalar_t>* lse_out) {
+void cross_entropy_rows_kernel(const scalar_t* logits, int64_t ld, scalar_t* grad, int64_t ldg, const int64_t* target,
+                               const at::opmath_type<scalar_t>* weight, const at::opmath_type<scalar_t>* scale,
+                               int64_t scale_ld, int64_t rows, int64_t V, int64_t ignore_index,
+                               const loss::Params<at::opmath_type<scalar_t>>& p, at::opmath_type<scalar_t>* loss_out,
+                               at::opmath_type<scalar_t>* lse_out) {
   using M = at::opmath_type<scalar_t>;
   const bool smooth = p.label_smoothing != M(0);
   const Vec<M> cap(p.softcap), coef_zero(0);
@@ -124,8 +121,8 @@ void cross_entropy_rows_kernel(const scalar_t* logits, int64_t ld, scalar_t* gra
 std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logits_in, const at::Tensor& target_in,
                                                           const std::optional<at::Tensor>& weight_in,
                                                           const at::Tensor& scale_in, const at::Tensor& grad,
-                                                          int64_t ignore_index, double label_smoothing,
-                                                          double z_loss, double softcap) {
+                                                          int64_t ignore_index, double label_smoothing, double z_loss,
+                                                          double softcap) {
   const char* op = "cross_entropy_rows";
   check_cross_entropy_rows(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
   const int64_t rows = logits_in.size(0), V = logits_in.size(1);
@@ -133,7 +130,8 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logi
   // in-place use, whose buffer is contiguous).
   const at::Tensor logits = V <= 1 || logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
   const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  const std::optional<at::Tensor> weight = weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
+  const std::optional<at::Tensor> weight =
+      weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
   const int64_t* t = target.data_ptr<int64_t>();
   for (int64_t r = 0; r < rows; ++r) {
     TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < V), "fused.", op, ": target ", t[r],
@@ -153,11 +151,10 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logi
     }
     const loss::Params<M> p{static_cast<M>(label_smoothing), static_cast<M>(label_smoothing / std::max<int64_t>(V, 1)),
                             weight_sum, static_cast<M>(z_loss), static_cast<M>(softcap)};
-    cross_entropy_rows_kernel<scalar_t>(logits.data_ptr<scalar_t>(), logits.stride(0),
-                                        grad.numel() ? grad.data_ptr<scalar_t>() : nullptr,
-                                        grad.numel() ? grad.stride(0) : 0, t, w, scale.data_ptr<M>(),
-                                        scale.dim() == 2 ? 2 : 0, rows, V, ignore_index, p, loss.data_ptr<M>(),
-                                        lse.data_ptr<M>());
+    cross_entropy_rows_kernel<scalar_t>(
+        logits.data_ptr<scalar_t>(), logits.stride(0), grad.numel() ? grad.data_ptr<scalar_t>() : nullptr,
+        grad.numel() ? grad.stride(0) : 0, t, w, scale.data_ptr<M>(), scale.dim() == 2 ? 2 : 0, rows, V, ignore_index,
+        p, loss.data_ptr<M>(), lse.data_ptr<M>());
   });
   return {loss, lse};
 }

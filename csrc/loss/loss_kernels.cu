@@ -22,7 +22,9 @@ constexpr int kThreads = 512;
 __device__ __forceinline__ float expm1_of(float x) { return expm1f(x); }
 __device__ __forceinline__ double expm1_of(double x) { return ::expm1(x); }
 
-template <typename M> __device__ __forceinline__ M capped(M x, M cap) { return cap != M(0) ? cap * p_tanh(x / cap) : x; }
+template <typename M> __device__ __forceinline__ M capped(M x, M cap) {
+  return cap != M(0) ? cap * p_tanh(x / cap) : x;
+}
 
 // A thread's (or a group of threads') running statistics of a row.
 template <typename M> struct Partial {
@@ -42,10 +44,9 @@ template <typename M> __device__ __forceinline__ void combine(Partial<M>& a, con
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) cross_entropy_rows_kernel(RowsArgs a, typename MathType<T>::type ls,
-                                                                      typename MathType<T>::type eps,
-                                                                      typename MathType<T>::type z_loss,
-                                                                      typename MathType<T>::type cap) {
+__global__ void __launch_bounds__(kThreads)
+    cross_entropy_rows_kernel(RowsArgs a, typename MathType<T>::type ls, typename MathType<T>::type eps,
+                              typename MathType<T>::type z_loss, typename MathType<T>::type cap) {
   using M = typename MathType<T>::type;
   __shared__ Partial<M> part[kThreads];
   __shared__ M shared[5];  // m, log_s, coef_p, coef_w, target gradient
@@ -122,23 +123,13 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_rows_kernel(RowsArgs a
   }
 }
 
-template <typename Fn> cudaError_t visit_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f16: return fn(__half{});
-    case DType::bf16: return fn(__nv_bfloat16{});
-    case DType::f64: return fn(double{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t cross_entropy_rows(DType dtype, const RowsArgs& args, cudaStream_t stream) {
   if (args.rows == 0) return cudaSuccess;
   if (args.rows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return visit_dtype(dtype, [&](auto zero) {
-    using T = decltype(zero);
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
     using M = typename MathType<T>::type;
     FUSED_LAUNCH(static_cast<unsigned>(args.rows), kThreads, 0, stream, cross_entropy_rows_kernel<T>)(
         args, M(args.label_smoothing), M(args.label_smoothing / (args.V > 0 ? args.V : 1)), M(args.z_loss),

@@ -5,11 +5,11 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+
 namespace fused {
 namespace cuda {
 namespace loss {
-
-enum class DType : int32_t { f32, f16, bf16, f64 };
 
 // Pointers of the math type (float; double for f64) unless said otherwise; weight and weight_sum null without
 // class weights; grad (logits' dtype) null for no gradient, may equal logits. scale: [2] (scale_ld 0) or

@@ -23,7 +23,7 @@ template <typename M> struct Params {
   M smooth_coef;  // label_smoothing / V
   M weight_sum;   // sum of the class weights (V without)
   M z_loss;
-  M softcap;      // 0: none
+  M softcap;  // 0: none
 };
 
 template <typename M> FUSED_HD M row_loss(M log_s, M zt, M w_t, M smooth, const Params<M>& p) {

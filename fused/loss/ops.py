@@ -115,7 +115,7 @@ def check_logits(op, logits, target, weight):
 
 
 def check_rows(op, logits, target, weight, scale, grad, label_smoothing, softcap):
-    """fused::cross_entropy_rows' arguments, as csrc/loss/loss_checks.h checks them."""
+    """fused::cross_entropy_rows' arguments, as csrc/loss/loss_args.h checks them."""
     _checks.check_floating(op, "logits", logits)
     if logits.dim() != 2:
         raise RuntimeError(f"fused.{op}: logits must be 2-D [rows, classes], got shape {tuple(logits.shape)}")

@@ -2,33 +2,26 @@
 csrc/loss/loss_math.h's: the first pass reads the row once, keeping its running max m, sum of exp(z - m) and
 smoothing sum relative to m (rescaled whenever m grows); the second pass, only when a gradient is asked for,
 reads it again and writes the gradient. Math in float32 (float64 for float64 logits); exp, log, tanh and expm1
-from libdevice on a GPU, divisions correctly rounded (fused/elementwise/triton_math.py).
+from libdevice on a GPU, divisions correctly rounded (fused/triton_math.py).
 
 The launcher takes the op's own arguments and runs on CPU tensors under TRITON_INTERPRET=1 (how the tests check
 it without a GPU)."""
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from fused.elementwise.triton_math import INTERPRET, _div, _exp, _log, _tanh, math_dtype, on_device_of, scalar_in, to_out
-from fused.loss.ops import check_rows, check_target_range, math_dtype as math_torch_dtype
+from fused import triton_math as tm
+from fused.loss.ops import check_rows, check_target_range
+from fused.loss.ops import math_dtype as math_torch_dtype
+from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
 
 BLOCK = 4096  # columns per step of a row (fewer for a short row)
 
 
 @triton.jit
-def _expm1(x):
-    if INTERPRET:
-        return (tl.exp(x.to(tl.float64)) - 1.0).to(x.dtype)  # float64: exact enough for a float32 result
-    else:
-        return libdevice.expm1(x)
-
-
-@triton.jit
 def _capped(x, softcap, CAP: tl.constexpr):
     if CAP:
-        return softcap * _tanh(_div(x, softcap))
+        return softcap * tm.tanh(tm.div(x, softcap))
     else:
         return x
 
@@ -72,8 +65,8 @@ def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, s
         mask = cols < V
         z = tl.where(mask, _capped(tl.load(x_row + cols, mask=mask, other=0.0).to(MATH), cap, CAP), float("-inf"))
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.where(m == m_new, 1.0, _exp(m - m_new)) + tl.sum(tl.where(z == float("-inf"), 0.0,
-                                                                               _exp(z - m_new)), axis=0)
+        s = s * tl.where(m == m_new, 1.0, tm.exp(m - m_new)) + tl.sum(tl.where(z == float("-inf"), 0.0,
+                                                                               tm.exp(z - m_new)), axis=0)
         if SMOOTH:
             w = tl.full((BLOCK,), 1.0, MATH)
             if HAS_WEIGHT:
@@ -86,7 +79,7 @@ def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, s
             sm += shift + tl.sum(tl.where(mask, term, 0.0), axis=0)
             w_seen += tl.sum(w, axis=0)
         m = m_new
-    log_s = tl.where(bad, float("nan"), _log(s))
+    log_s = tl.where(bad, float("nan"), tm.log(s))
     lse = m + log_s
     z_t = _capped(tl.load(x_row + t).to(MATH), cap, CAP)
     zt = z_t - m
@@ -107,19 +100,19 @@ def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, s
         coef_p = coef_t + rest
         # the target's entry on its own: never from a rounded p_t (csrc/loss/loss_math.h)
         log_pt = zt - log_s
-        g_t = coef_t * _expm1(log_pt) + rest * _exp(log_pt) - coef_w * w_t
+        g_t = coef_t * tm.expm1(log_pt) + rest * tm.exp(log_pt) - coef_w * w_t
         for start in range(0, V, BLOCK):
             cols = start + cols0
             mask = cols < V
             z = _capped(tl.load(x_row + cols, mask=mask, other=0.0).to(MATH), cap, CAP)
-            g = coef_p * _exp((z - m) - log_s)
+            g = coef_p * tm.exp((z - m) - log_s)
             if HAS_WEIGHT:
                 g -= coef_w * tl.load(w_ptr + cols, mask=mask, other=0.0).to(MATH)
             else:
                 g -= coef_w
             g = tl.where(cols == t, g_t, g)
             if CAP:
-                u = _div(z, cap)
+                u = tm.div(z, cap)
                 g = g * (1.0 - u * u)
             tl.store(g_row + cols, to_out(g, g_ptr.dtype.element_ty), mask=mask)
 
@@ -142,6 +135,7 @@ def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_
         logits, logits.stride(0), grad if has_grad else logits, grad.stride(0) if has_grad else 0, target.contiguous(),
         weight.contiguous() if weight is not None else loss, weight.double().sum() if weight is not None else loss,
         scale.contiguous(), 2 if scale.dim() == 2 else 0, loss, lse, V, ignore_index, float(label_smoothing),
-        float(label_smoothing) / max(V, 1), float(z_loss), float(softcap), HAS_WEIGHT=weight is not None, SMOOTH=label_smoothing != 0, CAP=softcap != 0, GRAD=has_grad,
-        MATH=math_dtype(logits), BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))), num_warps=8)
+        float(label_smoothing) / max(V, 1), float(z_loss), float(softcap), HAS_WEIGHT=weight is not None,
+        SMOOTH=label_smoothing != 0, CAP=softcap != 0, GRAD=has_grad, MATH=math_dtype(logits),
+        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))), num_warps=8)
     return loss, lse

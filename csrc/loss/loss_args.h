@@ -29,17 +29,17 @@ inline void check_cross_entropy_rows(const char* op, const at::Tensor& logits, c
               " but logits is on ", logits.device());
   const at::ScalarType math = loss_math_dtype(logits);
   if (weight) {
-    TORCH_CHECK(weight->dim() == 1 && weight->size(0) == classes, "fused.", op, ": weight must be 1-D with ",
-                classes, " entries (one per class), got shape ", weight->sizes());
-    TORCH_CHECK(weight->scalar_type() == math && weight->device() == logits.device(), "fused.", op,
-                ": weight must be ", dtype_name(math), " on ", logits.device(), ", got ",
-                dtype_name(weight->scalar_type()), " on ", weight->device());
+    TORCH_CHECK(weight->dim() == 1 && weight->size(0) == classes, "fused.", op, ": weight must be 1-D with ", classes,
+                " entries (one per class), got shape ", weight->sizes());
+    TORCH_CHECK(weight->scalar_type() == math && weight->device() == logits.device(), "fused.", op, ": weight must be ",
+                dtype_name(math), " on ", logits.device(), ", got ", dtype_name(weight->scalar_type()), " on ",
+                weight->device());
   }
   TORCH_CHECK(scale.scalar_type() == math && scale.device() == logits.device(), "fused.", op, ": scale must be ",
               dtype_name(math), " on ", logits.device());
-  TORCH_CHECK((scale.dim() == 1 && scale.size(0) == 2) || (scale.dim() == 2 && scale.size(0) == rows &&
-                                                           scale.size(1) == 2),
-              "fused.", op, ": scale must have shape [2] or [rows, 2], got ", scale.sizes());
+  TORCH_CHECK(
+      (scale.dim() == 1 && scale.size(0) == 2) || (scale.dim() == 2 && scale.size(0) == rows && scale.size(1) == 2),
+      "fused.", op, ": scale must have shape [2] or [rows, 2], got ", scale.sizes());
   if (grad.numel()) {
     check_like(op, "grad", grad, "logits", logits);
     TORCH_CHECK(grad.sizes() == logits.sizes() && (grad.size(1) <= 1 || grad.stride(1) == 1), "fused.", op,
