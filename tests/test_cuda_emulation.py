@@ -840,18 +840,18 @@ def test_master_weights_and_fp32_state(emu, ws, opt, low):
         cpu_s, emu_s = [torch.ones(()) for _ in SHAPES], [buf(torch.ones(())) for _ in SHAPES]
         if opt == "sgd":
             args = (0.0, 0.9, 0.0, 0.0, False, False)  # lr, momentum, dampening, weight decay: the rows'
-            F.sgd_step_(cpu_p, g, cpu_st, cpu_s, *args, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0), math.inf, cpu_m,
-                        hyper=hyper)
-            emu_sgd_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_s, *args, scalar(1.0, F64), None, scalar(0.0),
-                          math.inf, emu_m, hyper=hyper)
+            F.sgd_step_(cpu_p, g, cpu_st, cpu_s, *args, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
+                        math.inf, cpu_m, hyper=hyper)
+            emu_sgd_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_s, *args, scalar(1.0, F64), None,
+                          scalar(0.0), math.inf, emu_m, hyper=hyper)
         else:
             st2 = state_like(params0, torch.float32, seed=15)
             cpu_st2, emu_st2 = [t.clone() for t in st2], [buf(t) for t in st2]
             args = (1e-2, 0.9, 0.99, 1e-8, 0.1, False, True, False)
-            F.adam_step_(cpu_p, g, cpu_st, cpu_st2, [], cpu_s, *args, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
-                         math.inf, cpu_m)
-            emu_adam_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_st2, [], emu_s, *args, scalar(1.0, F64), None,
-                           scalar(0.0), math.inf, emu_m)
+            F.adam_step_(cpu_p, g, cpu_st, cpu_st2, [], cpu_s, *args, torch.tensor(1.0, dtype=F64), None,
+                         torch.tensor(0.0), math.inf, cpu_m)
+            emu_adam_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_st2, [], emu_s, *args, scalar(1.0, F64),
+                           None, scalar(0.0), math.inf, emu_m)
             assert_update(emu_st2, cpu_st2)
         assert_update(emu_p, cpu_p)
         assert_update(emu_st, cpu_st)
@@ -878,12 +878,13 @@ def test_stochastic_rounding(emu, ws, opt):
     else:
         st = [state_like(params0, torch.float32, seed=s) for s in (16, 17)]
         steps = [torch.ones(()) for _ in SHAPES]
-        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0), math.inf,
-                [])
+        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
+                math.inf, [])
         F.adam_step_(cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps], *args,
                      sr_seed=seed)
         emu_adam_step_(emu, ws, emu_p, [buf(g) for g in grads], *[[buf(t) for t in s] for s in st], [],
-                       [buf(t) for t in steps], *args[:8], scalar(1.0, F64), None, scalar(0.0), math.inf, [], sr_seed=seed)
+                       [buf(t) for t in steps], *args[:8], scalar(1.0, F64), None, scalar(0.0), math.inf, [],
+                       sr_seed=seed)
         for e, c in zip(emu_p, cpu_p):
             assert_equal_bits(e, c)
 

@@ -314,22 +314,6 @@ void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overw
 
 }  // namespace
 
-TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
-        "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
-  m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
-  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
-        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
-        "Tensor? sr_seed=None, Tensor? hyper=None, bool write_grads=False) -> ()");
-  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-        "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
-        "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
-        "bool write_grads=False) -> ()");
-  m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
-}
-
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_grad_norm", &grad_norm_cuda);
   m.impl("cuda_scale_grads_", &scale_grads_cuda);
