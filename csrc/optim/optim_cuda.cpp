@@ -50,16 +50,8 @@ oc::Workspace workspace(const at::Device& device) {
   return oc::workspace_at(it->second.data_ptr());
 }
 
-uint8_t dtype_code(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return oc::kF32;
-    case at::kHalf: return oc::kF16;
-    case at::kBFloat16: return oc::kBF16;
-    case at::kDouble: return oc::kF64;
-    default: TORCH_CHECK(false, "fused.", op, ": tensors must be float32, float16, bfloat16 or float64, got ",
-                         t.scalar_type());
-  }
-}
+// The kernels' dtype code of t (optim_kernels.h), flags unset.
+uint8_t dtype_code(const char* op, const at::Tensor& t) { return uint8_t(dtype_of(op, "tensors", t)); }
 
 struct CachedLists {
   std::vector<int64_t> key;
