@@ -549,7 +549,8 @@ def test_triton_edge_cases():
 
 def compile_triton_kernels_for_sm90():
     """Compiles every Triton kernel variant (dtype x metric x path) ahead of time for sm_90, without a GPU: the
-    interpreter runs none of Triton's type checks or its lowering. Run in a process without TRITON_INTERPRET."""
+    interpreter runs none of Triton's type checks or its lowering. Run in a process without TRITON_INTERPRET.
+    Padded batches (lengths) and the radius bound alternate with the metric, so that both ways compile."""
     import inspect
 
     import triton.language as tl
@@ -571,20 +572,25 @@ def compile_triton_kernels_for_sm90():
         prec = "tf32x3" if dt == "fp32" else "tf32"
         for metric in range(5):
             for matmul in (False, True) if metric == tk.P2 and dt != "fp64" else (False,):
-                common = dict(METRIC=metric, SQUARED=False, MATMUL=matmul, CENTER=dt == "fp32", PREC=prec, ACC=acc)
+                common = dict(METRIC=metric, SQUARED=False, MATMUL=matmul, CENTER=dt == "fp32", PREC=prec, ACC=acc,
+                              HAS_LA=metric % 2 == 0, HAS_LB=metric % 2 == 0)
+                lengths = dict(la_ptr="*i64", lb_ptr="*i64")
                 bn, bm, bk = tk.MATMUL_TILE if matmul else tk.DIRECT_TILE
-                build(tk._distances_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", out_ptr=f"*{dt}",
-                                                 N="i32", M="i32", D="i32"),
+                build(tk._distances_kernel, dict(lengths, a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32",
+                                                 out_ptr=f"*{dt}", N="i32", M="i32", D="i32"),
                       dict(common, P=0.7, BN=bn, BM=bm, BK=bk))
-                build(tk._topk_kernel, dict(a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32", val_ptr=f"*{dt}",
-                                            idx_ptr="*i64", N="i32", M="i32", D="i32", K="i32"),
-                      dict(common, P=0.7, LARGEST=True, BN=32, BM=64, BK=32 if matmul else 16, KP=16))
+                build(tk._topk_kernel, dict(lengths, a_ptr=f"*{dt}", b_ptr=f"*{dt}", c_ptr="*fp32",
+                                            bound_ptr="*fp64" if dt == "fp64" else "*fp32", val_ptr=f"*{dt}",
+                                            idx_ptr="*i64", N="i32", M="i32", D="i32", K="i32", WIDTH="i32"),
+                      dict(common, P=0.7, LARGEST=metric % 2 == 1, WITHIN=metric % 2 == 0, BN=32, BM=64,
+                           BK=32 if matmul else 16, KP=16))
                 count += 2
             if metric != tk.P0:
                 build(tk._grad_kernel, dict(x_ptr=f"*{dt}", y_ptr=f"*{dt}", g_ptr=f"*{dt}", dist_ptr=f"*{dt}",
-                                            out_ptr="*fp64" if dt == "fp64" else "*fp32", R="i32", C="i32",
-                                            D="i32", s_r="i32", s_c="i32"),
-                      dict(P=0.7, METRIC=metric, SQUARED=False, ACC=acc, BR=16, BC=32, BD=16))
+                                            lr_ptr="*i64", lc_ptr="*i64", out_ptr="*fp64" if dt == "fp64" else "*fp32",
+                                            R="i32", C="i32", D="i32", s_r="i32", s_c="i32"),
+                      dict(P=0.7, METRIC=metric, SQUARED=False, ACC=acc, HAS_LR=metric % 2 == 0,
+                           HAS_LC=metric % 2 == 0, BR=16, BC=32, BD=16))
                 count += 1
     print(count)
 
