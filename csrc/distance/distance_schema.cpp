@@ -35,6 +35,6 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
                         " bool squared, Tensor? lengths_a=None, Tensor? lengths_b=None)"
                         " -> (Tensor grad_a, Tensor grad_b)");
   // Through the selected pairs of pairwise_topk or radius_neighbors (index -1: none).
-  m.def("pairwise_topk_backward(Tensor grad, Tensor a, Tensor b, Tensor values, Tensor indices, float p,"
-        " bool squared) -> (Tensor grad_a, Tensor grad_b)");
+  def_with_cuda_twin(m, "pairwise_topk_backward(Tensor grad, Tensor a, Tensor b, Tensor values, Tensor indices,"
+                        " float p, bool squared) -> (Tensor grad_a, Tensor grad_b)");
 }

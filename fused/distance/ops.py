@@ -5,6 +5,7 @@ import math
 import torch
 
 from fused import _checks
+from fused._codes import MAX_SELECT
 from fused._backend import register_gpu
 
 TRITON = "fused.distance.triton_kernels"
@@ -228,7 +229,8 @@ _lib.impl("chamfer_distance", _chamfer_distance, "CompositeImplicitAutograd")
 # ---- CUDA tensors ----
 # pairwise_distances, pairwise_topk, radius_neighbors: the CUDA C++ kernels are the direct path; p = 2 at D >= 32
 # (not float64) is the tensor-core path, which is Triton's, whichever backend is set (the path depends on
-# (p, D, dtype) only). pairwise_distances' backward has both implementations; pairwise_topk's is Triton only.
+# (p, D, dtype) only). Both backward ops have both implementations (pairwise_topk's serves radius_neighbors and
+# chamfer_distance too).
 def _tensor_core(a, p):
     return p == 2 and a.shape[-1] >= MATMUL_MIN_D and a.dtype != torch.float64
 
@@ -238,17 +240,23 @@ def _tensor_core_path(a, b, p=2.0, *rest):
     return _tensor_core(a, p)
 
 
-def _radius_tensor_core_path(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None, p=2.0):
-    return _tensor_core(a, p)
+# The selection ops also go to Triton when they keep more neighbours per row than the CUDA C++ kernel does.
+def _topk_triton_path(a, b, k, p=2.0, *rest):
+    return _tensor_core(a, p) or min(k, b.shape[-2]) > MAX_SELECT
+
+
+def _radius_triton_path(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None, p=2.0):
+    return _topk_triton_path(a, b, max_neighbors, p)
 
 
 TRITON_WHEN = {
     "pairwise_distances": _tensor_core_path,
-    "pairwise_topk": lambda a, b, k, p=2.0, *rest: _tensor_core(a, p),
-    "radius_neighbors": _radius_tensor_core_path,
+    "pairwise_topk": _topk_triton_path,
+    "radius_neighbors": _radius_triton_path,
 }
 for _op, _when in TRITON_WHEN.items():
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}", triton_when=_when)
 register_gpu("pairwise_distances_backward", cuda_op="cuda_pairwise_distances_backward",
              triton=f"{TRITON}:pairwise_distances_backward")
-register_gpu("pairwise_topk_backward", cuda_op=None, triton=f"{TRITON}:pairwise_topk_backward")
+register_gpu("pairwise_topk_backward", cuda_op="cuda_pairwise_topk_backward",
+             triton=f"{TRITON}:pairwise_topk_backward")
