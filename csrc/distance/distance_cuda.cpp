@@ -83,6 +83,9 @@ std::tuple<at::Tensor, at::Tensor> select_cuda(const char* op, const at::Tensor&
   const at::Tensor la = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
   const at::Tensor lb = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
   const int64_t keep = std::max<int64_t>(1, std::min(width, x.M));
+  TORCH_CHECK(x.D * at::elementSize(at::toOpMathType(a_in.scalar_type())) <= kd::kSelectTileBytes, "fused.", op,
+              ": the CUDA C++ kernel takes D up to ", kd::kSelectTileBytes / 4, " (float64: ", kd::kSelectTileBytes / 8,
+              "), got ", x.D, "; the Triton backend takes any D");
   TORCH_CHECK(keep <= kMaxSelect, "fused.", op, ": the CUDA C++ kernel keeps at most ", kMaxSelect,
               " neighbours per row, got ", keep, "; the Triton backend takes any number");
   at::Tensor values = at::empty(out_shape(x, width), a_in.options());

@@ -126,13 +126,12 @@ template <typename Acc> __device__ __forceinline__ bool before(const Rank<Acc>& 
   return x.index < y.index;
 }
 
-constexpr int kSelectThreads = 128;          // rows of a per block, one per thread
-constexpr int kSelectSharedBytes = 32768;    // the tile of b staged in shared memory
-constexpr int64_t kSelectMaxTileRows = 256;
+constexpr int kSelectThreads = 128;  // rows of a per block, one per thread
+template <typename Acc> constexpr int64_t kSelectTile = kSelectTileBytes / sizeof(Acc);  // coordinates
 
 // One thread per row of a keeps its k best candidates (k <= KMAX) sorted in `best`; the block stages tiles of b
-// (all D coordinates of up to tile_rows rows, in the math type) in shared memory. Columns arrive in increasing
-// order, so a candidate that ties the k-th best on value loses (ties to the lower index).
+// (all D coordinates of tile_rows rows, in the math type) in shared memory. Columns arrive in increasing order, so
+// a candidate that ties the k-th best on value loses (ties to the lower index).
 template <typename T, Metric MT, int KMAX>
 __global__ void __launch_bounds__(kSelectThreads)
     select_kernel(const T* __restrict__ a, const T* __restrict__ b, const int64_t* __restrict__ la,
@@ -141,8 +140,7 @@ __global__ void __launch_bounds__(kSelectThreads)
                   typename MathType<T>::type bound, typename MathType<T>::type p, typename MathType<T>::type inv_p,
                   bool squared) {
   using Acc = typename MathType<T>::type;
-  extern __shared__ unsigned char shared[];
-  Acc* tile = reinterpret_cast<Acc*>(shared);
+  __shared__ Acc tile[kSelectTile<Acc>];
   const MetricParams<Acc> prm{p, inv_p, p - Acc(1), squared};
   const int64_t batch = blockIdx.y, i = static_cast<int64_t>(blockIdx.x) * kSelectThreads + threadIdx.x;
   const int64_t n_valid = la ? la[batch] : N, m_valid = lb ? lb[batch] : M;
@@ -308,16 +306,13 @@ cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bo
     // Values are compared in Acc: the bound is the largest Acc not above the radius.
     Acc bound = static_cast<Acc>(radius);
     if (static_cast<double>(bound) > radius) bound = std::nextafter(bound, -std::numeric_limits<Acc>::infinity());
-    const int64_t per_row = (D > 0 ? D : 1) * static_cast<int64_t>(sizeof(Acc));
-    const int64_t cap = kSelectSharedBytes / per_row;
-    const int64_t tile_rows = cap < 1 ? 1 : cap < kSelectMaxTileRows ? cap : kSelectMaxTileRows;
-    const size_t shared = static_cast<size_t>(tile_rows * per_row);
-    if (shared > 49152) return cudaErrorInvalidValue;  // D too large for one row of b in shared memory
+    const int64_t tile_rows = kSelectTile<Acc> / (D > 0 ? D : 1);
+    if (tile_rows < 1) return cudaErrorInvalidValue;  // D too large for one row of b in the tile
     const int64_t blocks = (N + kSelectThreads - 1) / kSelectThreads;
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
     auto launch = [&](auto kernel) {
       return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
-        kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), kSelectThreads, shared, stream>>>(
+        kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), kSelectThreads, 0, stream>>>(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D, la ? la + b0 : nullptr,
             lb ? lb + b0 : nullptr, static_cast<T*>(values) + b0 * N * width, indices + b0 * N * width, N, M, D,
             static_cast<int>(k), width, tile_rows, largest, within, bound, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0),

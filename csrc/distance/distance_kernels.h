@@ -38,6 +38,7 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
 // storage type. One thread per row of a, its k best in a sorted list, tiles of b in shared memory. k (the
 // candidates kept: pairwise_topk's k, radius_neighbors' max_neighbors, at most M) <= kMaxSelect (op_codes.h),
 // else cudaErrorInvalidValue.
+constexpr int kSelectTileBytes = 32768;  // select_direct's tile of b in shared memory: D * sizeof(math type) at most
 cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bool largest, bool within,
                           double radius, const void* a, const void* b, const int64_t* la, const int64_t* lb,
                           void* values, int64_t* indices, int64_t B, int64_t N, int64_t M, int64_t D, int64_t k,
