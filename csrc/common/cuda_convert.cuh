@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/cuda_host.h"  // __fmul_rn and the rest on the host
 #include "common/dtype.h"
 
 namespace fused {

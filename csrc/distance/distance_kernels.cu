@@ -4,8 +4,10 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "common/scalar_math.h"
 #include "distance/distance_kernels.h"
 #include "distance/distance_math.h"
@@ -260,7 +262,7 @@ cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool
     return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid z, row tiles on grid y
       return for_grid_slices(row_tiles, [&](int64_t t0, int64_t gy) {
         const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
-        direct_kernel<T, MT><<<grid, block, 0, stream>>>(
+        FUSED_LAUNCH(grid, block, 0, stream, direct_kernel<T, MT>)(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D, la ? la + b0 : nullptr,
             lb ? lb + b0 : nullptr, static_cast<T*>(out) + b0 * N * M, N, M, D, t0 * kTileN, Acc(p),
             Acc(p > 0 ? 1.0 / p : 0.0), squared);
@@ -284,7 +286,8 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
     return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
       const int64_t pair_off = b0 * R * C;
-      grad_kernel<T, MT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), threads, 0, stream>>>(
+      const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
+      FUSED_LAUNCH(grid, threads, 0, stream, grad_kernel<T, MT>)(
           static_cast<const T*>(x) + b0 * R * D, static_cast<const T*>(y) + b0 * C * D,
           static_cast<const T*>(grad) + pair_off, static_cast<const T*>(dist) + pair_off, lr ? lr + b0 : nullptr,
           lc ? lc + b0 : nullptr, static_cast<Acc*>(grad_x) + b0 * R * D, R, C, D, s_r, s_c, Acc(p), squared);
@@ -310,9 +313,11 @@ cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bo
     if (tile_rows < 1) return cudaErrorInvalidValue;  // D too large for one row of b in the tile
     const int64_t blocks = (N + kSelectThreads - 1) / kSelectThreads;
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
-    auto launch = [&](auto kernel) {
+    auto launch = [&](auto kmax) {
+      constexpr int KMAX = decltype(kmax)::value;
       return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
-        kernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), kSelectThreads, 0, stream>>>(
+        const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
+        FUSED_LAUNCH(grid, kSelectThreads, 0, stream, select_kernel<T, MT, KMAX>)(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D, la ? la + b0 : nullptr,
             lb ? lb + b0 : nullptr, static_cast<T*>(values) + b0 * N * width, indices + b0 * N * width, N, M, D,
             static_cast<int>(k), width, tile_rows, largest, within, bound, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0),
@@ -321,9 +326,9 @@ cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bo
       });
     };
     // The list lives in registers for k = 1 (chamfer), in local memory above.
-    if (k == 1) return launch(select_kernel<T, MT, 1>);
-    if (k <= 16) return launch(select_kernel<T, MT, 16>);
-    return launch(select_kernel<T, MT, kMaxSelect>);
+    if (k == 1) return launch(std::integral_constant<int, 1>());
+    if (k <= 16) return launch(std::integral_constant<int, 16>());
+    return launch(std::integral_constant<int, kMaxSelect>());
   });
 }
 
@@ -343,14 +348,14 @@ cudaError_t select_grad(DType dtype, Metric metric, double p, bool squared, cons
     const T *at = static_cast<const T*>(a), *bt = static_cast<const T*>(b), *gt = static_cast<const T*>(grad),
             *vt = static_cast<const T*>(values);
     cudaError_t err = for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
-      select_grad_a_kernel<T, MT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), threads, 0,
-                                    stream>>>(at + b0 * N * D, bt + b0 * M * D, gt + b0 * N * k, vt + b0 * N * k,
-                                              indices + b0 * N * k, static_cast<Acc*>(grad_a) + b0 * N * D, N, M, D,
-                                              k, Acc(p), squared);
+      const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
+      FUSED_LAUNCH(grid, threads, 0, stream, select_grad_a_kernel<T, MT>)(
+          at + b0 * N * D, bt + b0 * M * D, gt + b0 * N * k, vt + b0 * N * k, indices + b0 * N * k,
+          static_cast<Acc*>(grad_a) + b0 * N * D, N, M, D, k, Acc(p), squared);
       return cudaSuccess;
     });
     if (err != cudaSuccess) return err;
-    select_grad_b_kernel<T, MT><<<static_cast<unsigned>(pairs), 32, 0, stream>>>(
+    FUSED_LAUNCH(dim3(static_cast<unsigned>(pairs)), 32, 0, stream, select_grad_b_kernel<T, MT>)(
         at, bt, gt, vt, keys, order, static_cast<Acc*>(grad_b), pairs, B, N, M, D, k, Acc(p), squared);
     return cudaGetLastError();
   });
