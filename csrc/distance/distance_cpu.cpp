@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "distance/distance_args.h"
@@ -308,10 +309,32 @@ template <typename scalar_t> void write_missing(scalar_t* values, int64_t* indic
   std::fill(indices, indices + n, int64_t(-1));
 }
 
+// radius_neighbors' bound in the output dtype S, whose values the selection compares: `floor`, the largest S
+// value not above the radius (a candidate is in when its rounded value is <= floor), and `next`, the S value
+// after it (a candidate not yet rounded can only be in when it is below next: KBest::may_beat's prefilter).
+struct RadiusBound {
+  double floor, next;
+};
+template <typename S> S step(S v, bool up) {  // the neighbouring S value of a positive v
+  if constexpr (std::is_floating_point_v<S>) {
+    return std::nextafter(v, up ? std::numeric_limits<S>::infinity() : -std::numeric_limits<S>::infinity());
+  } else {  // at::Half, at::BFloat16: positive values are ordered as their bits
+    S r = v;
+    r.x = static_cast<uint16_t>(up ? v.x + 1 : v.x - 1);
+    return r;
+  }
+}
+template <typename S> RadiusBound radius_bound(double radius) {
+  S floor = static_cast<S>(radius);  // the nearest value, or (16-bit: rounded via float) its neighbour
+  if (static_cast<double>(floor) > radius) floor = step(floor, false);
+  const double f = static_cast<double>(floor);
+  return {f, std::isinf(f) ? f : static_cast<double>(step(floor, true))};
+}
+
 // The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if it
 // ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in increasing
 // order, so a newcomer with an equal value loses the tie), or, until k candidates are in, the radius bound when
-// there is one (a key that every value <= radius beats, NaN not). When the buffer fills up, it is cut back to its k
+// there is one (a key that every value <= floor beats, NaN not). When the buffer fills up, it is cut back to its k
 // best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
 template <typename T> struct KBest {
   std::vector<Key> cand;
@@ -321,14 +344,12 @@ template <typename T> struct KBest {
   int64_t k = 0, capacity = 0;
   Order order{false};
 
-  KBest(int64_t k_, const Order& o, const c10::optional<double>& radius)
+  KBest(int64_t k_, const Order& o, const c10::optional<RadiusBound>& radius)
       : k(k_), capacity(std::max<int64_t>(4 * k_, 64)), order(o) {
     cand.reserve(capacity);
-    if (radius.has_value()) {  // values are T: the bound is the largest T not above the radius
-      T r = static_cast<T>(*radius);
-      if (static_cast<double>(r) > *radius) r = std::nextafter(r, -std::numeric_limits<T>::infinity());
-      limit = Key(order.rank(r)) << 64 | Key(~uint64_t(0));
-      limit_value = r;
+    if (radius.has_value()) {
+      limit = Key(order.rank(radius->floor)) << 64 | Key(~uint64_t(0));
+      limit_value = static_cast<T>(radius->next);
       limited = true;
     }
     reset();
@@ -358,7 +379,8 @@ template <typename T> struct KBest {
     }
   }
   // Lanes of x that may rank before worst (a superset: x is not yet rounded to the output dtype, and rounding
-  // is monotone; an equal value is left to add's exact compare).
+  // is monotone; an equal value is left to add's exact compare; the radius bound's worst_value is the value after
+  // its floor).
   int may_beat(const Vec<T>& x) const {
     using V = Vec<T>;
     constexpr int all = (1 << V::size()) - 1;
@@ -398,7 +420,7 @@ template <typename scalar_t, typename T> inline void offer_all(KBest<T>& best, c
 // neighbours and padded rows of a get index -1 (write_missing).
 std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& a_in, const at::Tensor& b_in,
                                               const Batched& x, int64_t width, double p, bool squared, bool largest,
-                                              const c10::optional<double>& radius, const OptTensor& lengths_a,
+                                              const c10::optional<double>& radius_in, const OptTensor& lengths_a,
                                               const OptTensor& lengths_b) {
   const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
   const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
@@ -411,6 +433,8 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "select_cpu", [&] {
     using T = at::opmath_type<scalar_t>;
     const Order order{largest};
+    c10::optional<RadiusBound> radius;
+    if (radius_in.has_value()) radius = radius_bound<scalar_t>(*radius_in);
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;

@@ -3,6 +3,7 @@ composite chamfer_distance, and the CUDA-device routing between the CUDA C++ and
 import math
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from fused import _checks
 from fused._codes import MAX_SELECT
@@ -78,6 +79,11 @@ def check_length_values(op, name, lengths, rows):
         raise RuntimeError(f"fused.{op}: {name} must not be negative, got {lo}")
     if hi > rows:
         raise RuntimeError(f"fused.{op}: {name} has a length {hi} larger than the padded size {rows}")
+
+
+def _readable(t):
+    """t is a tensor whose values can be read here: not while compile traces the op, not a fake tensor."""
+    return t is not None and not torch.compiler.is_compiling() and not is_fake(t)
 
 
 def check_both_lengths(op, a, b, lengths_a, lengths_b):
@@ -233,6 +239,9 @@ def _chamfer_distance(a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True,
     check_p(op, p, squared)
     batch_shape(op, a, b)
     check_both_lengths(op, a, b, lengths_a, lengths_b)
+    for name, lengths, t in (("lengths_a", lengths_a, a), ("lengths_b", lengths_b, b)):
+        if _readable(lengths):  # else pairwise_topk checks them, by its own name
+            check_length_values(op, name, lengths, t.shape[-2])
     if reduction not in REDUCTIONS:
         raise RuntimeError(f"fused.{op}: unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
     dist_a, idx_a = _nearest(a, b, lengths_a, lengths_b, p, squared)

@@ -65,7 +65,8 @@ def radius_neighbors(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None
     """The nearest up to max_neighbors valid rows of b with distance <= radius, sorted, ties to the lower index,
     padded with index -1 and value inf."""
     d = pairwise_distances(a, b, p)
-    return select_sorted(d, _pair_mask(a, b, lengths_a, lengths_b) & (d <= radius), max_neighbors)
+    within = d.double() <= radius  # exactly: torch would round the radius to a 16-bit d's dtype
+    return select_sorted(d, _pair_mask(a, b, lengths_a, lengths_b) & within, max_neighbors)
 
 
 def chamfer_distance(a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True, reduction="mean",
