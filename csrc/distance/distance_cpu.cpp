@@ -126,16 +126,17 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     }
     for_direct_rows<T>(x, lb, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
       scalar_t* dst = outp + (bi * N + r0) * M;
-      rows(r0, std::clamp(la(bi), r0, r1) - r0, [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
+      rows(r0, std::clamp(la(bi), r0, r1) - r0,
+           [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
     });
   });
   return out;
 }
 
 // One pass over grad and dist (row stride ld) for rows [0, rows) of a against the first M rows of b (packed in
-// panels): grad_a of those rows, and their contribution to grad_b added into gb_part (panel layout [P][D][W]). Every pair's term phi is computed
-// once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes at the end of the row block)
-// and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
+// panels): grad_a of those rows, and their contribution to grad_b added into gb_part (panel layout [P][D][W]).
+// Every pair's term phi is computed once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes
+// at the end of the row block) and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
 template <Metric Mt, typename T>
 void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist,
                int64_t ld, const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {

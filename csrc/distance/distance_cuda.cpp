@@ -1,7 +1,7 @@
 // CUDA binding of the fused distance family: the kernels of the CUDA twins fused::cuda_pairwise_distances,
-// fused::cuda_pairwise_topk, fused::cuda_radius_neighbors and their backward ops (defined in distance_schema.cpp; fused/distance/ops.py routes CUDA tensors to them on the direct path), the same checks as
-// the CPU kernels, and launches of the torch-free kernels in distance_kernels.cu on the current stream. Built
-// only when torch has CUDA.
+// fused::cuda_pairwise_topk, fused::cuda_radius_neighbors and their backward ops (defined in distance_schema.cpp;
+// fused/distance/ops.py routes CUDA tensors to them on the direct path), the same checks as the CPU kernels, and
+// launches of the torch-free kernels in distance_kernels.cu on the current stream. Built only when torch has CUDA.
 #include <torch/library.h>
 
 #include <algorithm>
