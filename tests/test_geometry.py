@@ -41,25 +41,25 @@ def clean(t, lengths):
 
 
 # ---- radius_neighbors ----
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("D", [3, 40])  # D = 40: the matmul path for p = 2 (direct for the others)
 @pytest.mark.parametrize("p", [2.0, 1.0, math.inf])
-def test_radius_neighbors_parity(device, bk, dtype, D, p):
-    a, b = make((2, 30, D), dtype, device, seed=1), make((2, 50, D), dtype, device, seed=2)
+def test_radius_neighbors_parity(dev, dtype, D, p):
+    a, b = make((2, 30, D), dtype, dev, seed=1), make((2, 50, D), dtype, dev, seed=2)
     radius = torch.quantile(ref.pairwise_distances(a.double(), b.double(), p).flatten(), 0.08).item()  # ~4 of 50
-    with backend(bk):
-        v, i = fused.radius_neighbors(a, b, radius, 8, p=p)
+    v, i = fused.radius_neighbors(a, b, radius, 8, p=p)
     rv, ri = ref.radius_neighbors(a, b, radius, 8, p=p)
     assert v.shape == i.shape == (2, 30, 8) and v.dtype == dtype and i.dtype == torch.int64
     assert ((i >= 0).sum(-1) > 0).any() and (i == -1).any()  # some rows have neighbours, some slots are empty
     assert torch.equal(v == math.inf, i == -1)
     assert (v[i >= 0].double() <= radius).all()
-    with backend(bk):  # the selection of our own distances (the same tiles): exact
-        d = fused.pairwise_distances(a, b, p)
-        tv, ti = fused.pairwise_topk(a, b, 8, p)
+    d = fused.pairwise_distances(a, b, p)  # the selection of our own distances (the same tiles): exact
+    tv, ti = fused.pairwise_topk(a, b, 8, p)
     sv, si = ref.select_sorted(d, d.double() <= radius, 8)
-    assert torch.equal(i, si) and torch.equal(v, sv) if device == "cpu" else assert_close(v, sv)
+    if dev == "cpu":
+        assert torch.equal(i, si) and torch.equal(v, sv)
+    else:
+        assert_close(v, sv)
     assert torch.equal(torch.where(tv.double() <= radius, ti, -1), i)  # within the radius: the k nearest
     if dtype in (torch.float32, torch.float64):  # 16-bit distances a rounding away from the radius may flip
         assert_close(v, rv)
@@ -186,15 +186,13 @@ def eager_chamfer(a, b, squared=True):
     return (d.amin(-1).mean(-1) + d.amin(-2).mean(-1)).mean()
 
 
-@pytest.mark.parametrize("device,bk", device_backends())
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("D", [3, 40])
 @pytest.mark.parametrize("p,squared", [(2.0, True), (2.0, False), (1.0, False)])
-def test_chamfer_parity(device, bk, dtype, D, p, squared):
-    a, b = make((3, 40, D), dtype, device, seed=20), make((3, 55, D), dtype, device, seed=21)
+def test_chamfer_parity(dev, dtype, D, p, squared):
+    a, b = make((3, 40, D), dtype, dev, seed=20), make((3, 55, D), dtype, dev, seed=21)
     for reduction, single in itertools.product(("mean", "sum"), (False, True)):
-        with backend(bk):
-            loss = fused.chamfer_distance(a, b, p=p, squared=squared, reduction=reduction, single_directional=single)
+        loss = fused.chamfer_distance(a, b, p=p, squared=squared, reduction=reduction, single_directional=single)
         expected = ref.chamfer_distance(a, b, p=p, squared=squared, reduction=reduction, single_directional=single)
         assert loss.shape == () and loss.dtype == dtype
         assert_close(loss, expected, scale=4.0)
@@ -482,17 +480,7 @@ if given is not None:
             torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 
-# ---- torch.library contracts ----
-def test_opcheck():
-    a = make((2, 5, 3), seed=50, requires_grad=True)
-    b = make((2, 7, 3), seed=51, requires_grad=True)
-    la, lb = torch.tensor([5, 2]), torch.tensor([3, 7])
-    torch.library.opcheck(torch.ops.fused.radius_neighbors.default, (a, b, 1.5, 4))
-    torch.library.opcheck(torch.ops.fused.radius_neighbors.default, (a, b, 1.5, 9, la, lb, 1.0))
-    torch.library.opcheck(torch.ops.fused.chamfer_distance.default, (a, b))
-    torch.library.opcheck(torch.ops.fused.chamfer_distance.default, (a, b, la, lb, 2.0, False, "sum", True))
-
-
+# ---- torch.compile (opcheck: tests/test_op_coverage.py) ----
 def test_compile():
     a, b = make((2, 6, 3), seed=52), make((2, 8, 3), seed=53)
     la, lb = torch.tensor([6, 2]), torch.tensor([1, 8])
