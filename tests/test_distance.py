@@ -13,7 +13,7 @@ import fused
 from fused.distance import reference as ref
 from fused.distance.ops import MATMUL_MIN_D
 from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, check_compile_grads, device_backends, make, noncontiguous, raises,
+                           check_compile, check_compile_grads, make, noncontiguous, raises,
                            requires_cuda, requires_triton)
 
 PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]

@@ -20,8 +20,8 @@ import torch
 
 import fused
 from fused.distance import reference as ref
-from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend, check_compile,
-                           check_compile_grads, device_backends, make, noncontiguous, raises, requires_triton)
+from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, check_compile,
+                           check_compile_grads, make, noncontiguous, raises, requires_triton)
 
 
 def padded(n_rows, lengths, D, dtype=torch.float32, device="cpu", seed=0, nan_padding=True):

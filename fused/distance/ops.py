@@ -6,8 +6,8 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from fused import _checks
-from fused._codes import MAX_SELECT
 from fused._backend import register_gpu
+from fused._codes import MAX_SELECT
 
 TRITON = "fused.distance.triton_kernels"
 # The path rule, as in csrc/distance/distance_cpu.h: p = 2 with D >= MATMUL_MIN_D takes the matmul (tensor-core)
