@@ -340,6 +340,23 @@ if given is not None:
             torch.testing.assert_close(v.double(), rv, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_topk_nearest_only(dtype):
+    """k = 1 (chamfer_distance's search; on the CPU a branch-free running minimum per lane): exact ties across
+    lanes go to the lowest column, 101 columns end in a tail, and rows whose every distance is inf or NaN are
+    ranked as torch.topk ranks them; with padded batches too."""
+    g = torch.Generator().manual_seed(90)
+    a = torch.randint(-2, 3, (2, 70, 2), generator=g).to(dtype)
+    b = torch.randint(-2, 3, (2, 101, 2), generator=g).to(dtype)
+    a[0, 3], a[0, 4, 1], b[1, 5, 0] = math.inf, math.nan, math.nan
+    for lengths in ((None, None), (torch.tensor([70, 9]), torch.tensor([1, 100]))):
+        v, i = fused.pairwise_topk(a, b, 1, lengths_a=lengths[0], lengths_b=lengths[1])
+        rv, ri = ref.pairwise_topk(a, b, 1, lengths_a=lengths[0], lengths_b=lengths[1])
+        assert torch.equal(i, ri)
+        torch.testing.assert_close(v, rv, rtol=0, atol=0, equal_nan=True)
+    assert v[0, 3].isinf() and v[0, 4].isnan()
+
+
 def test_topk_k_bounds():
     a, b = make((4, 3), seed=43), make((6, 3), seed=44)
     v, i = fused.pairwise_topk(a, b, 0)

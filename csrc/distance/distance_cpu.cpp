@@ -416,6 +416,41 @@ template <typename scalar_t, typename T> inline void offer_all(KBest<T>& best, c
   for (; l < len; ++l) add(l);
 }
 
+// The nearest column of one row (pairwise_topk with k = 1, as chamfer_distance runs it) by a running minimum per
+// lane over the direct tiles' rows of two vectors (kPanel), branch-free where KBest's prefilter branches on every
+// vector: a strict < keeps the lower column of a lane's ties, and the lanes' minimum takes the lowest column among
+// equal values. Columns are tracked in T (exact below 2^24 in float). Only finite values are taken: a row without
+// one (inf, NaN) is left to KBest.
+template <typename T> struct Nearest {
+  using V = Vec<T>;
+  static constexpr int64_t L = V::size();
+  V best[2], col[2];
+  void reset() {
+    best[0] = best[1] = V(std::numeric_limits<T>::infinity());
+    col[0] = col[1] = V(T(-1));
+  }
+  void offer(const T* v, int64_t j0, int64_t len) {
+    for (int h = 0; h < 2; ++h) {
+      V x = V::loadu(v + h * L);
+      if (len < 2 * L)  // lanes past the row's end never win
+        x = V::blendv(x, V(std::numeric_limits<T>::infinity()), V::arange(T(h * L), T(1)) >= V(T(len)));
+      const V better = x < best[h];
+      best[h] = V::blendv(best[h], x, better);
+      col[h] = V::blendv(col[h], V::arange(T(j0 + h * L), T(1)), better);
+    }
+  }
+  // The row's nearest (value, column); false when it has no finite value.
+  bool result(T& value, int64_t& index) const {
+    T v[2 * L], c[2 * L];
+    best[0].store(v), best[1].store(v + L), col[0].store(c), col[1].store(c + L);
+    T bv = std::numeric_limits<T>::infinity(), bc = -1;
+    for (int64_t l = 0; l < 2 * L; ++l)
+      if (v[l] < bv || (v[l] == bv && c[l] < bc)) bv = v[l], bc = c[l];
+    value = bv, index = static_cast<int64_t>(bc);
+    return bc >= 0;
+  }
+};
+
 // The running k-best of pairwise_topk and radius_neighbors: for each valid row of a, the best (nearest, or farthest
 // when largest) valid rows of b, within the radius when given (nearest only), sorted, in `width` slots; missing
 // neighbours and padded rows of a get index -1 (write_missing).
@@ -453,15 +488,31 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
       });
       return;
     }
+    // The nearest only, in float32 / float64 (no rounding to a 16-bit output first): Nearest, else KBest.
+    const bool nearest = width == 1 && !largest && !radius && std::is_same_v<T, scalar_t> && M <= (int64_t(1) << 24);
     for_direct_rows<T>(x, lb, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
       constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
       std::vector<KBest<T>> best(R, KBest<T>(k, order, radius));
+      Nearest<T> near[R];
       const int64_t valid = std::clamp(la(bi), r0, r1);
       for (int64_t s = r0; s < valid; s += R) {
         const int64_t nr = std::min(R, valid - s);
-        rows(s, nr, [&](int64_t r, int64_t j0, int64_t len, const T* v) { offer_all<scalar_t>(best[r], v, j0, len); });
+        auto offer = [&](int64_t r, int64_t j0, int64_t len, const T* v) { offer_all<scalar_t>(best[r], v, j0, len); };
+        if (nearest) {
+          for (int64_t r = 0; r < nr; ++r) near[r].reset();
+          rows(s, nr, [&](int64_t r, int64_t j0, int64_t len, const T* v) { near[r].offer(v, j0, len); });
+        } else {
+          rows(s, nr, offer);
+        }
         for (int64_t r = 0; r < nr; ++r) {
           const int64_t row = (bi * N + s + r) * width;
+          T value;
+          if (nearest && near[r].result(value, ip[row])) {
+            vp[row] = static_cast<scalar_t>(value);
+            continue;
+          }
+          if (nearest)  // no finite distance in the row: KBest ranks inf and NaN
+            rows(s + r, 1, [&](int64_t, int64_t j0, int64_t len, const T* v) { offer(r, j0, len, v); });
           best[r].write(vp + row, ip + row, width);
         }
       }
