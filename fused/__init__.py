@@ -3,7 +3,7 @@ from fused import _ext  # noqa: F401  loads fused._C: schemas and C++ kernels
 from fused._backend import get_backend, set_backend
 from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
 from fused.linear import linear_act
-from fused.distance import pairwise_distances, pairwise_topk
+from fused.distance import chamfer_distance, pairwise_distances, pairwise_topk, radius_neighbors
 from fused import amp, nn, optim  # noqa: E402
 from fused.clip import clip_grad_norm_
 
@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 __all__ = [
     "bias_act", "glu", "bias_dropout_add", "unary_chain",
     "linear_act", "nn",
-    "pairwise_distances", "pairwise_topk",
+    "pairwise_distances", "pairwise_topk", "radius_neighbors", "chamfer_distance",
     "clip_grad_norm_", "optim", "amp",
     "set_backend", "get_backend",
 ]

@@ -38,6 +38,10 @@ def _points():
     return _x(2, 4, 3, seed=52, requires_grad=True), _x(2, 5, 3, seed=53, requires_grad=True)
 
 
+def _lengths():  # of the two padded clouds of _points()
+    return torch.tensor([4, 1]), torch.tensor([2, 5])
+
+
 def _optim_lists():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
@@ -97,12 +101,21 @@ OPS = {
                                        (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "tanh", False)],
                               backward_of="linear_act_fwd"),
     # distance
-    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)], distance_ref.pairwise_distances),
+    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)]
+                             + [(*_points(), 2.0, False, *_lengths())], distance_ref.pairwise_distances),
     "pairwise_distances_backward": Op(
         lambda: [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
-                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)],
+                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)]
+        + [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
+            distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), 2.0, False, *_lengths()), 2.0, False,
+            *_lengths())],
         backward_of="pairwise_distances"),
-    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False)], distance_ref.pairwise_topk),
+    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False), (*_points(), 3, 2.0, False, False, *_lengths())],
+                        distance_ref.pairwise_topk),
+    "radius_neighbors": Op(lambda: [(*_points(), 1.5, 4), (*_points(), 1.5, 9, *_lengths(), 1.0)],
+                           distance_ref.radius_neighbors),
+    "chamfer_distance": Op(lambda: [_points(), (*_points(), *_lengths(), 2.0, False, "sum", True)],
+                           distance_ref.chamfer_distance),
     "pairwise_topk_backward": Op(
         lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
                   *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],

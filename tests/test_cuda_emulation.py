@@ -500,7 +500,8 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     a, b = make((B, N, D), dtype, seed=0), make((B, M, D), dtype, seed=1)
     b[:, 3] = a[:, 5]
     dist = out((B, N, M), dtype)
-    launch(emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), dist, B, N, M, D)
+    launch(emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), None, None, dist, B, N,
+           M, D)
     expected = F.pairwise_distances(a, b, p, squared)
     assert_close(dist, expected, scale=4)
     assert_close(dist, dref.pairwise_distances(a.double(), b.double(), p, squared), dtype, scale=4)
@@ -512,10 +513,10 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     grad = make((B, N, M), gdtype, seed=2)
     math_t = torch.float64 if gdtype == torch.float64 else torch.float32
     ga, gb = out((B, N, D), math_t), out((B, M, D), math_t)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(dist), ga,
-           B, N, M, D, M, 1)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(b), buf(a), buf(grad), buf(dist), gb,
-           B, M, N, D, 1, M)
+    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(dist), None,
+           None, ga, B, N, M, D, M, 1)
+    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(b), buf(a), buf(grad), buf(dist), None,
+           None, gb, B, M, N, D, 1, M)
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, dist, p, squared)
     a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
     ref_ga, ref_gb = torch.autograd.grad(dref.pairwise_distances(a64, b64, p, squared), (a64, b64), grad.double())
@@ -530,11 +531,12 @@ def test_pairwise_distances_batches_past_65535(emu):
     B = 65537
     a, b = make((B, 1, 2), seed=0), make((B, 1, 2), seed=1)
     dist = out((B, 1, 1), torch.float32)
-    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), dist, B, 1, 1, 2)
+    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), None, None, dist, B, 1, 1, 2)
     assert_close(dist, torch.cdist(a.double(), b.double()), torch.float32)
     grad = make((B, 1, 1), seed=2)
     ga = out((B, 1, 2), torch.float32)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, ga, B, 1, 1, 2, 1, 1)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, None, None, ga, B, 1, 1, 2,
+           1, 1)
     assert_close(ga, F.pairwise_distances_backward(grad, a, b, dist, 2.0, False)[0])
 
 
@@ -543,17 +545,131 @@ def test_distance_zero_dimensions(emu):
     for p in (0.0, 1.0, 2.0, math.inf, 3.5):
         dist = out((2, 3, 4), torch.float32)
         launch(emu.pairwise_distances_direct, 0, metric(p), p, False, buf(torch.zeros(2, 3, 0)),
-               buf(torch.zeros(2, 4, 0)), dist, 2, 3, 4, 0)
+               buf(torch.zeros(2, 4, 0)), None, None, dist, 2, 3, 4, 0)
         assert torch.equal(dist, F.pairwise_distances(torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p, False))
 
 
 def test_distance_empty_inputs_launch_nothing(emu):
     dist = out((2, 0, 3), torch.float32)
     launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(torch.zeros(2, 0, 4)), buf(torch.zeros(2, 3, 4)),
-           dist, 2, 0, 3, 4)
+           None, None, dist, 2, 0, 3, 4)
     ga = out((2, 3, 0), torch.float32)
     launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(torch.zeros(2, 3, 0)), buf(torch.zeros(2, 4, 0)),
-           buf(torch.zeros(2, 3, 4)), buf(torch.zeros(2, 3, 4)), ga, 2, 3, 4, 0, 4, 1)
+           buf(torch.zeros(2, 3, 4)), buf(torch.zeros(2, 3, 4)), None, None, ga, 2, 3, 4, 0, 4, 1)
+
+
+def test_pairwise_distances_padded_batches(emu):
+    """lengths_a / lengths_b (a full cloud, a short one, an empty one): padded pairs are 0 and their rows, NaN here,
+    are never read; the gradients of padded rows are 0. Against the CPU kernels with the same lengths."""
+    B, N, M, D = 3, 70, 130, 5
+    a, b = make((B, N, D), seed=3), make((B, M, D), seed=4)
+    la, lb = torch.tensor([70, 13, 0]), torch.tensor([1, 130, 64])
+    for t, lengths in ((a, la), (b, lb)):
+        for i, n in enumerate(lengths.tolist()):
+            t[i, n:] = NAN
+    dist = out((B, N, M), torch.float32)
+    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), buf(la), buf(lb), dist, B, N, M, D)
+    expected = F.pairwise_distances(a, b, 2.0, False, la, lb)
+    assert_close(dist, expected, scale=4)
+    assert not dist.isnan().any() and (dist[1, 13:] == 0).all() and (dist[0, :, 1:] == 0).all()
+    grad = make((B, N, M), seed=5)
+    ga, gb = out((B, N, D), torch.float32), out((B, M, D), torch.float32)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, buf(la), buf(lb), ga, B, N,
+           M, D, M, 1)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(b), buf(a), buf(grad), dist, buf(lb), buf(la), gb, B, M,
+           N, D, 1, M)
+    cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, expected, 2.0, False, la, lb)
+    assert_close(ga, cpu_ga, scale=8)
+    assert_close(gb, cpu_gb, scale=8)
+    assert (ga[1, 13:] == 0).all() and (gb[0, 1:] == 0).all()
+
+
+def select(emu, a, b, width, p=2.0, squared=False, largest=False, radius=None, la=None, lb=None):
+    """select_direct as the binding launches it: (values, indices) [B, N, width]."""
+    B, N, D = a.shape
+    M = b.shape[1]
+    values, indices = out((B, N, width), a.dtype), out((B, N, width), torch.int64)
+    launch(emu.select_direct, code(a.dtype), metric(p), p, squared, largest, radius is not None,
+           0.0 if radius is None else radius, buf(a), buf(b), la, lb, values, indices, B, N, M, D,
+           max(1, min(width, M)), width)
+    return values, indices
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("k", [1, 5, 40])  # the kernel's three list sizes: 1 (registers), 16, 256
+@pytest.mark.parametrize("p,largest", [(2.0, False), (1.0, True), (math.inf, False), (3.5, False)])
+def test_select_direct_topk(emu, dtype, k, p, largest):
+    """pairwise_topk: B=2 batches of 200 rows (two blocks, a tail) against 3000 points of b in D=3 (tiles of 2730
+    float / 1365 double rows, with tails): the CPU kernel's answer, indices and values, bit for bit where both sum
+    the same terms in the same order (p = 1, 2, inf); p = 3.5 within rounding of pow (scalar vs vector)."""
+    a, b = make((2, 200, 3), dtype, seed=6), make((2, 3000, 3), dtype, seed=7)
+    values, indices = select(emu, a, b, k, p, largest=largest)
+    cpu_v, cpu_i = F.pairwise_topk(a, b, k, p, False, largest)
+    if p == 3.5:
+        assert_close(values, cpu_v, scale=4)  # the best values, and our indices point at them
+        assert_close(values, dref.pairwise_distances(a, b, p).gather(-1, indices), scale=4)
+    else:
+        assert torch.equal(indices, cpu_i)
+        assert_equal_bits(values, cpu_v)
+
+
+def test_select_direct_ties_nan_lengths_and_radius(emu):
+    """Points on a small integer grid (many exact ties: the lower index wins), a NaN row in b (last when nearest,
+    first when farthest, as torch.topk ranks it), padded batches with NaN in their padded rows (never read), and
+    the radius bound (0, 1.5, inf; width past M: missing slots -1 and inf): the CPU kernels' answers, exactly."""
+    g = torch.Generator().manual_seed(8)
+    a = torch.randint(-2, 3, (3, 150, 2), generator=g).float()
+    b = torch.randint(-2, 3, (3, 40, 2), generator=g).float()
+    b[:, 7] = NAN
+    la, lb = torch.tensor([150, 9, 0]), torch.tensor([40, 3, 17])
+    a_pad, b_pad = a.clone(), b.clone()
+    a_pad[1, 9:] = NAN
+    b_pad[1, 3:] = NAN
+    for largest in (False, True):
+        for k in (1, 6, 40):
+            values, indices = select(emu, a_pad, b_pad, k, largest=largest, la=buf(la), lb=buf(lb))
+            cpu_v, cpu_i = F.pairwise_topk(a, b, k, 2.0, False, largest, la, lb)
+            assert torch.equal(indices, cpu_i), (largest, k)
+            torch.testing.assert_close(values, cpu_v, rtol=0, atol=0, equal_nan=True)
+    for radius, width in ((0.0, 3), (1.5, 8), (math.inf, 45)):
+        values, indices = select(emu, a_pad, b_pad, width, radius=radius, la=buf(la), lb=buf(lb))
+        cpu_v, cpu_i = F.radius_neighbors(a, b, radius, width, la, lb)
+        assert torch.equal(indices, cpu_i), radius
+        assert torch.equal(values, cpu_v)
+        assert (indices == -1).any()
+
+
+def select_grad(emu, grad, a, b, values, indices, p=2.0, squared=False):
+    """select_grad as the binding launches it: keys and order from a stable sort of the pairs by point of b."""
+    B, N, D = a.shape
+    M, k = b.shape[1], indices.shape[-1]
+    keys = torch.where(indices < 0, B * M, indices + torch.arange(B).view(B, 1, 1) * M).reshape(-1)
+    keys, order = torch.sort(keys, stable=True)
+    math_t = torch.float64 if a.dtype == torch.float64 else torch.float32
+    ga, gb = out((B, N, D), math_t), buf(torch.zeros(B, M, D, dtype=math_t))
+    launch(emu.select_grad, code(a.dtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(values),
+           buf(indices), buf(keys), buf(order), ga, gb, B, N, M, D, k)
+    return ga, gb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p,squared", [(2.0, False), (2.0, True), (1.0, False), (3.5, False)])
+def test_select_grad(emu, reschedule, dtype, p, squared):
+    """pairwise_topk_backward through the selected pairs, missing ones (index -1) included: the CPU kernel's
+    gradients (the same sums in the same order: grad_b over the pairs in (batch, row, rank) order), and the same
+    bits under other block orders and SM counts."""
+    a, b = make((2, 150, 3), dtype, seed=9), make((2, 20, 3), dtype, seed=10)
+    lb = torch.tensor([20, 3])
+    values, indices = F.pairwise_topk(a, b, 5, p, squared, False, None, lb)
+    assert (indices == -1).any()
+    grad = make(values.shape, dtype, seed=11)
+    runs = reschedule(lambda: select_grad(emu, grad, a, b, values, indices, p, squared))
+    cpu_ga, cpu_gb = F.pairwise_topk_backward(grad, a, b, values, indices, p, squared)
+    for ga, gb in runs:
+        assert_close(ga, cpu_ga)
+        assert_close(gb, cpu_gb)
+        assert_equal_bits(ga, runs[0][0])
+        assert_equal_bits(gb, runs[0][1])
 
 
 # ---------------------------------------------------------------- optim

@@ -85,8 +85,10 @@ def elementwise():
 
 
 def distance():
-    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest."""
+    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest; for
+    p = 1 and 2, padded batches (lengths) and radius_neighbors (the radius bound)."""
     import fused.distance.triton_kernels as tk
+    la, lb = torch.tensor([40, 7]), torch.tensor([65])
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         for p in (0.0, 1.0, 2.0, math.inf, 0.5):
             for d in (3, 40) if p == 2 and dt != torch.float64 else (3,):
@@ -95,6 +97,11 @@ def distance():
                 for largest in (False, True):
                     tk.pairwise_topk(a, b, 5, p, largest=largest)
                 tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
+                if p in (1.0, 2.0):
+                    tk.pairwise_distances(a, b, p, False, la, lb)
+                    tk.pairwise_topk(a, b, 5, p, False, False, la, lb)
+                    tk.radius_neighbors(a, b, 1.0, 5, la, lb, p)
+                    tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False, la, lb)
 
 
 @contextlib.contextmanager
