@@ -12,7 +12,7 @@ from fused.info import report
 from tests.harness import raises
 
 PUBLIC_OPS = ["bias_act", "glu", "bias_dropout_add", "unary_chain", "linear_act", "pairwise_distances",
-              "pairwise_topk", "clip_grad_norm_"]
+              "pairwise_topk", "clip_grad_norm_", "rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
 
 
 def test_info_lists_every_public_op_with_its_kernels():

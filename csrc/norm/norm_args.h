@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
 
+#include <cmath>
 #include <optional>
 
 #include "common/checks.h"
@@ -87,6 +88,45 @@ inline RowsShape check_backward(const char* op, const at::Tensor& grad, const st
   }
   if (weight) check_param(op, "weight", *weight, h, normalized_shape);
   return s;
+}
+
+// norm_fwd's inputs made contiguous and its outputs allocated: out like x, sum like residual (empty without one),
+// mean (LayerNorm; else empty) and rstd per row in the math type, NaN for rows of no elements.
+struct Forward {
+  at::Tensor x, residual, out, sum, mean, rstd;
+};
+inline Forward prepare_fwd(const at::Tensor& x_in, const std::optional<at::Tensor>& residual_in, RowsShape s,
+                           bool rms) {
+  Forward f;
+  f.x = x_in.contiguous();
+  if (residual_in) f.residual = residual_in->contiguous();
+  const auto math = at::toOpMathType(f.x.scalar_type());
+  f.out = at::empty(f.x.sizes(), f.x.options());
+  f.sum = f.residual.defined() ? at::empty(f.x.sizes(), f.residual.options()) : at::empty({0}, f.x.options());
+  f.mean = at::empty({rms ? 0 : s.rows}, f.x.options().dtype(math));
+  f.rstd = at::empty({s.rows}, f.x.options().dtype(math));
+  if (s.rows > 0 && s.C == 0) {  // the statistics of an empty row are undefined
+    f.mean.fill_(NAN);
+    f.rstd.fill_(NAN);
+  }
+  return f;
+}
+
+// norm_backward's inputs made contiguous (grad_sum undefined when absent) and its outputs allocated: grad_h like
+// h, grad_w / grad_b of shape normalized_shape in the math type when asked for, else empty.
+struct Backward {
+  at::Tensor grad, grad_sum, h, mean, rstd, grad_h, grad_w, grad_b;
+};
+inline Backward prepare_backward(const at::Tensor& grad, const std::optional<at::Tensor>& grad_sum,
+                                 const at::Tensor& h, const at::Tensor& mean, const at::Tensor& rstd,
+                                 at::IntArrayRef normalized_shape, bool weight_grad, bool bias_grad) {
+  Backward b{grad.contiguous(), grad_sum ? grad_sum->contiguous() : at::Tensor(), h.contiguous(),
+             mean.contiguous(), rstd.contiguous()};
+  const auto options = h.options().dtype(at::toOpMathType(grad.scalar_type()));
+  b.grad_h = at::empty(h.sizes(), h.options());
+  b.grad_w = at::zeros(weight_grad ? normalized_shape : at::IntArrayRef{0}, options);
+  b.grad_b = at::zeros(bias_grad ? normalized_shape : at::IntArrayRef{0}, options);
+  return b;
 }
 
 }  // namespace norm

@@ -116,20 +116,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
     const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps, bool rms) {
   const char* op = op_name(rms, residual_in.has_value());
   const RowsShape s = check_fwd(op, x_in, residual_in, normalized_shape, weight, bias);
-  const at::Tensor x = x_in.contiguous();
-  const at::Tensor residual = residual_in ? residual_in->contiguous() : at::Tensor();
-  const auto math = at::toOpMathType(x.scalar_type());
-  at::Tensor out = at::empty(x.sizes(), x.options());
-  at::Tensor sum = residual.defined() ? at::empty(x.sizes(), residual.options()) : at::empty({0}, x.options());
-  at::Tensor mean = at::empty({rms ? 0 : s.rows}, x.options().dtype(math));
-  at::Tensor rstd = at::empty({s.rows}, x.options().dtype(math));
-  if (s.rows == 0) return {out, sum, mean, rstd};
-  if (s.C == 0) {  // no elements: the statistics of an empty row are undefined
-    mean.fill_(NAN);
-    rstd.fill_(NAN);
-    return {out, sum, mean, rstd};
-  }
+  Forward f = prepare_fwd(x_in, residual_in, s, rms);
+  if (s.rows == 0 || s.C == 0) return {f.out, f.sum, f.mean, f.rstd};
   const int64_t C = s.C;
+  const at::Tensor &x = f.x, &residual = f.residual;
   dispatch_norm(x.scalar_type(), residual.defined() ? residual.scalar_type() : x.scalar_type(),
                 [&](auto s_tag, auto r_tag) {
     using S = decltype(s_tag);
@@ -139,10 +129,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
     const T *w = ptr_or_null<T>(w_t), *b = ptr_or_null<T>(b_t);
     const S* xp = x.data_ptr<S>();
     const R* rp = residual.defined() ? residual.data_ptr<R>() : nullptr;
-    R* sp = residual.defined() ? sum.data_ptr<R>() : nullptr;
-    S* outp = out.data_ptr<S>();
-    T* mp = rms ? nullptr : mean.data_ptr<T>();
-    T* rs = rstd.data_ptr<T>();
+    R* sp = residual.defined() ? f.sum.data_ptr<R>() : nullptr;
+    S* outp = f.out.data_ptr<S>();
+    T* mp = rms ? nullptr : f.mean.data_ptr<T>();
+    T* rs = f.rstd.data_ptr<T>();
     at::parallel_for(0, s.rows, std::max<int64_t>(1, 16 * kBlock / C), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         std::pair<T, T> stats;
@@ -163,7 +153,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
       }
     });
   });
-  return {out, sum, mean, rstd};
+  return {f.out, f.sum, f.mean, f.rstd};
 }
 
 // ---- backward ----
@@ -196,31 +186,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     at::IntArrayRef normalized_shape, bool rms, bool weight_grad, bool bias_grad) {
   const char* op = "norm_backward";
   const RowsShape s = check_backward(op, grad_in, grad_sum_in, h_in, mean_in, rstd_in, weight, normalized_shape, rms);
-  const at::Tensor grad = grad_in.contiguous(), h = h_in.contiguous();
-  const at::Tensor grad_sum = grad_sum_in ? grad_sum_in->contiguous() : at::Tensor();
-  const at::Tensor mean = mean_in.contiguous(), rstd = rstd_in.contiguous();
-  const auto math = at::toOpMathType(grad.scalar_type());
-  at::Tensor grad_h = at::empty(h.sizes(), h.options());
-  at::Tensor grad_w = at::zeros(weight_grad ? normalized_shape : at::IntArrayRef{0}, h.options().dtype(math));
-  at::Tensor grad_b = at::zeros(bias_grad ? normalized_shape : at::IntArrayRef{0}, h.options().dtype(math));
-  if (s.rows == 0 || s.C == 0) return {grad_h, grad_w, grad_b};
+  Backward bw = prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad,
+                                 bias_grad);
+  if (s.rows == 0 || s.C == 0) return {bw.grad_h, bw.grad_w, bw.grad_b};
   const int64_t C = s.C, rows = s.rows;
   const int64_t per_chunk = rows_per_chunk(rows, C), chunks = (rows + per_chunk - 1) / per_chunk;
-  at::Tensor partial_w = weight_grad ? at::empty({chunks, C}, grad_w.options()) : at::Tensor();
-  at::Tensor partial_b = bias_grad ? at::empty({chunks, C}, grad_b.options()) : at::Tensor();
-  dispatch_norm(grad.scalar_type(), h.scalar_type(), [&](auto s_tag, auto r_tag) {
+  at::Tensor partial_w = weight_grad ? at::empty({chunks, C}, bw.grad_w.options()) : at::Tensor();
+  at::Tensor partial_b = bias_grad ? at::empty({chunks, C}, bw.grad_b.options()) : at::Tensor();
+  dispatch_norm(bw.grad.scalar_type(), bw.h.scalar_type(), [&](auto s_tag, auto r_tag) {
     using S = decltype(s_tag);
     using R = decltype(r_tag);
     using T = at::opmath_type<S>;
     using V = Vec<T>;
-    const at::Tensor w_t = param_in_math<T>(weight, h);
+    const at::Tensor w_t = param_in_math<T>(weight, bw.h);
     const T* w = ptr_or_null<T>(w_t);
-    const S* gp = grad.data_ptr<S>();
-    const R* hp = h.data_ptr<R>();
-    const R* gsp = grad_sum.defined() ? grad_sum.data_ptr<R>() : nullptr;
-    R* dhp = grad_h.data_ptr<R>();
-    const T* mp = rms ? nullptr : mean.data_ptr<T>();
-    const T* rs = rstd.data_ptr<T>();
+    const S* gp = bw.grad.data_ptr<S>();
+    const R* hp = bw.h.data_ptr<R>();
+    const R* gsp = ptr_or_null<R>(bw.grad_sum);
+    R* dhp = bw.grad_h.data_ptr<R>();
+    const T* mp = rms ? nullptr : bw.mean.data_ptr<T>();
+    const T* rs = bw.rstd.data_ptr<T>();
     T* pw = ptr_or_null<T>(partial_w);
     T* pb = ptr_or_null<T>(partial_b);
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
@@ -266,10 +251,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
         }
       }
     });
-    if (pw) sum_chunks(pw, chunks, C, grad_w.data_ptr<T>());
-    if (pb) sum_chunks(pb, chunks, C, grad_b.data_ptr<T>());
+    if (pw) sum_chunks(pw, chunks, C, bw.grad_w.data_ptr<T>());
+    if (pb) sum_chunks(pb, chunks, C, bw.grad_b.data_ptr<T>());
   });
-  return {grad_h, grad_w, grad_b};
+  return {bw.grad_h, bw.grad_w, bw.grad_b};
 }
 
 }  // namespace
