@@ -119,3 +119,24 @@ def test_errors():
         tk.norm_fwd(dev(x), None, [8], dev(make((4,))), None, 1e-5, True)
     with raises(r"fused\.rms_norm: the Triton kernel takes rows of at most 65536 elements"):
         tk.norm_fwd(torch.empty(1, 65537, device=DEVICE), None, [65537], None, None, 1e-5, True)
+
+
+def test_kernels_compile_for_sm90_through_their_launchers():
+    """The norm launchers' kernels build for sm_90 (tests/triton_sm90.py: a stand-in sm_90 driver, compile only),
+    for float32, bfloat16 with a bf16 or float32 residual stream, and float64, with and without residual,
+    weight, bias and grad_sum; their divisions and square roots are the correctly rounded ones."""
+    import os
+    import re
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "norm"], capture_output=True,
+                         text=True, cwd=root, env=env, timeout=900)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stats = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
+        r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 \d+, div.rn.f32 (\d+)", out.stdout)}
+    assert set(stats) == {"_norm_fwd_kernel", "_norm_backward_kernel"}, out.stdout
+    for name, (sqrt_approx, div_rn) in stats.items():
+        assert sqrt_approx == 0 and div_rn > 0, name
