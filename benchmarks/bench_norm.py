@@ -57,6 +57,9 @@ def make_cases(device, name, impls, inputs, grads, fwd_bytes, bwd_bytes):
 
 
 def cases(device, quick):
+    # every compiled case is the same function code under other guards (shape, dtype, kind): dynamo's default of
+    # 8 versions per code object would run the later cases uncompiled
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     shapes = [(256, 1024)] if quick else [(8192, 1024), (2048, 4096)]
     out = []
     for rows, cols in shapes:

@@ -172,15 +172,15 @@ def test_residual_float32_stream_with_16bit_activations(dev):
 
 # ---------------------------------------------------------------- determinism
 @pytest.mark.parametrize("op", ["add_rms_norm", "add_layer_norm"])
-def test_gradients_bit_identical_across_runs_and_thread_counts(op):
+def test_gradients_bit_identical_across_runs_and_thread_counts(dev, op):
     """Weight and bias gradients are per-chunk sums in fixed slots, chunks fixed by the shape alone: the same
-    bits on every run and for 1 or 2 threads (2100 rows: many chunks)."""
-    x, r, w, b = inputs(op, (2100, 96), (96,), torch.float32, "cpu")
-    g = [make(x.shape, seed=5), make(x.shape, seed=6)]
+    bits on every run, and on the CPU for 1, 2 or 3 threads (2100 rows: many chunks)."""
+    x, r, w, b = inputs(op, (2100, 96), (96,), torch.float32, dev)
+    g = [make(x.shape, device=dev, seed=5), make(x.shape, device=dev, seed=6)]
     threads = torch.get_num_threads()
     results = []
     try:
-        for n in (1, 2, 2, 1):
+        for n in (1, 2, 3, 2):
             torch.set_num_threads(n)
             results.append(grads_of(op, fused, x, r, (96,), w, b, g)[1])
     finally:

@@ -1,9 +1,9 @@
 // CPU kernels of the norm family: residual add + RMSNorm / LayerNorm, one row per step, rows in parallel.
-// A row is read once from memory (x, residual) into the math type (float, double for double); its statistics
-// come from that L1/L2-resident copy: RMSNorm the mean square, LayerNorm the mean then the mean squared deviation
-// (two passes over the cached row: no cancellation, unlike E[h^2] - E[h]^2, and simpler than a vectorised
-// Welford merge). Sums run in four vector accumulators per block of kBlock elements, the block sums added in
-// double. The weight / bias gradients are per-chunk column sums in fixed slots, chunks fixed by (rows, C) alone,
+// A row comes from memory once; every later pass over it (the statistics, then the outputs) reads it from L1/L2,
+// in blocks of kBlock elements converted to the math type (float, double for double) on the fly. RMSNorm takes the
+// mean square; LayerNorm the mean, then the mean squared deviation (two passes over the cached row: no
+// cancellation, unlike E[h^2] - E[h]^2, and simpler than a vectorised Welford merge). Sums run in four vector
+// accumulators per block, the block sums added in double. The weight / bias gradients are per-chunk column sums in fixed slots, chunks fixed by (rows, C) alone,
 // added in a fixed order: the same bits for any number of threads.
 #include <torch/library.h>
 
