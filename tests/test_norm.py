@@ -8,7 +8,8 @@ scale and shift, over random shapes and normalized dims; its table of bad normal
 test_LayerNorm_numeric (a normalized row of 256*256*144 elements, here 16*64*144 = 147456, against the mean /
 var formula), _test_module_empty_input (zero gradients for an empty batch) and _test_LayerNorm_cuda_half (the
 output dtype); from torch's OpInfo samples for layer_norm / rms_norm, the (input, normalized_shape, eps) cases,
-negative eps and an empty batch included. From Liger-Kernel: test_rms_norm's and test_fused_add_rms_norm's shapes
+negative eps and an empty batch included; from torch's module tests (module_inputs_torch_nn_RMSNorm / _LayerNorm),
+every constructor / input pair, the parameters' .grad after backward compared. From Liger-Kernel: test_rms_norm's and test_fused_add_rms_norm's shapes
 (2x128x512 and the odd 3x423x213, 5x123x123) against the Llama-style (hidden + residual, float32 upcast) reference
 with Liger's tolerances, and test_layer_norm's shapes (1x1x1023, 3x7x256) against nn.LayerNorm."""
 import random
@@ -307,6 +308,39 @@ def test_opinfo_samples_from_torch(dev, op):
             for ours, expected in zip(call(op, x, r, ns, weight, bias, eps),
                                       call(op, x, r, ns, weight, bias, eps, impl=ref)):
                 torch.testing.assert_close(ours, expected, equal_nan=True)
+
+
+# torch's module_inputs_torch_nn_RMSNorm / _LayerNorm: (normalized_shape, eps, elementwise_affine, input shape)
+MODULE_CASES = [([5], 1e-3, True, (4, 5, 5)), ([5], 1e-3, True, (128, 5, 5)), ([5], 1e-3, False, (4, 5, 5)),
+                ([2, 2, 5], 1e-3, True, (4, 2, 2, 5)), ([2, 2, 5], 1e-3, False, (4, 2, 2, 5)),
+                ([5], 1e-3, True, (0, 5))]
+
+
+@pytest.mark.parametrize("kind", ["rms", "layer", "layer_no_bias"])
+@pytest.mark.parametrize("case", MODULE_CASES)
+def test_module_inputs_from_torch(dev, kind, case):
+    """Each of torch's module test inputs through our module and torch's with the same parameters: outputs, the
+    input's gradient and every parameter's .grad after backward."""
+    ns, eps, affine, shape = case
+    if kind == "rms":
+        theirs, ours = nn.RMSNorm(ns, eps, affine, device=dev), fused.nn.FusedRMSNorm(ns, eps, affine, device=dev)
+    else:
+        kw = {"bias": kind == "layer", "device": dev}
+        theirs, ours = nn.LayerNorm(ns, eps, affine, **kw), fused.nn.FusedLayerNorm(ns, eps, affine, **kw)
+    with torch.no_grad():
+        for p in theirs.parameters():
+            p.uniform_(0.5, 1.5)
+    ours.load_state_dict(theirs.state_dict())
+    x = make(shape, torch.float64, dev, requires_grad=True)
+    theirs, ours = theirs.double(), ours.double()
+    x2 = x.detach().clone().requires_grad_()
+    g = make(shape, torch.float64, dev, seed=3)
+    theirs(x).backward(g)
+    ours(x2).backward(g)
+    assert_close(ours(x2), theirs(x))
+    assert_close(x2.grad, x.grad)
+    for a, e in zip(ours.parameters(), theirs.parameters()):
+        assert_close(a.grad, e.grad)
 
 
 class LlamaAddRMSNorm(nn.Module):
