@@ -145,6 +145,35 @@ def test_accuracy_grad(D):
         assert_accuracy(o, t, e)
 
 
+def max_norm_grads64(a, b, g):
+    """Float64 gradients of the max-norm distances, torch.cdist's way: grad * sign(diff) on every coordinate whose
+    |diff| is the maximum (each tie gets it whole)."""
+    diff = a.double().unsqueeze(-2) - b.double().unsqueeze(-3)  # [*, N, M, D]
+    w = g.double().unsqueeze(-1) * diff.sign() * (diff.abs() == diff.abs().amax(-1, keepdim=True))
+    return w.sum(-2).sum_to_size(a.shape), (-w.sum(-3)).sum_to_size(b.shape)
+
+
+@pytest.mark.parametrize("device,bk", device_backends())
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_max_norm_gradients_in_16_bit(device, bk, dtype):
+    """The max-norm gradient goes to the coordinate of the largest |a - b|. The saved 16-bit distances are rounded,
+    so comparing |a - b| with them missed that coordinate in most pairs (gradient 0, in the CPU, CUDA and Triton
+    kernels alike): the backward recomputes the distances in float32 (found by the CUDA emulation's tests)."""
+    a = make((2, 30, 5), dtype, device, seed=70, requires_grad=True)
+    b = make((40, 5), dtype, device, seed=71, requires_grad=True)
+    g = make((2, 30, 40), dtype, device, seed=72)
+    with backend(bk):
+        ga, gb = torch.autograd.grad(fused.pairwise_distances(a, b, math.inf), (a, b), g)
+        v, i = fused.pairwise_topk(a, b, 6, math.inf)
+        gv = make(v.shape, dtype, device, seed=73)
+        ta, tb = torch.autograd.grad(v, (a, b), gv)
+    for ours, exact in zip((ga, gb), max_norm_grads64(a, b, g)):
+        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
+    selected = torch.zeros(2, 30, 40, dtype=dtype, device=device).scatter(-1, i, gv)  # the topk's grad on N x M
+    for ours, exact in zip((ta, tb), max_norm_grads64(a, b, selected)):
+        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
+
+
 # ---- cases from torch.cdist's issues ----
 def test_issue_42479_exact_difference():
     a = torch.full((30, 1), 512695.0)

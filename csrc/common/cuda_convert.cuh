@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "common/cuda_host.h"  // __fmul_rn and the rest on the host
+
 namespace fused {
 
 template <typename T> struct MathType { using type = float; };

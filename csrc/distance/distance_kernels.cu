@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "distance/distance_kernels.h"
 
 namespace fused {
@@ -166,7 +167,7 @@ cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool
     return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid z, row tiles on grid y
       return for_grid_slices(row_tiles, [&](int64_t t0, int64_t gy) {
         const dim3 grid(static_cast<unsigned>(gx), static_cast<unsigned>(gy), static_cast<unsigned>(nb));
-        direct_kernel<T, MT><<<grid, block, 0, stream>>>(
+        FUSED_LAUNCH(grid, block, 0, stream, direct_kernel<T, MT>)(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D,
             static_cast<T*>(out) + b0 * N * M, N, M, D, t0 * kTileN, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
         return cudaSuccess;
@@ -189,7 +190,8 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
     return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
       const int64_t pair_off = b0 * R * C;
-      grad_kernel<T, MT><<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(nb)), threads, 0, stream>>>(
+      const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
+      FUSED_LAUNCH(grid, threads, 0, stream, grad_kernel<T, MT>)(
           static_cast<const T*>(x) + b0 * R * D, static_cast<const T*>(y) + b0 * C * D,
           static_cast<const T*>(grad) + pair_off, static_cast<const T*>(dist) + pair_off,
           static_cast<Acc*>(grad_x) + b0 * R * D, R, C, D, s_r, s_c, Acc(p), squared);

@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "common/philox.h"
 #include "common/scalar_math.h"
 #include "elementwise/elementwise_kernels.h"
@@ -369,7 +370,8 @@ cudaError_t launch_map(const Body& body, int64_t n, int64_t C, bool vec, cudaStr
   int wave = 0;
   if (cudaError_t err = wave_blocks(&wave)) return err;
   const int64_t blocks = ceil_div(ceil_div(n, N), kThreads);
-  map_kernel<T, N><<<static_cast<unsigned>(blocks < wave ? blocks : wave), kThreads, 0, stream>>>(body, n, C, vec);
+  const unsigned grid = static_cast<unsigned>(blocks < wave ? blocks : wave);
+  FUSED_LAUNCH(grid, kThreads, 0, stream, map_kernel<T, N>)(body, n, C, vec);
   return cudaGetLastError();
 }
 
@@ -400,11 +402,12 @@ cudaError_t launch_column_sum(const Body& body, S* grad_bias, void* workspace, i
   const int64_t col_blocks = ceil_div(groups, bx);
   if (col_blocks > INT_MAX || chunks.count > 65535) return cudaErrorInvalidConfiguration;
   T* partial = static_cast<T*>(workspace);
-  column_sum_kernel<T, N><<<dim3(unsigned(col_blocks), unsigned(chunks.count)), dim3(bx, kThreads / bx), 0, stream>>>(
-      body, partial, rows, C, chunks.rows, vec);
+  const dim3 grid(unsigned(col_blocks), unsigned(chunks.count)), block(bx, kThreads / bx);
+  FUSED_LAUNCH(grid, block, 0, stream, column_sum_kernel<T, N>)(body, partial, rows, C, chunks.rows, vec);
   if (cudaError_t err = cudaGetLastError()) return err;
   const int64_t finish_blocks = std::min<int64_t>(ceil_div(C, kThreads), 65535);
-  column_sum_finish_kernel<S, T><<<unsigned(finish_blocks), kThreads, 0, stream>>>(partial, grad_bias, chunks.count, C);
+  FUSED_LAUNCH(unsigned(finish_blocks), kThreads, 0, stream, column_sum_finish_kernel<S, T>)(
+      partial, grad_bias, chunks.count, C);
   return cudaGetLastError();
 }
 
@@ -470,7 +473,7 @@ cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, con
     if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
     const bool vec = aligned({gate, up, y}) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
     return visit_act(act, [&](auto tag) {
-      glu_kernel<S, decltype(tag)::value><<<grid, block, 0, stream>>>(
+      FUSED_LAUNCH(grid, block, 0, stream, glu_kernel<S, decltype(tag)::value>)(
           static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride, static_cast<S*>(y), rows,
           cols, vec);
       return cudaGetLastError();
@@ -490,7 +493,7 @@ cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gat
     const bool vec = aligned({grad, gate, up, grad_gate, grad_up}) && cols % N == 0 && gate_stride % N == 0 &&
                      up_stride % N == 0;
     return visit_act(act, [&](auto tag) {
-      glu_backward_kernel<S, decltype(tag)::value><<<grid, block, 0, stream>>>(
+      FUSED_LAUNCH(grid, block, 0, stream, glu_backward_kernel<S, decltype(tag)::value>)(
           static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up),
           up_stride, static_cast<S*>(grad_gate), static_cast<S*>(grad_up), rows, cols, vec);
       return cudaGetLastError();

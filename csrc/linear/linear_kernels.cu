@@ -3,6 +3,7 @@
 #include <cuda_fp16.h>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "common/scalar_math.h"
 #include "linear/linear_kernels.h"
 #include "linear/linear_math.h"
@@ -94,7 +95,7 @@ cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64
     using T = decltype(zero);
     return visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      bias_act_epilogue_kernel<A, T><<<blocks, threads, 0, stream>>>(
+      FUSED_LAUNCH(blocks, threads, 0, stream, bias_act_epilogue_kernel<A, T>)(
           static_cast<T*>(y), static_cast<T*>(pre), static_cast<const T*>(bias), M, N);
       return cudaGetLastError();
     });
@@ -121,15 +122,15 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
       constexpr Act A = decltype(tag)::value;
       return for_grid_slices(col_tiles, [&](int64_t t0, int64_t tiles) {  // column tiles on grid y
         const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(tiles));
-        act_grad_bias_kernel<A, T><<<grid, block, 0, stream>>>(static_cast<const T*>(grad),
-                                                               static_cast<const T*>(saved),
-                                                               static_cast<T*>(grad_pre), partial, M, N, t0 * kCols);
+        FUSED_LAUNCH(grid, block, 0, stream, act_grad_bias_kernel<A, T>)(
+            static_cast<const T*>(grad), static_cast<const T*>(saved), static_cast<T*>(grad_pre), partial, M, N,
+            t0 * kCols);
         return cudaSuccess;
       });
     });
     if (err != cudaSuccess || !grad_bias) return err;
-    sum_partials_kernel<T><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-        partial, static_cast<T*>(grad_bias), chunks, N);
+    const unsigned blocks = static_cast<unsigned>((N + kThreads - 1) / kThreads);
+    FUSED_LAUNCH(blocks, kThreads, 0, stream, sum_partials_kernel<T>)(partial, static_cast<T*>(grad_bias), chunks, N);
     return cudaGetLastError();
   });
 }

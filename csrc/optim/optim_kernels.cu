@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "common/philox.h"
 #include "optim/optim_kernels.h"
 
@@ -398,20 +399,20 @@ cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float
   const int grid = grid_for(grads, num_sms);
   switch (norm) {
     case Norm::L2:
-      grad_norm_kernel<Norm::L2><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                clip_value, finish, norm_out, coef_out, found_out);
+      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::L2>)(
+          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
       break;
     case Norm::L1:
-      grad_norm_kernel<Norm::L1><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                clip_value, finish, norm_out, coef_out, found_out);
+      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::L1>)(
+          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
       break;
     case Norm::Inf:
-      grad_norm_kernel<Norm::Inf><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                                 clip_value, finish, norm_out, coef_out, found_out);
+      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::Inf>)(
+          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
       break;
     case Norm::P:
-      grad_norm_kernel<Norm::P><<<grid, kThreads, 0, stream>>>(grads, ws, found_in, grad_scale, p, max_norm,
-                                                               clip_value, finish, norm_out, coef_out, found_out);
+      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::P>)(
+          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
       break;
   }
   return cudaGetLastError();
@@ -419,25 +420,27 @@ cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float
 
 cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int num_sms, cudaStream_t stream) {
   if (grads.num_chunks == 0) return cudaSuccess;
-  scale_grads_kernel<<<grid_for(grads, num_sms), kThreads, 0, stream>>>(grads, coef);
+  FUSED_LAUNCH(grid_for(grads, num_sms), kThreads, 0, stream, scale_grads_kernel)(grads, coef);
   return cudaGetLastError();
 }
 
 cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  sgd_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
+  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, sgd_kernel)(lists, ws, args, coef, grad_scale,
+                                                                        found_inf);
   return cudaGetLastError();
 }
 
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
                              const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  adam_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, ws, args, coef, grad_scale, found_inf);
+  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel)(lists, ws, args, coef, grad_scale,
+                                                                         found_inf);
   return cudaGetLastError();
 }
 
 cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream) {
   if (lists.num_chunks == 0) return cudaSuccess;
-  accumulate_kernel<<<grid_for(lists, num_sms), kThreads, 0, stream>>>(lists, overwrite);
+  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, accumulate_kernel)(lists, overwrite);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,8 @@
 """Registration of the distance ops: fake kernels (torch.compile), autograd (backward made of fused ops), and
 the CUDA-device routing between the CUDA C++ and Triton kernels."""
 
+import math
+
 import torch
 
 from fused import _checks
@@ -81,8 +83,21 @@ def _distances_setup(ctx, inputs, output):
     ctx.p, ctx.squared = p, squared
 
 
+def _rounded_max_norm(a, p):
+    """The max-norm's gradient goes to the coordinates whose |a - b| equals the distance. The backward kernels find
+    them by comparing with the saved distances, which 16-bit storage has rounded (most of them would be missed), so
+    such backwards run in float32 on distances recomputed there: exact, like the float64 reference."""
+    return math.isinf(p) and a.dtype in (torch.float16, torch.bfloat16) and a.shape[-1] > 0
+
+
 def _distances_backward(ctx, grad):
     a, b, dist = ctx.saved_tensors
+    if _rounded_max_norm(a, ctx.p):
+        a32, b32 = a.float(), b.float()
+        dist32 = torch.ops.fused.pairwise_distances(a32, b32, ctx.p, False)
+        grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(grad.float().contiguous(), a32, b32, dist32,
+                                                                     ctx.p, False)
+        return grad_a.to(a.dtype), grad_b.to(b.dtype), None, None
     grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(grad.contiguous(), a, b, dist, ctx.p, ctx.squared)
     return grad_a, grad_b, None, None
 
@@ -100,6 +115,16 @@ def _topk_setup(ctx, inputs, output):
 
 def _topk_backward(ctx, grad_values, grad_indices):
     a, b, values, indices = ctx.saved_tensors
+    if _rounded_max_norm(a, ctx.p):  # the selected pairs' distances recomputed in float32
+        a32, b32 = a.float(), b.float()
+        batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+        (n, d), m, k = a.shape[-2:], b.shape[-2], indices.shape[-1]
+        flat = indices.reshape(*batch, n * k, 1).expand(*batch, n * k, d)
+        rows = torch.gather(b32.expand(*batch, m, d), -2, flat).reshape(*batch, n, k, d)
+        values32 = (a32.expand(*batch, n, d).unsqueeze(-2) - rows).abs().amax(-1)
+        grad_a, grad_b = torch.ops.fused.pairwise_topk_backward(grad_values.float().contiguous(), a32, b32, values32,
+                                                                indices, ctx.p, False)
+        return grad_a.to(a.dtype), grad_b.to(b.dtype), None, None, None, None
     grad_a, grad_b = torch.ops.fused.pairwise_topk_backward(grad_values.contiguous(), a, b, values, indices,
                                                             ctx.p, ctx.squared)
     return grad_a, grad_b, None, None, None, None
