@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/cuda_convert.cuh"
+#include "common/cuda_host.h"
 #include "norm/norm_kernels.h"
 
 namespace fused {
@@ -184,7 +185,7 @@ cudaError_t norm_fwd(DType x_dtype, DType stream, const void* x, const void* res
     using S = typename decltype(s_type)::type;
     using R = typename decltype(r_type)::type;
     using T = Math<S>;
-    norm_fwd_kernel<S, R><<<unsigned(rows), threads_for(C), 0, cuda_stream>>>(
+    FUSED_LAUNCH(unsigned(rows), threads_for(C), 0, cuda_stream, norm_fwd_kernel<S, R>)(
         static_cast<const S*>(x), static_cast<const R*>(residual), static_cast<const T*>(weight),
         static_cast<const T*>(bias), static_cast<S*>(out), static_cast<R*>(sum), static_cast<T*>(mean),
         static_cast<T*>(rstd), C, eps, rms);
@@ -209,7 +210,7 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
     using T = Math<S>;
     T* pw = grad_weight ? static_cast<T*>(workspace_weight) : nullptr;
     T* pb = grad_bias ? static_cast<T*>(workspace_bias) : nullptr;
-    norm_backward_kernel<S, R><<<unsigned(chunks.count), threads_for(C), 0, cuda_stream>>>(
+    FUSED_LAUNCH(unsigned(chunks.count), threads_for(C), 0, cuda_stream, norm_backward_kernel<S, R>)(
         static_cast<const S*>(grad), static_cast<const R*>(grad_sum), static_cast<const R*>(h),
         rms ? nullptr : static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<const T*>(weight),
         static_cast<R*>(grad_h), pw, pb, rows, C, chunks.rows);
@@ -217,7 +218,8 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
     const unsigned finish_blocks = unsigned(ceil_div(C, 256) < 65535 ? ceil_div(C, 256) : 65535);
     for (auto [partial, result] : {std::pair<T*, void*>{pw, grad_weight}, std::pair<T*, void*>{pb, grad_bias}}) {
       if (err != cudaSuccess || partial == nullptr) continue;
-      chunk_sum_kernel<T><<<finish_blocks, 256, 0, cuda_stream>>>(partial, static_cast<T*>(result), chunks.count, C);
+      FUSED_LAUNCH(finish_blocks, 256, 0, cuda_stream, chunk_sum_kernel<T>)(partial, static_cast<T*>(result),
+                                                                           chunks.count, C);
       err = cudaGetLastError();
     }
     return err;
