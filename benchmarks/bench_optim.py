@@ -1,8 +1,10 @@
 """Clip-and-step: fused.optim.X(max_grad_norm=1.0).step() against clip_grad_norm_ + torch.optim.X, in three
 flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
-Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 28 (reads p, g, m, v; writes p, m, v); SGD with
-momentum 4 + 20; bf16 AdamW with fp32 master weights 2 + 28 (against fp32 masters in torch's fused AdamW with
-casts of the gradients in and the parameters out). torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
+Every one leaves the clipped gradient in .grad. Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32
+(reads p, g, m, v; writes p, g, m, v); SGD with momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30
+(against fp32 masters in torch's fused AdamW with casts of the gradients in and the parameters out). The write of
+g is the .grad write-back: 4 B per parameter in fp32, 2 B in bf16. torch.compile of a whole optimizer step is
+left out: it compiles for minutes at this size.
 
 python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
 """
@@ -99,8 +101,8 @@ def cases(device: str, quick: bool) -> list:
     for dtype in dtypes:
         size = torch.finfo(dtype).bits // 8
         for name, hyper, state_tensors in [("AdamW", dict(lr=1e-3), 2), ("SGD", dict(lr=1e-2, momentum=0.9), 1)]:
-            # norm: read g; step: read p, g, each state tensor; write p and each state tensor
-            floor = n * size * (1 + (2 + state_tensors) + (1 + state_tensors))
+            # norm: read g; step: read p, g, each state tensor; write p, g (clipped) and each state tensor
+            floor = n * size * (1 + (2 + state_tensors) + (2 + state_tensors))
             out.append({
                 "name": f"clip+{name} {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
                 "bytes": floor,
@@ -108,11 +110,11 @@ def cases(device: str, quick: bool) -> list:
                 "impls": impls(name, shapes, dtype, device, hyper),
             })
     # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
-    # master, m, v and the bf16 param (14 B): 30 B per parameter.
+    # master, m, v, the bf16 param and the clipped bf16 g (16 B): 32 B per parameter.
     master, resident = master_impls(shapes, device)
     out.append({
         "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
-        "bytes": 30 * n,
+        "bytes": 32 * n,
         "flops": None,
         "impls": master,
         "resident_mb": resident,

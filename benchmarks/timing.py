@@ -1,6 +1,9 @@
 """Timing and memory measurement: torch.utils.benchmark on CPU, triton.testing.do_bench (CUDA events, L2
 flushed between runs) on GPU; medians everywhere."""
+import contextlib
 import gc
+import os
+import sys
 
 import torch
 
@@ -32,11 +35,27 @@ def peak_memory_mb(fn, device: str):
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Sends what C++ writes to stderr (file descriptor 2) to /dev/null: the profiler's kineto prints a USDT line at
+    every start and stop, and the CPU allocator a warning about blocks allocated before profiling, at any log level."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def _cpu_peak_mb(fn):
     from torch.profiler import ProfilerActivity, profile
 
     gc.collect()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
                      if e.name() == "[memory]")  # + for an allocation, - for a free

@@ -1,12 +1,49 @@
 // The extension module fused._C. Importing it runs the static registrations of every op family
-// (TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL blocks in csrc/<family>/).
+// (TORCH_LIBRARY_FRAGMENT / TORCH_LIBRARY_IMPL blocks in csrc/<family>/), and it carries the code tables of
+// common/op_codes.h as tuples of names (fused/_codes.py turns them into Python's codes).
 #include <Python.h>
 #include <torch/library.h>
 
+#include "common/op_codes.h"
+
 TORCH_LIBRARY(fused, m) {}
 
+namespace {
+
+// names[first:last] as a Python tuple of str, added to the module as `attr`.
+int add_names(PyObject* module, const char* attr, const char* const* names, int first, int last) {
+  PyObject* tuple = PyTuple_New(last - first);
+  if (!tuple) return -1;
+  for (int i = first; i < last; ++i) {
+    PyObject* name = PyUnicode_FromString(names[i]);
+    if (!name) {
+      Py_DECREF(tuple);
+      return -1;
+    }
+    PyTuple_SET_ITEM(tuple, i - first, name);
+  }
+  if (PyModule_AddObject(module, attr, tuple) < 0) {
+    Py_DECREF(tuple);
+    return -1;
+  }
+  return 0;
+}
+
+}  // namespace
+
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "fused kernels (ops register as torch.ops.fused.*)", -1,
-                               nullptr};
-  return PyModule_Create(&module);
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
+                                   "fused kernels (ops register as torch.ops.fused.*)", -1, nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+  if (!module) return nullptr;
+  using namespace fused;
+  if (add_names(module, "ACTS", kActNames, 0, kActCount) < 0 ||
+      add_names(module, "UNARY_OPS", kUnaryOpNames, 0, kFirstScalarOp) < 0 ||
+      add_names(module, "SCALAR_OPS", kUnaryOpNames, kFirstScalarOp, kUnaryOpCount) < 0 ||
+      add_names(module, "METRICS", kMetricNames, 0, kMetricCount) < 0 ||
+      PyModule_AddIntConstant(module, "MAX_CHAIN", kMaxChain) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
 }

@@ -80,16 +80,21 @@ def triton_launcher(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def register_gpu(op: str, cuda_op: str = None, triton: str = None, public_op: str = None, cuda_call=None):
-    """Registers the CUDA-device kernel of fused::<public_op or op>: each call goes to the CUDA C++ op
-    fused::<cuda_op> (through `cuda_call(*args)` when given, e.g. to split work the kernel cannot take in one
-    launch) or to the Triton launcher at `triton` ("module:function"), per `choose(op)`. Both take the op's own
-    arguments."""
-    GPU_KERNELS[op] = {"cuda": cuda_op, "triton": triton}
-
+def gpu_router(op: str, cuda_op: str = None, triton: str = None, cuda_call=None, triton_when=None):
+    """The CUDA-device kernel of fused::<op> that register_gpu registers: each call goes to the CUDA C++ op
+    fused::<cuda_op> (its twin, through `cuda_call(*args)` when given, e.g. to split work the kernel cannot take
+    in one launch) or to the Triton launcher at `triton` ("module:function"), per `choose(op)`; where
+    `triton_when(*args)` holds and triton is installed, to Triton whatever the backend (a path only Triton
+    implements). All take the op's own arguments."""
     def cuda_kernel(*args):
-        if choose(op) == "cuda":
-            return cuda_call(*args) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args)
-        return triton_launcher(triton)(*args)
+        if triton_when is not None and triton_when(*args) and triton_available() or choose(op) == "triton":
+            return triton_launcher(triton)(*args)
+        return cuda_call(*args) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args)
+    return cuda_kernel
 
-    torch.library.register_kernel(f"fused::{public_op or op}", "cuda", cuda_kernel)
+
+def register_gpu(op: str, cuda_op: str = None, triton: str = None, cuda_call=None, triton_when=None):
+    """Registers fused::<op>'s CUDA-device kernel: gpu_router(...) over the CUDA C++ twin fused::<cuda_op> and the
+    Triton launcher `triton` (either may be None), and lists both in GPU_KERNELS for choose() and fused.info."""
+    GPU_KERNELS[op] = {"cuda": cuda_op, "triton": triton}
+    torch.library.register_kernel(f"fused::{op}", "cuda", gpu_router(op, cuda_op, triton, cuda_call, triton_when))

@@ -1,12 +1,14 @@
-"""Activation and unary_chain op codes; csrc/common/op_codes.h holds the same numbers for C++ and CUDA."""
-ACT_CODES = {"identity": 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4, "sigmoid": 5, "tanh": 6}
+"""The codes of csrc/common/op_codes.h (activations, unary_chain ops, distance metrics), built from the name tables
+that fused._C carries, so the C++, CUDA and Triton kernels and Python agree by construction."""
+import math
 
-UNARY_CODES = {
-    "neg": 0, "abs": 1, "square": 2, "sqrt": 3, "rsqrt": 4, "exp": 5, "log": 6, "sin": 7, "cos": 8, "tanh": 9,
-    "sigmoid": 10, "relu": 11, "gelu": 12, "gelu_tanh": 13, "silu": 14, "reciprocal": 15,
-    "add": 16, "mul": 17, "pow": 18, "clamp_min": 19, "clamp_max": 20,
-}
-SCALAR_OPS = ("add", "mul", "pow", "clamp_min", "clamp_max")
+from fused._ext import _C
+
+ACT_CODES = {name: code for code, name in enumerate(_C.ACTS)}
+UNARY_CODES = {name: code for code, name in enumerate(_C.UNARY_OPS + _C.SCALAR_OPS)}
+SCALAR_OPS = _C.SCALAR_OPS
+METRIC_CODES = {name: code for code, name in enumerate(_C.METRICS)}
+MAX_CHAIN = _C.MAX_CHAIN  # ops per launch of the CUDA C++ chain kernel
 
 
 def parse_op(op, spec):
@@ -18,3 +20,16 @@ def parse_op(op, spec):
         need = "needs a scalar, as (name, value)" if name in SCALAR_OPS else "takes no scalar"
         raise RuntimeError(f"fused.{op}: op {name!r} {need}")
     return name, UNARY_CODES[name], float(value) if value else 0.0
+
+
+def metric_of(p):
+    """The metric code of a distance's p (as metric_of in csrc/distance/distance_math.h)."""
+    if p == 0:
+        return METRIC_CODES["P0"]
+    if p == 1:
+        return METRIC_CODES["P1"]
+    if p == 2:
+        return METRIC_CODES["P2"]
+    if math.isinf(p):
+        return METRIC_CODES["PInf"]
+    return METRIC_CODES["PGen"]

@@ -25,9 +25,9 @@ if settings is not None:
 from tests.harness import backend, device_backends  # noqa: E402
 
 
-@pytest.fixture(params=[p.values for p in device_backends()], ids=[p.id for p in device_backends()])
+@pytest.fixture(params=device_backends())
 def dev(request):
-    """The device to test on, with the GPU backend selected: "cpu", then "cuda" once per compiled backend."""
+    """The device to test on, with the GPU backend selected: "cpu", then "cuda" once per GPU backend."""
     device, name = request.param
     with backend(name):
         yield device

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import fused
-from fused._backend import triton_available
+from fused._backend import GPU_KERNELS, triton_available
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = triton_available()
@@ -18,13 +18,17 @@ requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
 
 
-def device_backends():
-    """(device, backend) pairs: the CPU kernel always; on a GPU each compiled GPU backend."""
-    pairs = [pytest.param("cpu", None, id="cpu")]
+def device_backends(op=None):
+    """The params of the `dev` fixture (tests/conftest.py), (device, GPU backend) pairs: the CPU kernels always; on
+    a GPU each GPU backend (given `op`, those it has: fused._backend.GPU_KERNELS). A test of an op that lacks a
+    backend narrows the fixture: @pytest.mark.parametrize("dev", device_backends("op"), indirect=True)."""
+    kernels = GPU_KERNELS[op] if op else {"cuda": True, "triton": True}
+    pairs = [pytest.param(("cpu", None), id="cpu")]
     if HAS_CUDA:
-        pairs.append(pytest.param("cuda", "cuda", id="cuda-cuda"))
-        if HAS_TRITON:
-            pairs.append(pytest.param("cuda", "triton", id="cuda-triton"))
+        if kernels["cuda"]:
+            pairs.append(pytest.param(("cuda", "cuda"), id="cuda-cuda"))
+        if kernels["triton"] and HAS_TRITON:
+            pairs.append(pytest.param(("cuda", "triton"), id="cuda-triton"))
     return pairs
 
 

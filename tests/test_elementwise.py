@@ -100,14 +100,11 @@ def test_bias_act_hypothesis_cpu(rows, cols, act, transpose, scale):
     assert_close(fused.bias_act(x, b, act), ref.bias_act(x, b, act))
 
 
-def test_bias_act_gradcheck_opcheck_compile():
+def test_bias_act_gradcheck_compile():
     x = make((3, 5, 11), torch.float64, requires_grad=True)
     b = make((11,), torch.float64, requires_grad=True)
     for act in ACTS:
         assert torch.autograd.gradcheck(lambda x, b: fused.bias_act(x, b, act), (x, b))
-    torch.library.opcheck(torch.ops.fused.bias_act.default, (x.float().detach(), b.float().detach(), "silu"))
-    torch.library.opcheck(torch.ops.fused.bias_act.default, (x.detach(), None, "gelu"))
-    torch.library.opcheck(torch.ops.fused.bias_act_backward.default, (x.detach(), x.detach(), b.detach(), "gelu"))
     check_compile(lambda x, b: fused.bias_act(x, b, "gelu"), x.detach().float(), b.detach().float())
 
 
@@ -165,12 +162,11 @@ def test_glu_strided_layouts_and_empty(dev):
     assert fused.glu(e, e).shape == (0, 4)
 
 
-def test_glu_gradcheck_opcheck_compile_errors():
+def test_glu_gradcheck_compile_errors():
     h = make((3, 14), torch.float64, requires_grad=True)
     for act in ACTS:
         assert torch.autograd.gradcheck(lambda h: fused.glu(*h.chunk(2, -1), act), (h,))
     gate, up = make((4, 6)), make((4, 6), seed=5)
-    torch.library.opcheck(torch.ops.fused.glu.default, (gate, up, "gelu"))
     check_compile(lambda a, b: fused.glu(a, b, "silu"), gate, up)
     with raises(r"fused\.glu: gate and up must have the same shape"):
         fused.glu(gate, make((4, 5)))
@@ -225,15 +221,13 @@ def test_bias_dropout_add_backward_regenerates_mask(dev):
     assert torch.equal(gr, g)
 
 
-def test_bias_dropout_add_gradcheck_opcheck_compile_errors():
+def test_bias_dropout_add_gradcheck_compile_errors():
     x = make((4, 6), torch.float64, requires_grad=True)
     b = make((6,), torch.float64, requires_grad=True)
     r = make((4, 6), torch.float64, requires_grad=True)
     seed = torch.tensor(1234)
     assert torch.autograd.gradcheck(
         lambda x, b, r: torch.ops.fused.bias_dropout_add_seeded(x, b, r, 0.4, seed), (x, b, r))
-    torch.library.opcheck(torch.ops.fused.bias_dropout_add_seeded.default,
-                          (x.detach(), b.detach(), r.detach(), 0.4, seed))
 
     # Inductor draws the seed with its own RNG unless told to fall back to eager's.
     xf, bf, rf = x.detach().float(), b.detach().float(), r.detach().float()
@@ -314,12 +308,11 @@ def test_unary_chain_hypothesis_cpu(n, chain):
                     floor=16 * torch.finfo(torch.float32).eps)
 
 
-def test_unary_chain_gradcheck_opcheck_compile_errors():
+def test_unary_chain_gradcheck_compile_errors():
     x = make((4, 7), torch.float64, low=0.5, high=2.0, requires_grad=True)
     for chain in CHAINS:
         assert torch.autograd.gradcheck(lambda x: fused.unary_chain(x, chain), (x,))
     xf = x.detach().float()
-    torch.library.opcheck(torch.ops.fused.unary_chain.default, (xf, ["cos", "mul:0.5"]))
     check_compile(lambda x: fused.unary_chain(x, [("mul", 0.5), "tanh", ("add", 1.0)]), xf)
     with raises(r"fused\.unary_chain: unknown op 'cosh'"):
         fused.unary_chain(xf, ["cos", "cosh"])

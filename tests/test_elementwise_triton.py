@@ -267,7 +267,7 @@ def test_bad_input_names_op_and_argument():
 
 def test_triton_kernels_compile_for_sm90_through_their_launchers():
     """Every elementwise, distance and linear launcher's kernels build for sm_90 (tests/triton_sm90.py: a stand-in
-    sm_90 driver, compile only; the autotuned GEMM compiles every config). The script fails on approximate
+    sm_90 driver, compile only; every distance variant; the autotuned GEMM compiles every config). The script fails on approximate
     float32 division (eager divides correctly rounded); here: the distance kernels take the correctly rounded
     sqrt, the dropout kernel no fused multiply-add (its output must have the CPU kernel's bits), and the 16-bit
     and tf32 GEMMs run on Hopper's tensor cores (wgmma) fed by a cp.async pipeline, every config within the
@@ -290,6 +290,11 @@ def test_triton_kernels_compile_for_sm90_through_their_launchers():
                 "_dropout_bias_grad_kernel", "_chain_kernel", "_distances_kernel", "_topk_kernel", "_grad_kernel",
                 "_linear_act_kernel", "_grad_pre_kernel"}
     assert expected <= set(stats), stdout
+    variants = {m[0]: int(m[1]) for m in re.findall(r"compiled (\w+): (\d+) variants", stdout)}
+    # Every distance variant: 4 dtypes x 5 metrics, + the tensor-core path of 3 dtypes; topk smallest and largest;
+    # the gradient for every metric but p = 0 (p = 2 at two tile widths).
+    assert variants["_distances_kernel"] >= 23 and variants["_topk_kernel"] >= 46, stdout
+    assert variants["_grad_kernel"] >= 19, stdout
     assert stats["_distances_kernel"][0] == stats["_topk_kernel"][0] == 0
     assert stats["_dropout_kernel"][1] == 0
     for name in ("_bias_act_kernel", "_chain_kernel", "_grad_kernel", "_linear_act_kernel", "_grad_pre_kernel"):

@@ -116,3 +116,60 @@ def test_step_twice_is_an_error():
     scaler.step(opt)
     with pytest.raises(RuntimeError, match="step\\(\\) has already been called"):
         scaler.step(opt)
+
+
+@pytest.mark.parametrize("scaler_cls", [fused.amp.GradScaler, torch.amp.GradScaler], ids=["fused", "torch"])
+@pytest.mark.parametrize("name,hyper", [("SGD", dict(momentum=0.9)), ("Adam", dict(maximize=True)),
+                                        ("AdamW", dict(weight_decay=0.1))])
+def test_grad_after_step_as_torch_fused_leaves_it(scaler_cls, name, hyper):
+    """After scaler.step(opt), .grad holds the unscaled gradient, as torch's fused=True optimizer with torch's scaler
+    leaves it; a skipped step (inf/NaN) writes nothing, so .grad stays scaled there, as torch's fused ones leave it."""
+    ours, theirs = make(), make()
+    opt = getattr(fused.optim, name)(ours, lr=1e-2, **hyper)
+    ref = getattr(torch.optim, name)(theirs, lr=1e-2, fused=True, **hyper)
+    scaler, ref_scaler = scaler_cls("cpu", init_scale=2.0**10), torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    for step in range(3):
+        for s, ps, o in ((scaler, ours, opt), (ref_scaler, theirs, ref)):
+            o.zero_grad()
+            backward(s, ps, step)
+            if step == 1:
+                ps[0].grad[3, 2] = math.inf
+            s.step(o)
+            s.update()
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=0, atol=0)
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+    assert scaler.get_scale() == ref_scaler.get_scale() == 2.0**9
+
+
+def test_scaler_step_hook():
+    """The optimizers' one public hook for scalers: a step on gradients carrying a scale (found_inf returned, None
+    without gradients); with unscale_by, the accumulate_grads() sums unscaled in place (None when .grad is what
+    step() reads)."""
+    ours, theirs = make(), make()
+    opt, ref = fused.optim.Adam(ours, lr=1e-2), torch.optim.Adam(theirs, lr=1e-2, foreach=False)
+    assert opt.scaler_step(torch.tensor(4.0)) is None  # no gradients yet
+    scale = torch.tensor(2.0**5)
+    for step in range(2):
+        backward(fused.amp.GradScaler("cpu", init_scale=scale.item()), ours, step)
+        backward(torch.amp.GradScaler("cpu", init_scale=1.0), theirs, step)
+        found = opt.scaler_step(scale)
+        ref.step()
+        assert found.dtype == torch.float32 and found.item() == 0.0
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=0)
+            torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+        opt.zero_grad()
+        ref.zero_grad()
+    backward(fused.amp.GradScaler("cpu", init_scale=scale.item()), ours, 5)
+    backward(torch.amp.GradScaler("cpu", init_scale=1.0), theirs, 5)
+    assert opt.scaler_step(unscale_by=1 / scale) is None  # .grad: the scaler's own unscale_ does it
+    opt.accumulate_grads()
+    found = opt.scaler_step(found_inf=torch.zeros(()), unscale_by=1 / scale)
+    assert found.item() == 0.0
+    assert opt.scaler_step(None, found).item() == 0.0  # the sums are unscaled: a step with no scale
+    ref.step()
+    for p, q in zip(ours, theirs):
+        assert p.grad is None
+        torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
+    assert opt.scaler_step(torch.tensor(1.0), torch.ones(())) is None  # no gradients left

@@ -7,7 +7,7 @@ import torch
 
 import fused
 from fused.optim.reference import ReferenceOptimizer
-from harness import raises
+from harness import assert_accuracy, raises
 
 SHAPES = [(37, 5), (70001,), (3,), (2, 3, 131), ()]  # odd sizes, one over a chunk (32768), a scalar
 
@@ -39,7 +39,7 @@ def set_grads(groups, step, scale=1.0, dtype=None):
     for ps in zip(*groups):
         grad = torch.randn(ps[0].shape, generator=g, dtype=torch.float64) * scale
         for p in ps:
-            p.grad = grad.to(p.dtype)
+            p.grad = grad.to(p.dtype, copy=True)  # one tensor per param: steps write .grad
 
 
 def assert_params_close(a, b, rtol=2e-5, atol=2e-6):
@@ -109,14 +109,100 @@ def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value)
         assert_params_close(ours, theirs)
 
 
-def test_gradients_are_never_written():
-    params = make_params()
-    opt = fused.optim.AdamW(params, max_grad_norm=0.1, clip_value=0.01)
-    set_grads([params], 0)
-    before = [p.grad.clone() for p in params]
+@pytest.mark.parametrize("name,hyper", [CONFIGS[3], CONFIGS[5], CONFIGS[8]], ids=[IDS[3], IDS[5], IDS[8]])
+@pytest.mark.parametrize("max_grad_norm,clip_value",
+                         [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)])
+def test_grad_after_step_is_what_the_torch_recipe_leaves(name, hyper, max_grad_norm, clip_value):
+    """.grad after step() holds the gradient the update used, as torch's clip_grad_value_ + clip_grad_norm_ + step
+    leaves it: value-clipped, then norm-clipped; maximize and weight decay never touch it. Where nothing clips, .grad
+    is not written at all (bit for bit what backward left)."""
+    ours, theirs = make_params(), make_params()
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    ref = ReferenceOptimizer(name, theirs, max_grad_norm=max_grad_norm, clip_value=clip_value, **hyper)
+    for step in range(2):
+        set_grads([ours, theirs], step, scale=3.0)
+        before = [p.grad.clone() for p in ours]
+        opt.step()
+        ref.step()
+        for p, q, b in zip(ours, theirs, before):
+            if max_grad_norm in (None, 1e9) and clip_value is None:
+                assert torch.equal(p.grad, b)
+            else:
+                assert not torch.equal(p.grad, b) or p.numel() == 1
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_grad_write_back_in_the_gradient_dtype(dtype):
+    """16-bit gradients receive the clipped gradient rounded once to their dtype (the update itself uses it in
+    fp32); float64 ones are clipped in float64. Each is as close to float64 clipping as torch's clip_grad_norm_
+    in that dtype."""
+    ours, theirs = make_params(dtype), make_params(dtype)
+    exact = make_params(torch.float64)
+    opt = fused.optim.AdamW(ours, lr=1e-3, max_grad_norm=0.5)
+    set_grads([ours, theirs, exact], 0, scale=3.0)
     opt.step()
-    for p, g in zip(params, before):
-        assert torch.equal(p.grad, g)
+    torch.nn.utils.clip_grad_norm_(theirs, 0.5)
+    torch.nn.utils.clip_grad_norm_(exact, 0.5)
+    for p, q, e in zip(ours, theirs, exact):
+        assert p.grad.dtype == dtype
+        assert_accuracy(p.grad, q.grad, e.grad)
+
+
+def strided_grads(shape, seed):
+    """Gradients of the same values in the layouts torch's unscale test uses: dense, transposed (dense, other
+    order), and strided views with gaps ([:, :5] of a wider tensor)."""
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).float() * 3
+    wide = torch.zeros(shape[0], shape[1] * 3)
+    wide[:, 1:1 + shape[1]] = g
+    return [g.clone(), g.t().contiguous().t(), wide[:, 1:1 + shape[1]]]
+
+
+@pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[7]], ids=[IDS[2], IDS[6], IDS[7]])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_strided_grads(name, hyper, scaled):
+    """Non-dense (strided) and transposed .grad are taken and give torch's result; .grad keeps its own layout and
+    holds the unscaled clipped gradient afterwards, as the torch recipe leaves it."""
+    shape = (20, 5)
+    ours = [torch.zeros(shape, requires_grad=True) for _ in range(3)]
+    theirs = clone(ours)
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=1.0, **hyper)
+    ref = getattr(torch.optim, name)(theirs, foreach=False, **hyper)
+    scaler = fused.amp.GradScaler("cpu", init_scale=2.0**7, enabled=scaled)
+    scaler.scale(torch.ones(()))
+    for step in range(3):
+        for p, q, g in zip(ours, theirs, strided_grads(shape, step)):
+            q.grad = g.clone()
+            p.grad = g.mul_(scaler.get_scale())  # in place: the layout stays
+        strides = [p.grad.stride() for p in ours]
+        scaler.step(opt)
+        scaler.update()
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)
+        ref.step()
+        assert [p.grad.stride() for p in ours] == strides and strides[2] == (15, 1)
+        assert_params_close(ours, theirs)
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_expanded_grads_as_torch(name):
+    """A gradient that overlaps itself (expanded) is read as torch reads it when the step writes nothing back; where
+    it would write (a scale, clipping), it is refused before anything changes, as torch's in-place ops refuse it."""
+    base = torch.randn(5, generator=torch.Generator().manual_seed(0))
+    ours, theirs = [torch.zeros(4, 5, requires_grad=True)], [torch.zeros(4, 5, requires_grad=True)]
+    ours[0].grad, theirs[0].grad = base.expand(4, 5), base.expand(4, 5)
+    extra = dict(momentum=0.9) if name == "SGD" else {}
+    getattr(fused.optim, name)(ours, lr=0.1, **extra).step()
+    getattr(torch.optim, name)(theirs, lr=0.1, foreach=False, **extra).step()
+    assert_params_close(ours, theirs)
+    opt = getattr(fused.optim, name)(ours, lr=0.1, max_grad_norm=1.0, **extra)
+    before = ours[0].detach().clone()
+    with raises(f"fused.optim.{name}: a gradient of shape \\(4, 5\\) overlaps itself in memory"):
+        opt.step()
+    assert torch.equal(ours[0].detach(), before) and not opt.state[ours[0]]
+    with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+        torch.nn.utils.clip_grad_norm_(theirs, 1.0)  # torch's recipe fails there too
 
 
 def test_param_groups_scheduler_zero_grad_closure():
@@ -220,16 +306,22 @@ def test_fp32_and_16bit_in_one_group():
         assert ours_err <= 2 * torch_err + 1e-6 * e.norm(), (o.dtype, ours_err, torch_err)
 
 
-def test_float64_params():
+@pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[8]], ids=[IDS[2], IDS[6], IDS[8]])
+def test_float64_params(name, hyper):
+    """float64 gradients are normed and clipped in float64 (last_grad_norm is float64, as torch's norm) and the
+    update runs in float64: parameters, state and norm agree with torch's float64 recipe to float64 precision."""
     ours, theirs = make_params(torch.float64), make_params(torch.float64)
-    opt = fused.optim.Adam(ours, lr=1e-2, max_grad_norm=1.0)
-    ref = ReferenceOptimizer("Adam", theirs, lr=1e-2, max_grad_norm=1.0)
+    opt = getattr(fused.optim, name)(ours, max_grad_norm=1.0, clip_value=0.5, **hyper)
+    ref = ReferenceOptimizer(name, theirs, max_grad_norm=1.0, clip_value=0.5, **hyper)
     for step in range(3):
-        set_grads([ours, theirs], step)
+        set_grads([ours, theirs], step, scale=3.0)
         opt.step()
         ref.step()
-    # the clip coefficient is a float32 scalar (as last_grad_norm): ~1e-7 relative, not float64's 1e-16
-    assert_params_close(ours, theirs, rtol=1e-6, atol=1e-7)
+        assert opt.last_grad_norm.dtype == torch.float64
+        torch.testing.assert_close(opt.last_grad_norm, ref.last_grad_norm, rtol=1e-13, atol=0)
+        assert_params_close(ours, theirs, rtol=1e-12, atol=1e-14)
+        for p, q in zip(ours, theirs):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-13, atol=1e-15)
 
 
 def test_deterministic_across_thread_counts():
@@ -286,7 +378,7 @@ def test_bad_inputs():
 
 def test_ops_reject_bad_arguments():
     p, g = torch.zeros(4), torch.ones(4)
-    coef, found = torch.ones(()), torch.zeros(())
+    coef, found = torch.ones((), dtype=torch.float64), torch.zeros(())
     with raises("fused.adam_step_: lr must be >= 0"):
         torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
                                    1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
@@ -295,13 +387,16 @@ def test_ops_reject_bad_arguments():
                                   found, math.inf, [])
     with raises("fused.grad_norm: norm_type must be > 0"):
         torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
+    with raises(r"fused.grad_norm: grads must be dense in memory \(no gaps, no overlap\), got sizes \[4, 2\] and "
+                r"strides \[4, 1\]"):
+        torch.ops.fused.grad_norm([torch.ones(4, 4)[:, :2]], found, None, 2.0, math.inf, math.inf, True)
 
 
 def test_opcheck():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
     params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    found, coef, inv = torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    found, coef, inv = torch.zeros(()), torch.tensor(0.5, dtype=torch.float64), torch.tensor(4.0)
     torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
     torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, None, None, 3.0, 1.0, 0.5, False))
     torch.library.opcheck(torch.ops.fused.scale_grads_.default, ([g.clone() for g in grads], coef))

@@ -39,12 +39,17 @@ def test_cuda_matches_cpu(name, hyper, dtype):
     cpu, gpu = pair(dtype)
     a = getattr(fused.optim, name)(cpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
     b = getattr(fused.optim, name)(gpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
+    # float64: normed, clipped and updated in float64 on both (only the summation order differs)
+    tol = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-14)}.get(dtype, {})
     for step in range(4):
         set_grads(cpu, gpu, step, poison=step == 2)
         a.step()
         b.step()
-        torch.testing.assert_close(b.last_grad_norm.cpu(), a.last_grad_norm, rtol=1e-5, atol=0, equal_nan=True)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype in (torch.float32, torch.float64) else {}
+        assert b.last_grad_norm.dtype == a.last_grad_norm.dtype == dtype  # the gradients' dtype, as torch
+        norm_tol = dict(tol, atol=0) if tol else {}
+        torch.testing.assert_close(b.last_grad_norm.cpu(), a.last_grad_norm, equal_nan=True, **norm_tol)
+        for p, q in zip(cpu, gpu):  # the clipped, unscaled gradient written back by both
+            torch.testing.assert_close(q.grad.cpu(), p.grad, **tol)
     for p, q in zip(cpu, gpu):
         torch.testing.assert_close(q.detach().cpu(), p.detach(), **tol)
         for k, v in a.state[p].items():
@@ -87,13 +92,22 @@ def test_two_launches_per_step_whatever_the_number_of_tensors():
 
 
 def test_cuda_graph_capture():
+    """A captured step replays norm, update and the .grad write-back (the static gradients are refilled before each
+    replay, as a captured backward would)."""
     params = [torch.randn(s, device="cuda", requires_grad=True) for s in [(1000, 3), (77,), (5, 5, 5)]]
-    static_grads = [torch.randn_like(p) for p in params]
+    originals = [torch.randn_like(p) for p in params]
+    static_grads = [g.clone() for g in originals]
     for p, g in zip(params, static_grads):
         p.grad = g
     opt = fused.optim.AdamW(params, lr=1e-2, max_grad_norm=0.5)
     ref_params = [p.detach().clone().requires_grad_() for p in params]
     ref = fused.optim.AdamW(ref_params, lr=1e-2, max_grad_norm=0.5)
+
+    def ref_step():
+        for q, g in zip(ref_params, originals):
+            q.grad = g.clone()
+        ref.step()
+
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -102,15 +116,15 @@ def test_cuda_graph_capture():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         opt.step()
-    for q, g in zip(ref_params, static_grads):
-        q.grad = g.clone()
-    ref.step()
+    ref_step()
     for step in range(3):
+        torch._foreach_copy_(static_grads, originals)
         graph.replay()
-        ref.step()
+        ref_step()
     torch.cuda.synchronize()
-    for p, q in zip(params, ref_params):
+    for p, q, g in zip(params, ref_params, static_grads):
         torch.testing.assert_close(p, q)
+        torch.testing.assert_close(g, q.grad)  # the clipped gradient, written back by the replay
     # warm-up + 3 replays (capture itself runs nothing) against 1 + 3 eager steps
     assert float(opt.state[params[0]]["step"]) == float(ref.state[ref_params[0]]["step"]) == 4.0
 

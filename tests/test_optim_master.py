@@ -21,7 +21,7 @@ def set_grads(groups, step, poison=False):
     for ps in zip(*groups):
         grad = torch.randn(ps[0].shape, generator=g).to(ps[0].dtype)  # the 16-bit gradient, seen by both
         for p in ps:
-            p.grad = grad.to(p.dtype)
+            p.grad = grad.to(p.dtype, copy=True)  # one tensor per param: steps write .grad
             if poison:
                 p.grad.view(-1)[2] = math.nan
 

@@ -10,19 +10,15 @@ import fused
 import benchmarks
 from fused.info import report
 from tests.harness import raises
+from tests.test_op_coverage import registered
 
-PUBLIC_OPS = ["bias_act", "glu", "bias_dropout_add", "unary_chain", "linear_act", "pairwise_distances",
-              "pairwise_topk", "clip_grad_norm_", "rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
-
-
-def test_info_lists_every_public_op_with_its_kernels():
+def test_info_lists_every_op_with_its_kernels():
     text = report()
     assert f"fused {fused.__version__}" in text and f"torch {torch.__version__}" in text
     rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[7:] if line.strip()}
-    for op in PUBLIC_OPS:
-        assert op in rows, op
-        assert rows[op][0] in ("C++", "composite")
-    assert not any(name.startswith("cuda_") for name in rows)
+    assert sorted(rows) == registered()  # every fused:: op but the CUDA twins (tests/test_op_coverage.py)
+    for op in rows:
+        assert rows[op][0] in ("C++", "composite"), op
 
 
 def test_set_backend_validates_and_env_default(monkeypatch):
@@ -33,6 +29,29 @@ def test_set_backend_validates_and_env_default(monkeypatch):
     assert fused.get_backend() == "triton"
     fused.set_backend("auto")
     assert fused.get_backend() == "auto"
+
+
+@pytest.mark.parametrize("backend", ["cuda", "triton"])
+def test_gpu_router_takes_the_backend_except_on_triton_only_paths(monkeypatch, backend):
+    """pairwise_distances on a CUDA tensor: the tensor-core path (p = 2, D >= 32, not float64) is Triton's whatever
+    the backend (while triton is installed); every other call runs the backend that choose() picks."""
+    from fused import _backend
+    from fused.distance.ops import _tensor_core_path
+    ran = []
+    monkeypatch.setattr(_backend, "choose", lambda op: backend)
+    monkeypatch.setattr(_backend, "triton_launcher", lambda path: lambda *args: ran.append(path))
+    route = _backend.gpu_router("pairwise_distances", "cuda_pairwise_distances", "module:launcher",
+                                cuda_call=lambda *args: ran.append("cuda"), triton_when=_tensor_core_path)
+    tensor_core = [(torch.empty(2, 32), None, 2.0, False)]
+    direct = [(torch.empty(2, 31), None, 2.0, False), (torch.empty(2, 64), None, 1.0, False),
+              (torch.empty(2, 64, dtype=torch.float64), None, 2.0, False)]
+    for args in tensor_core + direct:
+        route(*args)
+    assert ran == ["module:launcher"] + ["cuda" if backend == "cuda" else "module:launcher"] * 3
+    monkeypatch.setattr(_backend, "triton_available", lambda: False)
+    ran.clear()
+    route(*tensor_core[0])
+    assert ran == ["cuda" if backend == "cuda" else "module:launcher"]
 
 
 def test_meta_tensors_get_shapes_from_the_fake_kernels():

@@ -8,7 +8,7 @@ import torch
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 
-from fused.elementwise.triton_math import program_2d, tile_index  # noqa: E402
+from fused.triton_utils import program_2d, tile_index  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

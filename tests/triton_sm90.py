@@ -6,6 +6,7 @@ catches a kernel that would not build on a GPU, and the PTX shows what the GPU w
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
 compiles one family."""
 import contextlib
+import math
 import os
 import sys
 
@@ -84,13 +85,16 @@ def elementwise():
 
 
 def distance():
+    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest."""
     import fused.distance.triton_kernels as tk
-    for dt, d in ((torch.float32, 3), (torch.float32, 64), (torch.bfloat16, 64), (torch.float64, 5)):
-        a, b = torch.randn(2, 40, d, dtype=dt), torch.randn(1, 70, d, dtype=dt)
-        for p in (2.0, 1.0, 0.5, 3.0):
-            dist = tk.pairwise_distances(a, b, p)
-            tk.pairwise_topk(a, b, 5, p)
-            tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
+    for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
+        for p in (0.0, 1.0, 2.0, math.inf, 0.5):
+            for d in (3, 40) if p == 2 and dt != torch.float64 else (3,):
+                a, b = torch.randn(2, 40, d, dtype=dt), torch.randn(1, 70, d, dtype=dt)
+                dist = tk.pairwise_distances(a, b, p)
+                for largest in (False, True):
+                    tk.pairwise_topk(a, b, 5, p, largest=largest)
+                tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
 
 
 @contextlib.contextmanager

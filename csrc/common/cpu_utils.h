@@ -1,5 +1,5 @@
-// Helpers shared by the CPU kernels: argument checks with the op's name, blocked parallel loops over
-// flat elements (converted to the op's math type in an L1-sized buffer), and a deterministic column reduction.
+// Helpers shared by the CPU kernels: the dtype dispatch, argument checks with the op's name, blocked parallel loops
+// over flat elements (converted to the op's math type in an L1-sized buffer), and a deterministic column reduction.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -12,6 +12,11 @@
 
 #include "common/checks.h"
 #include "common/vec_math.h"
+
+// The kernels' dtypes: body instantiated for scalar_t = float, double, at::Half, at::BFloat16 (math in
+// at::opmath_type<scalar_t>).
+#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
 
 namespace fused {
 

@@ -1,5 +1,6 @@
-// Conversions between storage types and the math type in CUDA kernels: float for fp32/fp16/bf16 storage,
-// double for double. Rounding back to 16 bits is round-to-nearest-even. Also the launch-limit helpers.
+// Storage types in CUDA kernels: the dtype code to its C++ type (visit_dtype), conversions to and from the math
+// type (float for fp32/fp16/bf16 storage, double for double; rounding back to 16 bits is round-to-nearest-even),
+// and the launch-limit helpers.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -8,8 +9,24 @@
 #include <cstdint>
 
 #include "common/cuda_host.h"  // __fmul_rn and the rest on the host
+#include "common/dtype.h"
 
 namespace fused {
+
+template <typename S> struct Type {
+  using type = S;
+};
+
+// fn(Type<S>{}) with S the storage type of `dtype` (float, __half, __nv_bfloat16, double).
+template <typename F> cudaError_t visit_dtype(DType dtype, F&& fn) {
+  switch (dtype) {
+    case DType::f32: return fn(Type<float>{});
+    case DType::f16: return fn(Type<__half>{});
+    case DType::bf16: return fn(Type<__nv_bfloat16>{});
+    case DType::f64: return fn(Type<double>{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 template <typename T> struct MathType { using type = float; };
 template <> struct MathType<double> { using type = double; };

@@ -4,25 +4,29 @@
 #include "common/cpu_utils.h"
 
 namespace fused {
+namespace {
 
-static const char* kActNames[] = {"identity", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh"};
-static const char* kUnaryNames[] = {"neg",  "abs",     "square", "sqrt", "rsqrt",     "exp",        "log",
-                                    "sin",  "cos",     "tanh",   "sigmoid", "relu",   "gelu",       "gelu_tanh",
-                                    "silu", "reciprocal", "add", "mul",    "pow",     "clamp_min", "clamp_max"};
-constexpr int kFirstScalarOp = static_cast<int>(UnaryOp::add);
+// The names from first to last, joined by sep.
+std::string join(const char* const* names, int first, int last, const char* sep) {
+  std::string out;
+  for (int i = first; i < last; ++i) out += (i > first ? sep : "") + std::string(names[i]);
+  return out;
+}
+
+}  // namespace
 
 Act parse_act(const char* op, c10::string_view act) {
-  for (int i = 0; i < 7; ++i)
+  for (int i = 0; i < kActCount; ++i)
     if (act == kActNames[i]) return static_cast<Act>(i);
-  TORCH_CHECK(false, "fused.", op, ": unknown act '", std::string(act),
-              "'; expected one of identity, relu, gelu, gelu_tanh, silu, sigmoid, tanh");
+  TORCH_CHECK(false, "fused.", op, ": unknown act '", std::string(act), "'; expected one of ",
+              join(kActNames, 0, kActCount, ", "));
 }
 
 std::pair<UnaryOp, double> parse_unary(const char* op, c10::string_view spec) {
   auto colon = spec.find(':');
   c10::string_view name = spec.substr(0, colon);
-  for (int i = 0; i < static_cast<int>(sizeof(kUnaryNames) / sizeof(*kUnaryNames)); ++i) {
-    if (name != kUnaryNames[i]) continue;
+  for (int i = 0; i < kUnaryOpCount; ++i) {
+    if (name != kUnaryOpNames[i]) continue;
     bool wants_scalar = i >= kFirstScalarOp;
     TORCH_CHECK(wants_scalar == (colon != c10::string_view::npos), "fused.", op, ": op '", std::string(name),
                 wants_scalar ? "' needs a scalar, as (name, value)" : "' takes no scalar");
@@ -36,9 +40,9 @@ std::pair<UnaryOp, double> parse_unary(const char* op, c10::string_view spec) {
     }
     return {static_cast<UnaryOp>(i), s};
   }
-  TORCH_CHECK(false, "fused.", op, ": unknown op '", std::string(name),
-              "'; expected one of neg abs square sqrt rsqrt exp log sin cos tanh sigmoid relu gelu gelu_tanh silu "
-              "reciprocal, or with a scalar: add mul pow clamp_min clamp_max");
+  TORCH_CHECK(false, "fused.", op, ": unknown op '", std::string(name), "'; expected one of ",
+              join(kUnaryOpNames, 0, kFirstScalarOp, " "), ", or with a scalar: ",
+              join(kUnaryOpNames, kFirstScalarOp, kUnaryOpCount, " "));
 }
 
 }  // namespace fused

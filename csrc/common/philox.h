@@ -4,11 +4,7 @@
 #pragma once
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define FUSED_HD __host__ __device__ __forceinline__
-#else
-#define FUSED_HD inline
-#endif
+#include "common/host_device.h"
 
 namespace fused {
 

@@ -127,32 +127,4 @@ template <UnaryOp O, typename V> FUSED_HD V unary_grad(V x, V s) {
   if constexpr (O == UnaryOp::clamp_max) return p_where_ge(s, x, V(1));
 }
 
-// Runtime switch over the chain ops: the body is instantiated once per op with `fn` given the op as a type.
-template <typename T, T v> struct Tag { static constexpr T value = v; };
-
-template <typename Fn> FUSED_HD auto visit_unary(UnaryOp op, Fn&& fn) {
-  switch (op) {
-#define FUSED_CASE(name) case UnaryOp::name: return fn(Tag<UnaryOp, UnaryOp::name>{});
-    FUSED_CASE(neg) FUSED_CASE(abs) FUSED_CASE(square) FUSED_CASE(sqrt) FUSED_CASE(rsqrt) FUSED_CASE(exp)
-    FUSED_CASE(log) FUSED_CASE(sin) FUSED_CASE(cos) FUSED_CASE(tanh) FUSED_CASE(sigmoid) FUSED_CASE(relu)
-    FUSED_CASE(gelu) FUSED_CASE(gelu_tanh) FUSED_CASE(silu) FUSED_CASE(reciprocal) FUSED_CASE(add)
-    FUSED_CASE(mul) FUSED_CASE(pow) FUSED_CASE(clamp_min)
-#undef FUSED_CASE
-    default: return fn(Tag<UnaryOp, UnaryOp::clamp_max>{});
-  }
-}
-
-// Host code only (CPU kernels and CUDA launchers pick the kernel instantiation per act).
-template <typename Fn> inline auto visit_act(Act act, Fn&& fn) {
-  switch (act) {
-    case Act::relu: return fn(Tag<Act, Act::relu>{});
-    case Act::gelu: return fn(Tag<Act, Act::gelu>{});
-    case Act::gelu_tanh: return fn(Tag<Act, Act::gelu_tanh>{});
-    case Act::silu: return fn(Tag<Act, Act::silu>{});
-    case Act::sigmoid: return fn(Tag<Act, Act::sigmoid>{});
-    case Act::tanh: return fn(Tag<Act, Act::tanh>{});
-    default: return fn(Tag<Act, Act::identity>{});
-  }
-}
-
 }  // namespace fused

@@ -1,7 +1,8 @@
-// Scalar primitives for pointwise_math.h (CUDA device code and host code), float and double.
+// Scalar primitives for pointwise_math.h and distance/distance_math.h (CUDA device code and host code), float and
+// double.
 #pragma once
 #include <cmath>
-#include "common/philox.h"  // FUSED_HD
+#include "common/host_device.h"
 
 namespace fused {
 FUSED_HD float p_exp(float x) { return expf(x); }
@@ -15,6 +16,7 @@ FUSED_HD float p_rsqrt(float x) { return 1.0f / sqrtf(x); }
 FUSED_HD float p_recip(float x) { return 1.0f / x; }
 FUSED_HD float p_abs(float x) { return fabsf(x); }
 FUSED_HD float p_pow(float x, float s) { return powf(x, s); }
+FUSED_HD float p_fma(float a, float b, float c) { return fmaf(a, b, c); }
 FUSED_HD double p_exp(double x) { return ::exp(x); }
 FUSED_HD double p_log(double x) { return ::log(x); }
 FUSED_HD double p_erf(double x) { return ::erf(x); }
@@ -26,6 +28,7 @@ FUSED_HD double p_rsqrt(double x) { return 1.0 / ::sqrt(x); }
 FUSED_HD double p_recip(double x) { return 1.0 / x; }
 FUSED_HD double p_abs(double x) { return ::fabs(x); }
 FUSED_HD double p_pow(double x, double s) { return ::pow(x, s); }
+FUSED_HD double p_fma(double a, double b, double c) { return ::fma(a, b, c); }
 
 template <typename T> FUSED_HD T p_relu(T x) { return x < T(0) ? T(0) : x; }
 template <typename T> FUSED_HD T p_where_pos(T x, T v) { return x > T(0) ? v : T(0); }
@@ -33,6 +36,10 @@ template <typename T> FUSED_HD T p_where_ge(T x, T s, T v) { return x >= s ? v :
 template <typename T> FUSED_HD T p_sign(T x) { return T(x > T(0)) - T(x < T(0)); }
 template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s ? s : x; }
 template <typename T> FUSED_HD T p_clamp_max(T x, T s) { return x > s ? s : x; }
+template <typename T> FUSED_HD T p_where_eq(T x, T s, T v) { return x == s ? v : T(0); }
+template <typename T> FUSED_HD T p_zero_at(T x, T v) { return x == T(0) ? T(0) : v; }  // v, 0 where x == 0
+template <typename T> FUSED_HD T p_nonzero(T x) { return x != x ? x : T(x != T(0)); }  // 0 or 1, NaN stays
+template <typename T> FUSED_HD T p_max_nan(T a, T b) { return b != b || b > a ? b : a; }  // NaN in either stays
 }  // namespace fused
 
 #include "common/pointwise_math.h"

@@ -1,7 +1,8 @@
-// CPU primitives for pointwise_math.h over at::vec::Vectorized<T> (AVX2 / AVX-512 / scalar fallback).
+// CPU primitives for pointwise_math.h and distance/distance_math.h over at::vec::Vectorized<T> (AVX2 / AVX-512 /
+// scalar fallback).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
-#include "common/philox.h"  // FUSED_HD
+#include "common/host_device.h"
 
 namespace fused {
 template <typename T> using Vec = at::vec::Vectorized<T>;
@@ -26,6 +27,14 @@ template <typename T> inline Vec<T> p_sign(Vec<T> x) {
 }
 template <typename T> inline Vec<T> p_clamp_min(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x < s); }
 template <typename T> inline Vec<T> p_clamp_max(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x > s); }
+template <typename T> inline Vec<T> p_fma(Vec<T> a, Vec<T> b, Vec<T> c) { return at::vec::fmadd(a, b, c); }
+template <typename T> inline Vec<T> p_where_eq(Vec<T> x, Vec<T> s, Vec<T> v) { return v & (x == s); }
+template <typename T> inline Vec<T> p_zero_at(Vec<T> x, Vec<T> v) {
+  return Vec<T>::blendv(v, Vec<T>(0), x == Vec<T>(0));
+}
+// 0 or 1 (x != 0), NaN stays; and the max, NaN in either stays.
+template <typename T> inline Vec<T> p_nonzero(Vec<T> x) { return at::vec::minimum(x.abs().ceil(), Vec<T>(1)); }
+template <typename T> inline Vec<T> p_max_nan(Vec<T> a, Vec<T> b) { return at::vec::maximum(a, b); }
 }  // namespace fused
 
 #include "common/pointwise_math.h"

@@ -14,9 +14,6 @@ namespace fused {
 namespace distance {
 namespace {
 
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
-
 // b of every batch packed in panels: [B, P * D * W].
 template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
   const int64_t B = b.size(0), M = b.size(1), D = b.size(2), len = num_panels<T>(M) * D * kPanel<T>;
@@ -47,7 +44,7 @@ void for_direct_rows(const Batched& x, Metric metric, double p, bool squared, co
   at::Tensor panels = pack_batches<T>(x.b);
   const int64_t plen = panels.size(1);
   const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
-  const Params<T> prm(p, squared);
+  const auto prm = metric_params<T>(p, squared);
   visit_metric(metric, [&](auto tag) {
     constexpr Metric Mt = decltype(tag)::value;
     parallel_batch_rows(x.B, x.N, row_grain(x.M, x.D), [&](int64_t bi, int64_t r0, int64_t r1) {
@@ -128,7 +125,7 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
 // and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
 template <Metric Mt, typename T>
 void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist,
-               const Params<T>& prm, T* ga, T* gb_part) {
+               const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {
   using V = Vec<T>;
   constexpr int64_t L = V::size(), W = kPanel<T>;
   constexpr int R = 4;
@@ -191,7 +188,7 @@ void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, 
 // does not depend on the thread count.
 template <Metric Mt, typename T>
 std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g,
-                                            const at::Tensor& dist, const Params<T>& prm) {
+                                            const at::Tensor& dist, const MetricParams<Vec<T>>& prm) {
   const int64_t B = a.size(0), N = a.size(1), D = a.size(2), M = b.size(1);
   constexpr int64_t W = kPanel<T>;
   at::Tensor ga = at::empty_like(a), gb = at::empty_like(b);
@@ -247,7 +244,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
     const auto math = x.a.scalar_type();
     at::Tensor g = grad_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
     at::Tensor dist = dist_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
-    const Params<T> prm(p, squared);
+    const auto prm = metric_params<T>(p, squared);
     visit_metric(metric, [&](auto tag) {
       std::tie(ga, gb) = grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, prm);
     });
@@ -429,15 +426,16 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
     const int64_t* ip = idx.data_ptr<int64_t>();
     T *gap = ga.data_ptr<T>(), *gbp = gb.data_ptr<T>();
     const int64_t N = x.N, M = x.M, D = x.D;
+    const auto prm = metric_params<T, T>(p, squared);
     visit_metric(metric, [&](auto tag) {
       constexpr Metric Mt = decltype(tag)::value;
       // One selected pair: add its gradient for a (sign +1) or for b (sign -1) into dst.
       auto pair = [&](int64_t bi, int64_t i, int64_t t, T sign, T* dst) {
         const int64_t e = (bi * N + i) * k + t, j = ip[e];
         TORCH_CHECK(0 <= j && j < M, "fused.", op, ": index ", j, " out of range for b with ", M, " points");
-        const T w = pair_weight<Mt>(gp[e], vp[e], p, squared);
+        const T w = pair_weight<Mt>(gp[e], vp[e], prm);
         const T *ar = ap + (bi * N + i) * D, *br = bp + (bi * M + j) * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] += sign * grad_term_scalar<Mt>(ar[d] - br[d], w, vp[e], p);
+        for (int64_t d = 0; d < D; ++d) dst[d] += sign * grad_term<Mt>(ar[d] - br[d], w, vp[e], prm);
       };
       parallel_batch_rows(x.B, N, 64, [&](int64_t bi, int64_t r0, int64_t r1) {
         for (int64_t i = r0; i < r1; ++i) {

@@ -1,6 +1,7 @@
-// CPU building blocks of the distance family: the metrics (per p) as at::vec code, b packed in column panels,
-// the direct register-blocked tile kernel (R rows of a x W columns of b, any D, vectorised along the columns so
-// that it stays fast when D < 8), and the p=2 matmul path with its exact recompute of small distances.
+// CPU building blocks of the distance family: the metrics' math (distance_math.h) over at::vec vectors and
+// scalars, b packed in column panels, the direct register-blocked tile kernel (R rows of a x W columns of b, any D,
+// vectorised along the columns so that it stays fast when D < 8), and the p=2 matmul path with its exact
+// recompute of small distances.
 #pragma once
 #include <ATen/ATen.h>
 #include <ATen/OpMathType.h>
@@ -12,19 +13,11 @@
 
 #include "common/checks.h"
 #include "common/cpu_utils.h"
+#include "common/scalar_math.h"
+#include "distance/distance_math.h"
 
 namespace fused {
 namespace distance {
-
-enum class Metric { P0, P1, P2, PInf, PGen };
-
-inline Metric metric_of(double p) {
-  if (p == 0) return Metric::P0;
-  if (p == 1) return Metric::P1;
-  if (p == 2) return Metric::P2;
-  if (std::isinf(p)) return Metric::PInf;
-  return Metric::PGen;
-}
 
 // The path rule: the tensor-core/BLAS matmul only for p=2 with D >= kMatmulMinD (any N, M).
 constexpr int64_t kMatmulMinD = 32;
@@ -33,65 +26,9 @@ inline bool use_matmul(Metric m, int64_t D) { return m == Metric::P2 && D >= kMa
 // the cancellation in |a|^2 + |b|^2 - 2 a.b would cost more than a few bits.
 constexpr double kRecompute = 1.0 / 16;
 
-template <typename F> void visit_metric(Metric m, const F& f) {
-  switch (m) {
-    case Metric::P0: return f(std::integral_constant<Metric, Metric::P0>());
-    case Metric::P1: return f(std::integral_constant<Metric, Metric::P1>());
-    case Metric::P2: return f(std::integral_constant<Metric, Metric::P2>());
-    case Metric::PInf: return f(std::integral_constant<Metric, Metric::PInf>());
-    case Metric::PGen: return f(std::integral_constant<Metric, Metric::PGen>());
-  }
-}
-
-template <typename T> struct Params {
-  Vec<T> p, inv_p, p_minus_1;
-  bool squared;
-  explicit Params(double p_, bool sq)
-      : p(T(p_)), inv_p(T(1.0 / p_)), p_minus_1(T(p_ - 1)), squared(sq) {}
-};
-
-// acc <- acc (+) term(diff): the sum (or max) of |diff|^p, NaN-propagating like eager.
-template <Metric Mt, typename T> inline Vec<T> accumulate(Vec<T> acc, Vec<T> diff, const Params<T>& prm) {
-  using V = Vec<T>;
-  if constexpr (Mt == Metric::P0) return acc + at::vec::minimum(diff.abs().ceil(), V(1));
-  else if constexpr (Mt == Metric::P1) return acc + diff.abs();
-  else if constexpr (Mt == Metric::P2) return at::vec::fmadd(diff, diff, acc);
-  else if constexpr (Mt == Metric::PInf) return at::vec::maximum(acc, diff.abs());
-  else return acc + diff.abs().pow(prm.p);
-}
-
-template <Metric Mt, typename T> inline Vec<T> finish(Vec<T> acc, const Params<T>& prm) {
-  if constexpr (Mt == Metric::P2) return prm.squared ? acc : acc.sqrt();
-  else if constexpr (Mt == Metric::PGen) return acc.pow(prm.inv_p);
-  else return acc;
-}
-template <Metric Mt, typename T> inline T finish_scalar(T acc, double p, bool squared) {
-  if constexpr (Mt == Metric::P2) return squared ? acc : std::sqrt(acc);
-  else if constexpr (Mt == Metric::PGen) return std::pow(acc, T(1.0 / p));
-  else return acc;
-}
-
-// Gradient of one pair's distance with respect to a, per coordinate: w * phi(diff), where w is the per-pair
-// weight from weights() below. phi is odd in diff, so the gradient for b is the same kernel with a and b swapped.
-template <Metric Mt, typename T> inline Vec<T> grad_term(Vec<T> diff, Vec<T> w, Vec<T> dist, const Params<T>& prm) {
-  using V = Vec<T>;
-  if constexpr (Mt == Metric::P2) return diff * w;
-  else if constexpr (Mt == Metric::P1) return w * p_sign(diff);
-  else if constexpr (Mt == Metric::PInf) return V::blendv(V(0), w * p_sign(diff), diff.abs() == dist);
-  else {
-    // sign(diff) |diff|^(p-1); zero at diff == 0 (also for p < 1, where the power is infinite).
-    V t = p_sign(diff) * diff.abs().pow(prm.p_minus_1);
-    return V::blendv(w * t, V(0), diff == V(0));
-  }
-}
-
-// The per-pair weight w of grad_term: 0 where the gradient is 0 by convention (zero distance).
-template <Metric Mt, typename T> inline Vec<T> pair_weight(Vec<T> g, Vec<T> dist, const Params<T>& prm) {
-  using V = Vec<T>;
-  if constexpr (Mt == Metric::P2) return prm.squared ? g * V(2) : V::blendv(g / dist, V(0), dist == V(0));
-  else if constexpr (Mt == Metric::PGen) return V::blendv(g / dist.pow(prm.p_minus_1), V(0), dist == V(0));
-  else if constexpr (Mt == Metric::P0) return V(0);
-  else return g;
+// The metric's params in the math type T, for the vector kernels (V = Vec<T>) or scalar code (V = T).
+template <typename T, typename V = Vec<T>> MetricParams<V> metric_params(double p, bool squared) {
+  return {V(T(p)), V(T(1.0 / p)), V(T(p - 1)), squared};
 }
 
 // ---- b packed in panels of W columns: panel[d][l] = b[j0 + l][d], zero-padded past M ----
@@ -115,7 +52,8 @@ template <typename T> void pack_panels(const T* b, int64_t M, int64_t D, T* dst)
 
 // Distances of R rows of a (row-major, stride D) against one panel: out[r][0..W).
 template <Metric Mt, int R, typename T>
-inline void direct_tile(const T* a, int64_t D, const T* panel, const Params<T>& prm, T (*out)[kPanel<T>]) {
+inline void direct_tile(const T* a, int64_t D, const T* panel, const MetricParams<Vec<T>>& prm,
+                        T (*out)[kPanel<T>]) {
   using V = Vec<T>;
   constexpr int64_t L = V::size();
   V acc[R][2];
@@ -124,20 +62,20 @@ inline void direct_tile(const T* a, int64_t D, const T* panel, const Params<T>& 
     const V b0 = V::loadu(panel + d * 2 * L), b1 = V::loadu(panel + d * 2 * L + L);
     for (int r = 0; r < R; ++r) {
       const V av(a[r * D + d]);
-      acc[r][0] = accumulate<Mt>(acc[r][0], av - b0, prm);
-      acc[r][1] = accumulate<Mt>(acc[r][1], av - b1, prm);
+      acc[r][0] = metric_accumulate<Mt>(acc[r][0], av - b0, prm);
+      acc[r][1] = metric_accumulate<Mt>(acc[r][1], av - b1, prm);
     }
   }
   for (int r = 0; r < R; ++r) {
-    finish<Mt>(acc[r][0], prm).store(out[r]);
-    finish<Mt>(acc[r][1], prm).store(out[r] + L);
+    metric_finish<Mt>(acc[r][0], prm).store(out[r]);
+    metric_finish<Mt>(acc[r][1], prm).store(out[r] + L);
   }
 }
 
 // Calls consume(r, j0, len, values) for every tile of rows [0, rows) of a against all M columns of b (packed);
 // values holds `len` finished distances of row r from column j0 on.
 template <Metric Mt, typename T, typename Consume>
-void direct_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const Params<T>& prm,
+void direct_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const MetricParams<Vec<T>>& prm,
                  const Consume& consume) {
   constexpr int64_t W = kPanel<T>;
   constexpr int R = 4;
@@ -156,18 +94,15 @@ void direct_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M
     }
 }
 
-template <Metric Mt, typename T> inline T direct_pair(const T* a, const T* b, int64_t D, double p, bool squared) {
+// One pair's p=2 distance by direct differences (the matmul path's recompute). A plain loop, not
+// metric_accumulate's fused multiply-adds: the compiler vectorises the products.
+template <typename T> inline T direct_pair_p2(const T* a, const T* b, int64_t D, const MetricParams<T>& prm) {
   T acc = 0;
-  // Scalar twin of accumulate() (recomputes in the matmul path, topk backward).
   for (int64_t d = 0; d < D; ++d) {
     const T diff = a[d] - b[d];
-    if constexpr (Mt == Metric::P2) acc += diff * diff;
-    else if constexpr (Mt == Metric::P1) acc += std::abs(diff);
-    else if constexpr (Mt == Metric::P0) acc += std::isnan(diff) ? diff : T(diff != 0);
-    else if constexpr (Mt == Metric::PInf) acc = std::isnan(acc) || std::abs(diff) <= acc ? acc : std::abs(diff);
-    else acc += std::pow(std::abs(diff), T(p));
+    acc += diff * diff;
   }
-  return finish_scalar<Mt>(acc, p, squared);
+  return metric_finish<Metric::P2>(acc, prm);
 }
 
 // ---- the p=2 matmul path for one batch ----
@@ -201,6 +136,7 @@ void matmul_tile(const MatmulOperands<T>& op, int64_t r0, int64_t nr, int64_t c0
   const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>() + c0;
   const T *a = op.a.template data_ptr<T>(), *b = op.b.template data_ptr<T>() + c0 * D;
   const V c = V(T(kRecompute)), two = V(T(2)), inf = V(std::numeric_limits<T>::infinity());
+  const MetricParams<T> exact = metric_params<T, T>(2.0, squared);
   for (int64_t i = 0; i < nr; ++i) {
     T* row = dst + i * ld;
     const V nai(na[i]);
@@ -223,26 +159,9 @@ void matmul_tile(const MatmulOperands<T>& op, int64_t r0, int64_t nr, int64_t c0
     for (int64_t j = 0; j < nc; ++j) {
       const T y = row[j], y2 = squared ? y : y * y;
       if (!(y2 > T(kRecompute) * (na[i] + nb[j]) * T(1.0001)) || std::isinf(y))
-        row[j] = direct_pair<Metric::P2>(a + (r0 + i) * D, b + j * D, D, 2.0, squared);
+        row[j] = direct_pair_p2(a + (r0 + i) * D, b + j * D, D, exact);
     }
   }
-}
-
-// Scalar twins of grad_term and of the per-pair weight w (0 where the gradient is 0 by convention: at zero
-// distance, and everywhere for p = 0).
-template <Metric Mt, typename T> inline T pair_weight(T g, T dist, double p, bool squared) {
-  if constexpr (Mt == Metric::P0) return T(0);
-  else if constexpr (Mt == Metric::P2) return squared ? T(2) * g : (dist == T(0) ? T(0) : g / dist);
-  else if constexpr (Mt == Metric::PGen) return dist == T(0) ? T(0) : g / std::pow(dist, T(p - 1));
-  else return g;
-}
-template <typename T> inline T sign_of(T x) { return T(x > 0) - T(x < 0); }
-template <Metric Mt, typename T> inline T grad_term_scalar(T diff, T w, T dist, double p) {
-  if constexpr (Mt == Metric::P2) return diff * w;
-  else if constexpr (Mt == Metric::P1) return w * sign_of(diff);
-  else if constexpr (Mt == Metric::PInf) return std::abs(diff) == dist ? w * sign_of(diff) : T(0);
-  else if constexpr (Mt == Metric::PGen) return diff == T(0) ? T(0) : w * sign_of(diff) * std::pow(std::abs(diff), T(p - 1));
-  else return T(0);
 }
 
 }  // namespace distance

@@ -1,17 +1,15 @@
-// CUDA binding of the fused distance family: internal ops fused::cuda_pairwise_distances and
-// fused::cuda_pairwise_distances_backward with the arguments of the public and backward ops (fused/distance/ops.py
-// routes CUDA tensors to them on the direct path), the same checks as the CPU kernels, and launches of the
-// torch-free kernels in distance_kernels.cu on the current stream. Built only when torch has CUDA.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+// CUDA binding of the fused distance family: the kernels of the CUDA twins fused::cuda_pairwise_distances and
+// fused::cuda_pairwise_distances_backward (defined in distance_schema.cpp; fused/distance/ops.py routes CUDA tensors
+// to them on the direct path), the same checks as the CPU kernels, and launches of the torch-free kernels in
+// distance_kernels.cu on the current stream. Built only when torch has CUDA.
 #include <torch/library.h>
 
-#include <cmath>
 #include <tuple>
 
+#include "common/cuda_binding.h"
 #include "distance/distance_args.h"
 #include "distance/distance_kernels.h"
+#include "distance/distance_math.h"
 
 namespace fused {
 namespace distance {
@@ -19,43 +17,17 @@ namespace {
 
 namespace kd = fused::cuda::distance;
 
-kd::DType dtype_of(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return kd::DType::f32;
-    case at::kHalf: return kd::DType::f16;
-    case at::kBFloat16: return kd::DType::bf16;
-    case at::kDouble: return kd::DType::f64;
-    default: TORCH_CHECK(false, "fused.", op, ": a has dtype ", t.scalar_type(), "; expected a floating dtype");
-  }
-}
-
-kd::Metric metric_of(double p) {
-  if (p == 0) return kd::Metric::kZero;
-  if (p == 1) return kd::Metric::kOne;
-  if (p == 2) return kd::Metric::kTwo;
-  if (std::isinf(p)) return kd::Metric::kInf;
-  return kd::Metric::kGeneral;
-}
-
-void check_cuda(const char* op, const at::Tensor& a) {
-  TORCH_CHECK(a.is_cuda(), "fused.", op, ": a must be a CUDA tensor, got one on ", a.device());
-}
-
-void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, "fused.", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
-}
-
 at::Tensor pairwise_distances_cuda(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared) {
   const char* op = "pairwise_distances";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
-  check_cuda(op, a_in);
+  check_cuda(op, "a", a_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
   at::Tensor out = at::empty(out_shape(x, x.M), a_in.options());
   if (out.numel() == 0) return out;
-  check_launch(op, kd::pairwise_distances_direct(dtype_of(op, a_in), metric_of(p), p, squared, x.a.data_ptr(),
+  check_launch(op, kd::pairwise_distances_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, x.a.data_ptr(),
                                                  x.b.data_ptr(), out.data_ptr(), x.B, x.N, x.M, x.D,
-                                                 c10::cuda::getCurrentCUDAStream()));
+                                                 current_stream()));
   return out;
 }
 
@@ -65,7 +37,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
   const char* op = "pairwise_distances_backward";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
-  check_cuda(op, a_in);
+  check_cuda(op, "a", a_in);
   check_like(op, "grad", grad_in, "a", a_in);
   check_like(op, "dist", dist_in, "a", a_in);
   TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(out_shape(x, x.M)) && dist_in.sizes() == grad_in.sizes(), "fused.",
@@ -76,8 +48,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
   at::Tensor gb = at::zeros({x.B, x.M, x.D}, a_in.options().dtype(math));
   if (x.B * x.N * x.M * x.D > 0 && p != 0) {
     at::Tensor g = grad_in.contiguous(), dist = dist_in.contiguous();
-    const auto dtype = dtype_of(op, a_in);
-    const auto stream = c10::cuda::getCurrentCUDAStream();
+    const DType dtype = dtype_of(op, "a", a_in);
+    const auto stream = current_stream();
     check_launch(op, kd::pairwise_distances_grad(dtype, metric_of(p), p, squared, x.a.data_ptr(), x.b.data_ptr(),
                                                  g.data_ptr(), dist.data_ptr(), ga.data_ptr(), x.B, x.N, x.M, x.D,
                                                  x.M, 1, stream));
@@ -90,12 +62,6 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_pairwise_distances(Tensor a, Tensor b, float p=2.0, bool squared=False) -> Tensor");
-  m.def("cuda_pairwise_distances_backward(Tensor grad, Tensor a, Tensor b, Tensor dist, float p, bool squared)"
-        " -> (Tensor grad_a, Tensor grad_b)");
-}
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_pairwise_distances", &pairwise_distances_cuda);

@@ -4,29 +4,14 @@
 
 #include "common/cuda_convert.cuh"
 #include "common/cuda_host.h"
+#include "common/scalar_math.h"
 #include "distance/distance_kernels.h"
+#include "distance/distance_math.h"
 
 namespace fused {
 namespace cuda {
 namespace distance {
 namespace {
-
-// acc (+) |diff|^p, NaN-propagating like eager.
-template <Metric MT, typename M> __device__ __forceinline__ M accumulate(M acc, M diff, M p) {
-  if constexpr (MT == Metric::kZero) return acc + (isnan(diff) ? diff : M(diff != M(0)));
-  else if constexpr (MT == Metric::kOne) return acc + fabs(diff);
-  else if constexpr (MT == Metric::kTwo) return fma(diff, diff, acc);
-  else if constexpr (MT == Metric::kInf) {
-    const M ad = fabs(diff);
-    return isnan(ad) || ad > acc ? ad : acc;  // once NaN, `ad > acc` is false: NaN stays
-  } else return acc + pow(fabs(diff), p);
-}
-
-template <Metric MT, typename M> __device__ __forceinline__ M finish(M acc, M inv_p, bool squared) {
-  if constexpr (MT == Metric::kTwo) return squared ? acc : sqrt(acc);
-  else if constexpr (MT == Metric::kGeneral) return pow(acc, inv_p);
-  else return acc;
-}
 
 constexpr int kThreadsX = 32, kThreadsY = 8;       // 256 threads
 constexpr int kRowsPerThread = 8, kColsPerThread = 4;
@@ -44,6 +29,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
                   int64_t D, int64_t row0, typename MathType<T>::type p, typename MathType<T>::type inv_p,
                   bool squared) {
   using Acc = typename MathType<T>::type;
+  const MetricParams<Acc> prm{p, inv_p, p - Acc(1), squared};
   __shared__ Acc as[kTileN][kChunkD + 1];
   __shared__ Acc bs[kChunkD][kTileM];
   const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * kThreadsX + tx;
@@ -77,7 +63,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
       for (int r = 0; r < kRowsPerThread; ++r) {
         const Acc av = as[ty + kThreadsY * r][d];
 #pragma unroll
-        for (int c = 0; c < kColsPerThread; ++c) acc[r][c] = accumulate<MT>(acc[r][c], av - bv[c], p);
+        for (int c = 0; c < kColsPerThread; ++c) acc[r][c] = metric_accumulate<MT>(acc[r][c], av - bv[c], prm);
       }
     }
     __syncthreads();
@@ -90,25 +76,9 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) {
       const int64_t j = j0 + tx + kThreadsX * c;
-      if (j < M) ob[i * M + j] = from_math<T>(finish<MT>(acc[r][c], inv_p, squared));
+      if (j < M) ob[i * M + j] = from_math<T>(metric_finish<MT>(acc[r][c], prm));
     }
   }
-}
-
-template <Metric MT, typename M> __device__ __forceinline__ M pair_weight(M g, M dist, M p, bool squared) {
-  if constexpr (MT == Metric::kTwo) return squared ? M(2) * g : (dist == M(0) ? M(0) : g / dist);
-  else if constexpr (MT == Metric::kGeneral) return dist == M(0) ? M(0) : g / pow(dist, p - M(1));
-  else if constexpr (MT == Metric::kZero) return M(0);
-  else return g;
-}
-
-template <Metric MT, typename M> __device__ __forceinline__ M grad_term(M diff, M w, M dist, M p) {
-  const M sign = M(diff > M(0)) - M(diff < M(0));
-  if constexpr (MT == Metric::kTwo) return diff * w;
-  else if constexpr (MT == Metric::kOne) return w * sign;
-  else if constexpr (MT == Metric::kInf) return fabs(diff) == dist ? w * sign : M(0);
-  else if constexpr (MT == Metric::kGeneral) return diff == M(0) ? M(0) : w * sign * pow(fabs(diff), p - M(1));
-  else return M(0);
 }
 
 template <typename T, Metric MT>
@@ -117,6 +87,7 @@ __global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, co
                             int64_t C, int64_t D, int64_t s_r, int64_t s_c, typename MathType<T>::type p,
                             bool squared) {
   using Acc = typename MathType<T>::type;
+  const MetricParams<Acc> prm{p, Acc(0), p - Acc(1), squared};  // inv_p: unused by the gradient
   const int64_t e = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t batch = blockIdx.y;
   if (e >= R * D) return;
@@ -127,28 +98,16 @@ __global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, co
   Acc acc = 0;
   for (int64_t c = 0; c < C; ++c) {
     const Acc g = to_math(grad[pair0 + c * s_c]), dv = to_math(dist[pair0 + c * s_c]);
-    acc += grad_term<MT>(xv - to_math(yb[c * D]), pair_weight<MT>(g, dv, p, squared), dv, p);
+    acc += grad_term<MT>(xv - to_math(yb[c * D]), pair_weight<MT>(g, dv, prm), dv, prm);
   }
   gx[batch * R * D + e] = acc;
 }
 
+// f(T(), tag) with T the storage type of dtype and tag the metric as a compile-time code.
 template <typename F> cudaError_t visit(DType dtype, Metric metric, const F& f) {
-  auto with_type = [&](auto type_tag) {
-    using T = decltype(type_tag);
-    switch (metric) {
-      case Metric::kZero: return f(T(), std::integral_constant<Metric, Metric::kZero>());
-      case Metric::kOne: return f(T(), std::integral_constant<Metric, Metric::kOne>());
-      case Metric::kTwo: return f(T(), std::integral_constant<Metric, Metric::kTwo>());
-      case Metric::kInf: return f(T(), std::integral_constant<Metric, Metric::kInf>());
-      default: return f(T(), std::integral_constant<Metric, Metric::kGeneral>());
-    }
-  };
-  switch (dtype) {
-    case DType::f32: return with_type(float());
-    case DType::f16: return with_type(__half());
-    case DType::bf16: return with_type(__nv_bfloat16());
-    default: return with_type(double());
-  }
+  return visit_dtype(dtype, [&](auto type) {
+    return visit_metric(metric, [&](auto tag) { return f(typename decltype(type)::type(), tag); });
+  });
 }
 
 }  // namespace

@@ -6,13 +6,13 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+#include "common/op_codes.h"
+
 namespace fused {
 namespace cuda {
 namespace distance {
 
-enum class DType : int32_t { f32, f16, bf16, f64 };
-// p = 0, 1, 2, inf specialised; any other p >= 0 is kGeneral.
-enum class Metric : int32_t { kZero, kOne, kTwo, kInf, kGeneral };
 
 // out[b, i, j] = ||a[b, i] - b[b, j]||_p (the sum of squares when squared) by direct differences: tiles of b in
 // shared memory, each thread 8 x 4 outputs, stores coalesced along j. a [B, N, D], b [B, M, D], out [B, N, M].

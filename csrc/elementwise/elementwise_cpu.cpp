@@ -9,9 +9,6 @@
 namespace fused {
 namespace {
 
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
-
 // bias converted once to the math type.
 template <typename T, typename scalar_t> std::vector<T> bias_in_math_type(const at::Tensor& bias) {
   std::vector<T> out(bias.numel());

@@ -1,44 +1,19 @@
-// CUDA binding of the fused elementwise family: internal ops fused::cuda_<op> with the arguments and returns
-// of the public and backward ops (fused/elementwise/ops.py routes CUDA tensors to them), the same argument
-// checks as the CPU kernels, and launches of the torch-free kernels in elementwise_kernels.cu on the current
-// stream. Built only when torch has CUDA.
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+// CUDA binding of the fused elementwise family: the kernels of the CUDA twins fused::cuda_<op> (defined with the ops
+// in elementwise_schema.cpp; fused/elementwise/ops.py routes CUDA tensors to them), the same argument checks as the
+// CPU kernels, and launches of the torch-free kernels in elementwise_kernels.cu on the current stream. Built only
+// when torch has CUDA.
 #include <torch/library.h>
 
 #include <tuple>
 #include <vector>
 
-#include "common/checks.h"
+#include "common/cuda_binding.h"
 #include "common/philox.h"
 #include "elementwise/elementwise_args.h"
 #include "elementwise/elementwise_kernels.h"
 
 namespace fused {
 namespace {
-
-void check_cuda(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.is_cuda(), "fused.", op, ": ", name, " must be a CUDA tensor, got one on ", t.device());
-}
-
-cuda::DType dtype_of(const char* op, const char* name, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return cuda::DType::f32;
-    case at::kHalf: return cuda::DType::f16;
-    case at::kBFloat16: return cuda::DType::bf16;
-    case at::kDouble: return cuda::DType::f64;
-    default:
-      TORCH_CHECK(false, "fused.", op, ": ", name, " has dtype ", dtype_name(t.scalar_type()),
-                  "; expected float32, float16, bfloat16 or float64");
-  }
-}
-
-void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, "fused.", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
-}
-
-cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream(); }
 
 const void* data_or_null(const std::optional<at::Tensor>& t) { return t ? t->data_ptr() : nullptr; }
 
@@ -56,7 +31,7 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   check_floating(op, "x", x_in);
   check_cuda(op, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
-  const auto dtype = dtype_of(op, "x", x_in);
+  const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
@@ -77,7 +52,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
   check_same_shape(op, "grad", grad_in, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
   check_cuda(op, "x", x_in);
-  const auto dtype = dtype_of(op, "x", x_in);
+  const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
@@ -98,13 +73,12 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
 
 // ---- glu ----
 
-
 at::Tensor glu_cuda(const at::Tensor& gate_in, const at::Tensor& up_in, c10::string_view act) {
   const char* op = "glu";
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
   check_cuda(op, "gate", gate_in);
-  const auto dtype = dtype_of(op, "gate", gate_in);
+  const DType dtype = dtype_of(op, "gate", gate_in);
   const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
@@ -122,7 +96,7 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
   check_cuda(op, "gate", gate_in);
   check_like(op, "grad", grad_in, "gate", gate_in);
   check_same_shape(op, "grad", grad_in, "gate", gate_in);
-  const auto dtype = dtype_of(op, "gate", gate_in);
+  const DType dtype = dtype_of(op, "gate", gate_in);
   const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor grad = grad_in.contiguous();
@@ -150,7 +124,7 @@ at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optio
   check_same_shape(op, "residual", residual_in, "x", x_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
   check_cuda(op, "x", x_in);
-  const auto dtype = dtype_of(op, "x", x_in);
+  const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous(), residual = residual_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
@@ -168,7 +142,7 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cuda(const at::Tensor& grad_
   check_floating(op, "grad", grad_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
   check_cuda(op, "grad", grad_in);
-  const auto dtype = dtype_of(op, "grad", grad_in);
+  const DType dtype = dtype_of(op, "grad", grad_in);
   const c10::cuda::CUDAGuard guard(grad_in.device());
   at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(grad);
@@ -202,7 +176,7 @@ at::Tensor unary_chain_cuda(const at::Tensor& x_in, const std::vector<std::strin
   const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
   check_cuda(op, "x", x_in);
-  const auto dtype = dtype_of(op, "x", x_in);
+  const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
@@ -219,7 +193,7 @@ at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor
   check_like(op, "grad", grad_in, "x", x_in);
   check_same_shape(op, "grad", grad_in, "x", x_in);
   check_cuda(op, "x", x_in);
-  const auto dtype = dtype_of(op, "x", x_in);
+  const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(x);
@@ -230,18 +204,6 @@ at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_bias_act(Tensor x, Tensor? bias=None, str act=\"gelu\") -> Tensor");
-  m.def("cuda_bias_act_backward(Tensor grad, Tensor x, Tensor? bias, str act) -> (Tensor grad_x, Tensor grad_bias)");
-  m.def("cuda_glu(Tensor gate, Tensor up, str act=\"silu\") -> Tensor");
-  m.def("cuda_glu_backward(Tensor grad, Tensor gate, Tensor up, str act) -> (Tensor grad_gate, Tensor grad_up)");
-  m.def("cuda_bias_dropout_add_seeded(Tensor x, Tensor? bias, Tensor residual, float p, Tensor seed) -> Tensor");
-  m.def("cuda_dropout_backward(Tensor grad, float p, Tensor seed, bool bias_grad) -> (Tensor grad_x, "
-        "Tensor grad_bias)");
-  m.def("cuda_unary_chain(Tensor x, str[] ops) -> Tensor");
-  m.def("cuda_unary_chain_backward(Tensor grad, Tensor x, str[] ops) -> Tensor");
-}
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_bias_act", &bias_act_cuda);

@@ -334,20 +334,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- launch helpers ----
 
-template <typename S> struct Type {
-  using type = S;
-};
-
-template <typename F> cudaError_t dispatch(DType dtype, F&& f) {
-  switch (dtype) {
-    case DType::f32: return f(Type<float>{});
-    case DType::f16: return f(Type<__half>{});
-    case DType::bf16: return f(Type<__nv_bfloat16>{});
-    case DType::f64: return f(Type<double>{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 bool aligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
@@ -435,7 +421,7 @@ int64_t column_sum_workspace(int64_t rows, int64_t C) {
 
 cudaError_t bias_act(DType dtype, Act act, const void* x, const void* bias, void* y, int64_t n, int64_t C,
                      cudaStream_t stream) {
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     return visit_act(act, [&](auto tag) {
       constexpr int N = kVec<S>;
@@ -449,7 +435,7 @@ cudaError_t bias_act(DType dtype, Act act, const void* x, const void* bias, void
 cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void* x, const void* bias,
                               void* grad_x, void* grad_bias, void* workspace, int64_t n, int64_t C,
                               cudaStream_t stream) {
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     return visit_act(act, [&](auto tag) {
       constexpr int N = kVec<S>;
@@ -466,7 +452,7 @@ cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void
 cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, const void* up, int64_t up_stride,
                 void* y, int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
     dim3 grid, block;
@@ -485,7 +471,7 @@ cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gat
                          const void* up, int64_t up_stride, void* grad_gate, void* grad_up, int64_t rows,
                          int64_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
     dim3 grid, block;
@@ -503,7 +489,7 @@ cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gat
 
 cudaError_t bias_dropout_add(DType dtype, const void* x, const void* bias, const void* residual, void* y,
                              int64_t n, int64_t C, Dropout dropout, cudaStream_t stream) {
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S> < 4 ? 4 : kVec<S>;  // whole Philox calls: 4 words each
     const BiasDropoutAdd<S, N> body{static_cast<const S*>(x), static_cast<const S*>(bias),
@@ -514,7 +500,7 @@ cudaError_t bias_dropout_add(DType dtype, const void* x, const void* bias, const
 
 cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* grad_bias, void* workspace,
                              int64_t n, int64_t C, Dropout dropout, cudaStream_t stream) {
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     const bool vec = aligned({grad, grad_x});
     if (!grad_bias) {
@@ -531,7 +517,7 @@ cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* 
 cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, void* y, int64_t n,
                         cudaStream_t stream) {
   if (chain.len < 0 || chain.len > kMaxChain) return cudaErrorInvalidValue;
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
     const UnaryChainFwd<S, N> body{static_cast<const S*>(x), static_cast<S*>(y), chain};
@@ -542,7 +528,7 @@ cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, voi
 cudaError_t unary_chain_backward(DType dtype, const UnaryChain& chain, const void* grad, const void* x,
                                  void* grad_x, int64_t n, cudaStream_t stream) {
   if (chain.len < 0 || chain.len > kMaxChain) return cudaErrorInvalidValue;
-  return dispatch(dtype, [&](auto type) {
+  return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
     const UnaryChainGrad<S, N> body{static_cast<const S*>(grad), static_cast<const S*>(x), static_cast<S*>(grad_x),

@@ -6,12 +6,11 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/op_codes.h"
 
 namespace fused {
 namespace cuda {
-
-enum class DType : int32_t { f32, f16, bf16, f64 };
 
 // unary_chain's ops, passed by value as a kernel argument.
 struct UnaryChain {

@@ -8,8 +8,11 @@
 
 namespace fused {
 
-// The activations whose derivative needs the pre-activation; relu, sigmoid, tanh take it from their output.
-constexpr bool act_needs_pre(Act a) { return a == Act::gelu || a == Act::gelu_tanh || a == Act::silu; }
+// Whether act's derivative needs the pre-activation: relu, sigmoid and tanh take it from their output
+// (act_grad_from_saved in linear_math.h), identity needs nothing, every other act the pre-activation.
+constexpr bool act_needs_pre(Act a) {
+  return a != Act::identity && a != Act::relu && a != Act::sigmoid && a != Act::tanh;
+}
 
 // x [..., K], weight [N, K], bias [N].
 inline void check_linear(const char* op, const at::Tensor& x, const at::Tensor& weight,

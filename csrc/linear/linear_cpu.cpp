@@ -10,9 +10,6 @@
 namespace fused {
 namespace {
 
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
-
 // y[i] = act(y[i] + bias[i % N]) in place over the n elements of row-major y [*, N]; pre (if not null) gets
 // y + bias.
 template <Act A, typename T, typename scalar_t>

@@ -1,30 +1,15 @@
-// CUDA binding of the fused linear family: fused::cuda_linear_act_fwd (the cuBLAS GEMM through ATen, then the
-// bias + activation epilogue kernel) and fused::cuda_linear_act_grad_pre (derivative + bias reduction, one pass).
-// fused/linear/ops.py routes CUDA tensors here or to the Triton kernels (fused.set_backend).
-#include <ATen/ATen.h>
-#include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
+// CUDA binding of the fused linear family: the kernels of the CUDA twins (defined in linear_schema.cpp)
+// fused::cuda_linear_act_fwd (the cuBLAS GEMM through ATen, then the bias + activation epilogue kernel) and
+// fused::cuda_linear_act_grad_pre (derivative + bias reduction, one pass). fused/linear/ops.py routes CUDA tensors
+// here or to the Triton kernels (fused.set_backend).
 #include <torch/library.h>
 
+#include "common/cuda_binding.h"
 #include "linear/linear_checks.h"
 #include "linear/linear_kernels.h"
 
 namespace fused {
 namespace {
-
-linear::DType kernel_dtype(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return linear::DType::f32;
-    case at::kHalf: return linear::DType::f16;
-    case at::kBFloat16: return linear::DType::bf16;
-    case at::kDouble: return linear::DType::f64;
-    default: TORCH_CHECK(false, "fused.", op, ": unsupported dtype ", t.scalar_type());
-  }
-}
-
-void check_launch(const char* op, cudaError_t err) {
-  TORCH_CHECK(err == cudaSuccess, "fused.", op, ": CUDA kernel launch failed: ", cudaGetErrorString(err));
-}
 
 std::tuple<at::Tensor, at::Tensor> cuda_linear_act_fwd(const at::Tensor& x, const at::Tensor& weight,
                                                        const std::optional<at::Tensor>& bias, c10::string_view act,
@@ -45,7 +30,7 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_fwd(const at::Tensor& x, cons
     const at::Tensor b = add_bias ? bias->contiguous() : at::Tensor();
     check_launch("linear_act", linear::launch_bias_act_epilogue(
                                    y.data_ptr(), keep_pre ? pre.data_ptr() : nullptr, add_bias ? b.data_ptr() : nullptr,
-                                   M, N, a, kernel_dtype("linear_act", x), c10::cuda::getCurrentCUDAStream().stream()));
+                                   M, N, a, dtype_of("linear_act", "x", x), current_stream()));
   }
   const auto shape = linear_out_shape(x, weight);
   return {y.view(shape), keep_pre ? pre.view(shape) : pre};
@@ -62,7 +47,7 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_grad_pre(const at::Tensor& gr
   at::Tensor grad_pre = at::empty_like(grad);
   at::Tensor grad_bias = at::zeros({bias_grad ? N : 0}, grad.options());
   if (M == 0 || N == 0) return {grad_pre, grad_bias};
-  const linear::DType dtype = kernel_dtype(op, grad);
+  const DType dtype = dtype_of(op, "grad", grad);
   at::Tensor workspace;
   if (bias_grad)
     workspace = at::empty({static_cast<int64_t>(linear::act_grad_bias_workspace_bytes(M, N, dtype))},
@@ -70,18 +55,11 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_grad_pre(const at::Tensor& gr
   check_launch(op, linear::launch_act_grad_bias(grad.data_ptr(), saved.data_ptr(), grad_pre.data_ptr(),
                                                 bias_grad ? grad_bias.data_ptr() : nullptr,
                                                 bias_grad ? workspace.data_ptr() : nullptr, M, N, a, dtype,
-                                                c10::cuda::getCurrentCUDAStream().stream()));
+                                                current_stream()));
   return {grad_pre, grad_bias};
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_linear_act_fwd(Tensor x, Tensor weight, Tensor? bias, str act, bool save_pre) "
-        "-> (Tensor out, Tensor pre)");
-  m.def("cuda_linear_act_grad_pre(Tensor grad, Tensor saved, str act, bool bias_grad) "
-        "-> (Tensor grad_pre, Tensor grad_bias)");
-}
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_linear_act_fwd", &cuda_linear_act_fwd);

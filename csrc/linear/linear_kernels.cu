@@ -12,7 +12,6 @@ namespace fused {
 namespace linear {
 namespace {
 
-
 constexpr int kThreads = 256;
 // act_grad_bias tiles: 32 columns (one warp wide) x kRowLanes rows per block, kRowsPerChunk rows per partial sum.
 constexpr int kCols = 32, kRowLanes = 8;
@@ -74,16 +73,6 @@ __global__ void sum_partials_kernel(const typename MathType<T>::type* __restrict
   out[col] = from_math<T>(total);
 }
 
-template <typename Fn> cudaError_t visit_dtype(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::f32: return fn(float{});
-    case DType::f16: return fn(__half{});
-    case DType::bf16: return fn(__nv_bfloat16{});
-    case DType::f64: return fn(double{});
-  }
-  return cudaErrorInvalidValue;
-}
-
 }  // namespace
 
 cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act,
@@ -91,8 +80,8 @@ cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64
   if (M == 0 || N == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(M < 65536 * 4 ? M : 65536 * 4);  // row-stride loop beyond
   const int threads = N >= kThreads ? kThreads : static_cast<int>((N + 31) / 32 * 32);
-  return visit_dtype(dtype, [&](auto zero) {
-    using T = decltype(zero);
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
     return visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
       FUSED_LAUNCH(blocks, threads, 0, stream, bias_act_epilogue_kernel<A, T>)(
@@ -114,8 +103,8 @@ cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad
   const int64_t col_tiles = (N + kCols - 1) / kCols;
   if (chunks > 0x7fffffff) return cudaErrorInvalidConfiguration;
   const dim3 block(kCols, kRowLanes);
-  return visit_dtype(dtype, [&](auto zero) {
-    using T = decltype(zero);
+  return visit_dtype(dtype, [&](auto type) {
+    using T = typename decltype(type)::type;
     using MT = typename MathType<T>::type;
     MT* partial = grad_bias ? static_cast<MT*>(workspace) : nullptr;
     cudaError_t err = visit_act(act, [&](auto tag) {

@@ -8,13 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/dtype.h"
 #include "common/op_codes.h"
 
 namespace fused {
-
 namespace linear {
-
-enum class DType : int32_t { f32 = 0, f16, bf16, f64 };
 
 // y, pre: [M, N] row-major; pre and bias may be null.
 cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act,

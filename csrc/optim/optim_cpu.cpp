@@ -8,8 +8,9 @@
 
 #include <cstring>
 
+#include "common/cpu_convert.h"
 #include "common/cpu_utils.h"
-#include "common/philox.h"
+#include "common/philox_cpu.h"
 #include "optim/optim_args.h"
 
 namespace fused {
@@ -34,58 +35,20 @@ std::vector<Chunk> make_chunks(at::TensorList ts) {
   return chunks;
 }
 
-// ---- argument checks ----
-void check_flag(const char* op, const char* name, const at::Tensor& t) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
-              " must be a float32 tensor with one element on the CPU, got ", t.scalar_type(), " ", t.sizes(),
-              " on ", t.device());
+// Runs body(c, chunk) over every chunk of `ts`, chunks in parallel.
+template <typename F> void parallel_chunks(const std::vector<Chunk>& chunks, const F& body) {
+  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) body(c, chunks[c]);
+  });
 }
 
-void check_grads(const char* op, at::TensorList grads) {
-  for (const auto& g : grads) {
-    TORCH_CHECK(g.layout() == at::kStrided, "fused.", op, ": sparse gradients are not supported");
-    TORCH_CHECK(g.device().is_cpu(), "fused.", op, ": grads must all be on one device; got ", g.device(),
-                " in a CPU call");
-    check_floating(op, "grads", g);
-    TORCH_CHECK(g.is_non_overlapping_and_dense(), "fused.", op, ": grads must be dense (non-overlapping)");
-  }
-}
-
-void check_params(const char* op, at::TensorList params) {
-  for (const auto& p : params) {
-    TORCH_CHECK(p.device().is_cpu(), "fused.", op, ": params must all be on one device; got ", p.device(),
-                " in a CPU call");
-    check_floating(op, "params", p);
-    TORCH_CHECK(p.is_non_overlapping_and_dense(), "fused.", op, ": params must be dense (non-overlapping)");
-  }
-}
-
-void check_steps(const char* op, at::TensorList steps, size_t n) {
-  TORCH_CHECK(steps.size() == n, "fused.", op, ": steps has ", steps.size(), " tensors but params has ", n);
-  for (const auto& s : steps) check_flag(op, "steps", s);
-}
+const at::Device kCpu(at::kCPU);
 
 // 1 / grad_scale, the reciprocal taken in double as torch's GradScaler does.
 float inverse_scale(const std::optional<at::Tensor>& grad_scale, const char* op) {
   if (!grad_scale) return 1.f;
-  check_flag(op, "grad_scale", *grad_scale);
+  check_scalar(op, "grad_scale", *grad_scale, kCpu);
   return float(1.0 / double(grad_scale->item<float>()));
-}
-
-// 16-bit memory into float, vectorised (at::vec::convert widens 16-bit types one element at a time).
-template <typename scalar_t, typename T> inline void widen_block(const scalar_t* src, T* dst, int64_t n) {
-  if constexpr (std::is_same_v<T, float> && (std::is_same_v<scalar_t, at::BFloat16> || std::is_same_v<scalar_t, at::Half>)) {
-    using VL = Vec<scalar_t>;
-    int64_t i = 0;
-    for (; i + VL::size() <= n; i += VL::size()) {
-      auto [lo, hi] = at::vec::convert_to_float<scalar_t>(VL::loadu(src + i));
-      lo.store(dst + i);
-      hi.store(dst + i + Vec<float>::size());
-    }
-    for (; i < n; ++i) dst[i] = float(src[i]);
-  } else {
-    load_block(src, dst, n);
-  }
 }
 
 // ---- pass 1: sum of |g|^p with the finite check ----
@@ -150,8 +113,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
                                                              double norm_type, double max_norm, double clip_value,
                                                              bool finish) {
   const char* op = "grad_norm";
-  check_grads(op, grads);
-  if (found_inf) check_flag(op, "found_inf", *found_inf);
+  check_floating_list(op, "grads", grads, kCpu);
+  if (found_inf) check_scalar(op, "found_inf", *found_inf, kCpu);
   TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
   check_nonneg(op, "max_norm", max_norm);
   check_nonneg(op, "clip_value", clip_value);
@@ -161,24 +124,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
   const auto chunks = make_chunks(grads);
   std::vector<double> partial(chunks.size(), 0.0);
   std::vector<char> nonfinite(chunks.size(), 0);
-  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk& ch = chunks[c];
-      const at::Tensor& g = grads[ch.tensor];
-      bool nf = false;
-      FUSED_DISPATCH_FLOATING(g.scalar_type(), "grad_norm", [&] {
-        using T = at::opmath_type<scalar_t>;
-        const GradIn<T> in{T(inv), T(clip_value), !std::isinf(clip_value)};
-        const scalar_t* gp = g.const_data_ptr<scalar_t>() + ch.start;
-        switch (kind) {
-          case Norm::L2: partial[c] = norm_chunk<Norm::L2>(gp, ch.len, in, norm_type, nf); break;
-          case Norm::L1: partial[c] = norm_chunk<Norm::L1>(gp, ch.len, in, norm_type, nf); break;
-          case Norm::Inf: partial[c] = norm_chunk<Norm::Inf>(gp, ch.len, in, norm_type, nf); break;
-          case Norm::P: partial[c] = norm_chunk<Norm::P>(gp, ch.len, in, norm_type, nf); break;
-        }
-      });
-      nonfinite[c] = nf;
-    }
+  parallel_chunks(chunks, [&](int64_t c, const Chunk& ch) {
+    const at::Tensor& g = grads[ch.tensor];
+    bool nf = false;
+    FUSED_DISPATCH_FLOATING(g.scalar_type(), "grad_norm", [&] {
+      using T = at::opmath_type<scalar_t>;
+      const GradIn<T> in{T(inv), T(clip_value), !std::isinf(clip_value)};
+      const scalar_t* gp = g.const_data_ptr<scalar_t>() + ch.start;
+      switch (kind) {
+        case Norm::L2: partial[c] = norm_chunk<Norm::L2>(gp, ch.len, in, norm_type, nf); break;
+        case Norm::L1: partial[c] = norm_chunk<Norm::L1>(gp, ch.len, in, norm_type, nf); break;
+        case Norm::Inf: partial[c] = norm_chunk<Norm::Inf>(gp, ch.len, in, norm_type, nf); break;
+        case Norm::P: partial[c] = norm_chunk<Norm::P>(gp, ch.len, in, norm_type, nf); break;
+      }
+    });
+    nonfinite[c] = nf;
   });
   double acc = 0;
   bool any_nonfinite = false;
@@ -187,48 +147,68 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
     any_nonfinite |= nonfinite[c] != 0;
   }
   if (found_inf && found_inf->item<float>() != 0.f) any_nonfinite = true;
-  auto opts = at::TensorOptions().dtype(at::kFloat);
-  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, opts);
-  if (!finish) return {at::scalar_tensor(acc, opts), at::empty({0}, opts), found};
+  const auto f64 = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat));
+  if (!finish) return {at::scalar_tensor(acc, f64), at::empty({0}, f64), found};
   double norm = kind == Norm::L2 ? std::sqrt(acc) : kind == Norm::L1 || kind == Norm::Inf ? acc
                                                                                           : std::pow(acc, 1.0 / norm_type);
   // inf and NaN propagate into the norm (and a NaN norm into the coefficient) as in torch's clip_grad_norm_.
   const double coef = std::isinf(max_norm) ? 1.0 : std::isnan(norm) ? norm : std::min(1.0, max_norm / (norm + 1e-6));
-  return {at::scalar_tensor(norm, opts), at::scalar_tensor(coef, opts), found};
+  return {at::scalar_tensor(norm, at::TensorOptions().dtype(norm_dtype(grads))), at::scalar_tensor(coef, f64), found};
 }
 
 void scale_grads_cpu(at::TensorList grads, const at::Tensor& clip_coef) {
-  check_grads("scale_grads_", grads);
-  check_flag("scale_grads_", "clip_coef", clip_coef);
-  const float coef = clip_coef.item<float>();
-  const auto chunks = make_chunks(grads);
-  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk& ch = chunks[c];
-      FUSED_DISPATCH_FLOATING(grads[ch.tensor].scalar_type(), "scale_grads_", [&] {
-        using T = at::opmath_type<scalar_t>;
-        scalar_t* gp = grads[ch.tensor].data_ptr<scalar_t>() + ch.start;
-        T buf[kBlock];
-        for (int64_t i = 0; i < ch.len; i += kBlock) {
-          const int64_t len = std::min(kBlock, ch.len - i);
-          widen_block(gp + i, buf, len);
-          vec_map(buf, len, [&](auto v) { return v * decltype(v)(T(coef)); });
-          store_block(buf, gp + i, len);
-        }
-      });
-    }
+  const char* op = "scale_grads_";
+  check_floating_list(op, "grads", grads, kCpu);
+  check_scalar(op, "clip_coef", clip_coef, kCpu, at::kDouble);
+  const double coef = clip_coef.item<double>();
+  parallel_chunks(make_chunks(grads), [&](int64_t, const Chunk& ch) {
+    FUSED_DISPATCH_FLOATING(grads[ch.tensor].scalar_type(), "scale_grads_", [&] {
+      using T = at::opmath_type<scalar_t>;
+      scalar_t* gp = grads[ch.tensor].data_ptr<scalar_t>() + ch.start;
+      T buf[kBlock];
+      for (int64_t i = 0; i < ch.len; i += kBlock) {
+        const int64_t len = std::min(kBlock, ch.len - i);
+        widen_block(gp + i, buf, len);
+        vec_map(buf, len, [&](auto v) { return v * decltype(v)(T(coef)); });
+        store_block(buf, gp + i, len);
+      }
+    });
   });
 }
 
 // ---- pass 2: the updates ----
-// The gradient as the update sees it: unscaled, value-clipped, norm-clipped, negated under maximize.
+// What an update reads besides its lists: the inverse loss scale, the clip coefficient, and whether the
+// gradient is written back (write_grads, and only where the step changes it: a loss scale, value or norm
+// clipping). None when found_inf is set: the step is skipped whole.
+struct UpdateScalars {
+  float inv;
+  double coef, clip_value;
+  bool write_back;
+};
+std::optional<UpdateScalars> update_scalars(const char* op, const at::Tensor& clip_coef,
+                                            const std::optional<at::Tensor>& grad_scale, const at::Tensor& found_inf,
+                                            double clip_value, bool write_grads) {
+  check_nonneg(op, "clip_value", clip_value);
+  check_scalar(op, "clip_coef", clip_coef, kCpu, at::kDouble);
+  check_scalar(op, "found_inf", found_inf, kCpu);
+  const float inv = inverse_scale(grad_scale, op);
+  if (found_inf.item<float>() != 0.f) return std::nullopt;
+  const double coef = clip_coef.item<double>();
+  return UpdateScalars{inv, coef, clip_value, write_grads && (inv != 1.f || !std::isinf(clip_value) || coef != 1.0)};
+}
+
+// The gradient as the update sees it: clipped() is unscaled, value-clipped and norm-clipped (what write_grads
+// stores back into .grad, as torch's recipe unscale_ + clip_grad_value_ + clip_grad_norm_ leaves it); signed_()
+// then negates it under maximize.
 template <typename T> struct GradTransform {
   GradIn<T> in;
   T coef;
   bool maximize;
-  inline Vec<T> operator()(Vec<T> g) const {
-    g = in(g) * Vec<T>(coef);
-    return maximize ? Vec<T>(0) - g : g;
+  inline Vec<T> clipped(Vec<T> g) const { return in(g) * Vec<T>(coef); }
+  inline Vec<T> signed_(Vec<T> g) const { return maximize ? Vec<T>(0) - g : g; }
+  static GradTransform of(const UpdateScalars& s, bool maximize) {
+    return {{T(s.inv), T(s.clip_value), !std::isinf(s.clip_value)}, T(s.coef), maximize};
   }
 };
 
@@ -246,11 +226,6 @@ template <typename T> inline void st(Vec<T> v, T* p, int64_t cnt) {
   else v.store(p, cnt);
 }
 
-bool skipped(const at::Tensor& found_inf, const char* op) {
-  check_flag(op, "found_inf", found_inf);
-  return found_inf.item<float>() != 0.f;
-}
-
 // Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
 // a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Element i of tensor t
 // uses Philox4x32-10 word i % 4 of counter i / 4 under key seed + t * golden (csrc/common/philox.h), top 16 bits.
@@ -259,68 +234,6 @@ struct Rounding {
   uint64_t key = 0;  // this tensor's Philox key
 };
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
-
-// Philox4x32-10 (csrc/common/philox.h) of 64 consecutive counters at once; words[4 * l + k] is word k of counter
-// counter0 + l. With AVX-512 one counter per 32-bit lane; elsewhere one at a time.
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-// (hi, lo) 32-bit halves of the 32x32-bit products a * m in every lane.
-inline void mulhilo16(__m512i a, __m512i m, __m512i& hi, __m512i& lo) {
-  const __m512i even = _mm512_mul_epu32(a, m);  // lanes 0, 2, ...: 64-bit products
-  const __m512i odd = _mm512_mul_epu32(_mm512_srli_epi64(a, 32), _mm512_srli_epi64(m, 32));
-  hi = _mm512_mask_blend_epi32(0xAAAA, _mm512_srli_epi64(even, 32), odd);
-  lo = _mm512_mullo_epi32(a, m);
-}
-
-// 64 counters: four independent 16-lane states, so the multiplies of one round overlap.
-inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
-  constexpr int G = 4;
-  alignas(64) uint32_t lo32[16 * G], hi32[16 * G];
-  for (int l = 0; l < 16 * G; ++l) {
-    const uint64_t c = counter0 + uint64_t(l);
-    lo32[l] = uint32_t(c);
-    hi32[l] = uint32_t(c >> 32);
-  }
-  __m512i c0[G], c1[G], c2[G], c3[G];
-  for (int g = 0; g < G; ++g) {
-    c0[g] = _mm512_load_si512(lo32 + 16 * g);
-    c1[g] = _mm512_load_si512(hi32 + 16 * g);
-    c2[g] = c3[g] = _mm512_setzero_si512();
-  }
-  const __m512i m0 = _mm512_set1_epi32(int(0xD2511F53u)), m1 = _mm512_set1_epi32(int(0xCD9E8D57u));
-  uint32_t k0 = uint32_t(key), k1 = uint32_t(key >> 32);
-  for (int r = 0; r < 10; ++r) {
-    const __m512i vk0 = _mm512_set1_epi32(int(k0)), vk1 = _mm512_set1_epi32(int(k1));
-    for (int g = 0; g < G; ++g) {
-      __m512i hi0, lo0, hi1, lo1;
-      mulhilo16(c0[g], m0, hi0, lo0);  // D2511F53 * c0
-      mulhilo16(c2[g], m1, hi1, lo1);  // CD9E8D57 * c2
-      c0[g] = _mm512_xor_si512(_mm512_xor_si512(hi1, c1[g]), vk0);
-      c2[g] = _mm512_xor_si512(_mm512_xor_si512(hi0, c3[g]), vk1);
-      c1[g] = lo1;
-      c3[g] = lo0;
-    }
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  // words in element order: element 4 * l + k takes word k of counter l
-  for (int g = 0; g < G; ++g) {
-    alignas(64) uint32_t w[4][16];
-    _mm512_store_si512(w[0], c0[g]);
-    _mm512_store_si512(w[1], c1[g]);
-    _mm512_store_si512(w[2], c2[g]);
-    _mm512_store_si512(w[3], c3[g]);
-    for (int l = 0; l < 16; ++l)
-      for (int k = 0; k < 4; ++k) words[64 * g + 4 * l + k] = w[k][l];
-  }
-}
-#else
-inline void philox64(uint64_t counter0, uint64_t key, uint32_t words[256]) {
-  for (int l = 0; l < 64; ++l) {
-    const Philox4 w = philox4x32_10(counter0 + uint64_t(l), key);
-    for (int k = 0; k < 4; ++k) words[4 * l + k] = w.v[k];
-  }
-}
-#endif
 
 // index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
@@ -382,7 +295,7 @@ void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<b
         const at::Tensor* t = lists[k];
         if (!t) b[k] = nullptr;
         else if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
-          b[k] = const_cast<T*>(t->template const_data_ptr<T>()) + off;
+          b[k] = (writes[k] ? t->template data_ptr<T>() : const_cast<T*>(t->template const_data_ptr<T>())) + off;
         else {
           load_any(*t, off, buf[k], len);
           b[k] = buf[k];
@@ -398,127 +311,67 @@ void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<b
   else run(float{});
 }
 
-// Memory the update may take for params[i] of a 16-bit dtype: grads and state alike, or float32 (accumulated
-// gradients, fp32 moments); for float32/float64 params everything alike. Same shape and strides throughout.
-void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, bool fp32_ok) {
-  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
-              params.size());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    TORCH_CHECK(ts[i].layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
-    TORCH_CHECK(ts[i].device() == params[i].device(), "fused.", op, ": ", name, " is on ", ts[i].device(),
-                " but params is on ", params[i].device());
-    const bool low = params[i].scalar_type() == at::kHalf || params[i].scalar_type() == at::kBFloat16;
-    TORCH_CHECK(ts[i].scalar_type() == params[i].scalar_type() ||
-                    (fp32_ok && low && ts[i].scalar_type() == at::kFloat),
-                "fused.", op, ": ", name, "[", i, "] has dtype ", ts[i].scalar_type(), " but params[", i, "] has ",
-                params[i].scalar_type(), fp32_ok ? " (float32 is allowed only with 16-bit params)" : "");
-    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
-                name, "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
-                params[i].sizes());
-  }
-}
-
-// Master weights: params (and state) are the fp32 masters, model_params the 16-bit parameters; the gradients
-// come in the model's dtype or in float32 (accumulated).
-void check_update_lists(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model) {
-  if (model.empty()) {
-    check_list(op, "grads", grads, params, true);
-    return;
-  }
-  for (size_t i = 0; i < params.size(); ++i)
-    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
-                "weights) must be float32, got ", params[i].scalar_type());
-  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
-              " tensors but params has ", params.size());
-  for (size_t i = 0; i < params.size(); ++i)
-    TORCH_CHECK(model[i].device() == params[i].device() && model[i].sizes() == params[i].sizes() &&
-                    model[i].strides() == params[i].strides(),
-                "fused.", op, ": model_params[", i, "] must have the device, shape and strides of params[", i, "]");
-  check_list(op, "grads", grads, model, true);
-}
-
 // The per-tensor rounding of the parameter: stochastic for bf16 params when a seed is given.
-Rounding rounding_for(const std::optional<at::Tensor>& sr_seed, int64_t tensor) {
-  if (!sr_seed) return {};
-  return {true, uint64_t(sr_seed->item<int64_t>()) + uint64_t(tensor) * kTensorKeyStep};
+Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor) {
+  if (!seed) return {};
+  return {true, *seed + uint64_t(tensor) * kTensorKeyStep};
 }
 
-void check_seed(const char* op, const std::optional<at::Tensor>& sr_seed) {
-  if (sr_seed)
-    TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.",
-                op, ": sr_seed must be an int64 tensor with one element on the CPU");
-}
-
-// Per-tensor hyperparameters: row i of `hyper` (float64 [n, H] on the CPU; every param group in one call) where
-// given, else the scalar arguments for every tensor.
-template <size_t H>
-std::vector<std::array<double, H>> per_tensor(const char* op, const std::optional<at::Tensor>& hyper, size_t n,
-                                              const std::array<double, H>& scalars) {
-  std::vector<std::array<double, H>> out(n, scalars);
-  if (!hyper) return out;
-  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
-                  hyper->size(0) == int64_t(n) && hyper->size(1) == int64_t(H),
-              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", H, "], got ",
-              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
-  const auto rows = hyper->contiguous();
-  const double* h = rows.const_data_ptr<double>();
-  for (size_t i = 0; i < n; ++i) std::copy(h + i * H, h + (i + 1) * H, out[i].begin());
-  return out;
+// The checks the SGD and Adam kernels share: parameters, gradients (with master weights, alongside the model
+// params) and the seed.
+std::optional<uint64_t> check_update(const char* op, at::TensorList params, at::TensorList grads,
+                                     at::TensorList model_params, const std::optional<at::Tensor>& sr_seed) {
+  check_floating_list(op, "params", params, kCpu);
+  check_update_lists(op, params, grads, model_params);
+  return seed_value(op, sr_seed);
 }
 
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                   const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                   const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                  bool write_grads) {
   const char* op = "sgd_step_";
-  check_params(op, params);
-  check_grads(op, grads);
-  check_update_lists(op, params, grads, model_params);
-  check_seed(op, sr_seed);
-  check_nonneg(op, "clip_value", clip_value);
+  const auto seed = check_update(op, params, grads, model_params, sr_seed);
   const bool use_momentum = momentum != 0;
   // (lr, momentum, dampening, weight_decay) per tensor
-  const auto hp = per_tensor<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
-  for (const auto& h : hp) check_sgd_hyper(op, h[0], h[1], h[2], h[3], nesterov, use_momentum);
+  const auto hp = hyper_rows<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
+  for (const auto& h : hp) check_sgd_hyper(op, h, nesterov, use_momentum);
   if (use_momentum) {
-    check_list(op, "momentum_buffers", bufs, params, true);
-    check_steps(op, steps, params.size());
+    check_list(op, "momentum_buffers", bufs, params);
+    check_steps(op, steps, params.size(), kCpu);
   }
-  check_flag(op, "clip_coef", clip_coef);
-  const float inv = inverse_scale(grad_scale, op);
-  if (skipped(found_inf, op)) return;
-  const float coef = clip_coef.item<float>();
+  const auto s = update_scalars(op, clip_coef, grad_scale, found_inf, clip_value, write_grads);
+  if (!s) return;
   std::vector<char> first(params.size(), 0);
   if (use_momentum)
     for (size_t i = 0; i < params.size(); ++i) first[i] = *steps[i].const_data_ptr<float>() == 0.f;
 
-  const auto chunks = make_chunks(params);
-  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk& ch = chunks[c];
-      const int64_t t = ch.tensor;
-      const bool is_first = first[t];
-      const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
-      run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, false, true},
-                   model_params.empty() ? nullptr : &model_params[t], rounding_for(sr_seed, t), ch,
-                   [&](auto b, int64_t len) {
-        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-        using V = Vec<T>;
-        const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
-        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-          V p = ld(b[0] + i, cnt);
-          V d = tr(ld(b[1] + i, cnt));
-          if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
-          if (use_momentum) {
-            V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-            st(buf, b[2] + i, cnt);
-            d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
-          }
-          st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
-        });
+  parallel_chunks(make_chunks(params), [&](int64_t, const Chunk& ch) {
+    const int64_t t = ch.tensor;
+    const bool is_first = first[t];
+    const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
+    run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, s->write_back, true},
+                 model_params.empty() ? nullptr : &model_params[t], rounding_for(seed, t), ch,
+                 [&](auto b, int64_t len) {
+      using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+      using V = Vec<T>;
+      const auto tr = GradTransform<T>::of(*s, maximize);
+      for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+        V p = ld(b[0] + i, cnt);
+        V d = tr.clipped(ld(b[1] + i, cnt));
+        if (s->write_back) st(d, b[1] + i, cnt);
+        d = tr.signed_(d);
+        if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+        if (use_momentum) {
+          V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+          st(buf, b[2] + i, cnt);
+          d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+        }
+        st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
       });
-    }
+    });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
@@ -528,24 +381,19 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                   bool write_grads) {
   const char* op = "adam_step_";
-  check_params(op, params);
-  check_grads(op, grads);
-  check_update_lists(op, params, grads, model_params);
-  check_seed(op, sr_seed);
-  check_list(op, "exp_avgs", exp_avgs, params, true);
-  check_list(op, "exp_avg_sqs", exp_avg_sqs, params, true);
-  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, true);
-  check_steps(op, steps, params.size());
-  check_nonneg(op, "clip_value", clip_value);
+  const auto seed = check_update(op, params, grads, model_params, sr_seed);
+  check_list(op, "exp_avgs", exp_avgs, params);
+  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
+  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
+  check_steps(op, steps, params.size(), kCpu);
   // (lr, beta1, beta2, eps, weight_decay) per tensor
-  const auto hp = per_tensor<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
-  for (const auto& h : hp) check_adam_hyper(op, h[0], h[1], h[2], h[3], h[4]);
-  check_flag(op, "clip_coef", clip_coef);
-  const float inv = inverse_scale(grad_scale, op);
-  if (skipped(found_inf, op)) return;
-  const float coef = clip_coef.item<float>();
+  const auto hp = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
+  for (const auto& h : hp) check_adam_hyper(op, h);
+  const auto s = update_scalars(op, clip_coef, grad_scale, found_inf, clip_value, write_grads);
+  if (!s) return;
   // Per tensor, from its step count after this step (bias corrections in double, as torch does).
   std::vector<double> step_size(params.size()), bc2_sqrt(params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -554,70 +402,53 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     bc2_sqrt[i] = std::sqrt(1 - std::pow(hp[i][2], step));
   }
 
-  const auto chunks = make_chunks(params);
-  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk& ch = chunks[c];
-      const int64_t t = ch.tensor;
-      const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
-      run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
-                   {true, false, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
-                   rounding_for(sr_seed, t), ch, [&](auto b, int64_t len) {
-        using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-        using V = Vec<T>;
-        const GradTransform<T> tr{{T(inv), T(clip_value), !std::isinf(clip_value)}, T(coef), maximize};
-        const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
-        const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
-        const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
-        for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-          V p = ld(b[0] + i, cnt);
-          V g = tr(ld(b[1] + i, cnt));
-          if (weight_decay != 0) {
-            if (decoupled) p = p * decay;
-            else g = at::vec::fmadd(p, vwd, g);
-          }
-          V m = ld(b[2] + i, cnt);
-          m = at::vec::fmadd(g - m, b1c, m);
-          V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
-          st(m, b[2] + i, cnt);
-          st(v, b[3] + i, cnt);
-          if (amsgrad) {
-            v = at::vec::maximum(ld(b[4] + i, cnt), v);
-            st(v, b[4] + i, cnt);
-          }
-          const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
-          st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
-        });
+  parallel_chunks(make_chunks(params), [&](int64_t, const Chunk& ch) {
+    const int64_t t = ch.tensor;
+    const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
+    run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
+                 {true, s->write_back, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
+                 rounding_for(seed, t), ch, [&](auto b, int64_t len) {
+      using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+      using V = Vec<T>;
+      const auto tr = GradTransform<T>::of(*s, maximize);
+      const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
+      const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
+      const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
+      for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+        V p = ld(b[0] + i, cnt);
+        V g = tr.clipped(ld(b[1] + i, cnt));
+        if (s->write_back) st(g, b[1] + i, cnt);
+        g = tr.signed_(g);
+        if (weight_decay != 0) {
+          if (decoupled) p = p * decay;
+          else g = at::vec::fmadd(p, vwd, g);
+        }
+        V m = ld(b[2] + i, cnt);
+        m = at::vec::fmadd(g - m, b1c, m);
+        V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
+        st(m, b[2] + i, cnt);
+        st(v, b[3] + i, cnt);
+        if (amsgrad) {
+          v = at::vec::maximum(ld(b[4] + i, cnt), v);
+          st(v, b[4] + i, cnt);
+        }
+        const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
+        st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
       });
-    }
+    });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
 // accs += grads (accs = grads when overwrite): the fp32 accumulation of 16-bit micro-batch gradients.
 void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwrite) {
-  const char* op = "accumulate_grads_";
-  check_grads(op, grads);
-  TORCH_CHECK(accs.size() == grads.size(), "fused.", op, ": accs has ", accs.size(), " tensors but grads has ",
-              grads.size());
-  for (size_t i = 0; i < accs.size(); ++i) {
-    const auto want = grads[i].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    TORCH_CHECK(accs[i].scalar_type() == want, "fused.", op, ": accs[", i, "] must be ", want, " for ",
-                grads[i].scalar_type(), " grads, got ", accs[i].scalar_type());
-    TORCH_CHECK(accs[i].device().is_cpu() && accs[i].sizes() == grads[i].sizes() &&
-                    accs[i].strides() == grads[i].strides(),
-                "fused.", op, ": accs[", i, "] must have the device, shape and strides of grads[", i, "]");
-  }
-  const auto chunks = make_chunks(accs);
-  at::parallel_for(0, chunks.size(), 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const Chunk& ch = chunks[c];
-      run_chunk<2>({&accs[ch.tensor], &grads[ch.tensor]}, {true, false}, nullptr, Rounding{}, ch,
-                   [&](auto b, int64_t len) {
-        if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-        else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
-      });
-    }
+  check_accumulate("accumulate_grads_", accs, grads, kCpu);
+  parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
+    run_chunk<2>({&accs[ch.tensor], &grads[ch.tensor]}, {true, false}, nullptr, Rounding{}, ch,
+                 [&](auto b, int64_t len) {
+      if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+      else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+    });
   });
 }
 

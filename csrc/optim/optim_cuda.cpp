@@ -16,16 +16,13 @@
 #include <unordered_map>
 
 #include "common/checks.h"
+#include "common/cuda_binding.h"
 #include "optim/optim_kernels.h"
 #include "optim/optim_args.h"
 
 namespace fused {
 namespace {
 namespace oc = optim_cuda;
-
-void check_launch(cudaError_t e, const char* op) {
-  TORCH_CHECK(e == cudaSuccess, "fused.", op, ": CUDA error: ", cudaGetErrorString(e));
-}
 
 int num_sms(c10::DeviceIndex device) {
   static std::mutex mu;
@@ -34,7 +31,7 @@ int num_sms(c10::DeviceIndex device) {
   auto it = cache.find(device);
   if (it == cache.end()) {
     int n = 0;
-    check_launch(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "optim");
+    check_launch("optim", cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
     it = cache.emplace(device, n).first;
   }
   return it->second;
@@ -71,38 +68,12 @@ struct CachedLists {
   bool pinned = false;  // read by a captured CUDA graph: never freed
 };
 
-bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
-
-// The kernels' dtype code of tensor i of an update: the parameter's dtype (the model parameter's with master
-// weights: list 0 is then the fp32 master) with the flags for fp32 state and fp32 (accumulated) gradients.
-uint8_t update_code(const char* op, const at::Tensor& param, const at::Tensor& grad, const at::Tensor* state,
-                    const at::Tensor* model) {
-  const at::Tensor& low = model ? *model : param;
-  uint8_t d = dtype_code(op, low);
-  if (model) d |= oc::kMaster;
-  else if (state && is_16bit(param) && state->scalar_type() == at::kFloat) d |= oc::kF32State;
-  if (is_16bit(low) && grad.scalar_type() == at::kFloat) d |= oc::kF32Grad;
-  return d;
-}
-
-// Per-tensor hyperparameters (float64 CPU [n, width], several param groups in one call) as float32 rows for the
-// metadata; empty when not given (the kernel takes the scalar arguments).
-std::vector<float> hyper_rows(const char* op, const std::optional<at::Tensor>& hyper, size_t n, int width) {
-  if (!hyper) return {};
-  TORCH_CHECK(hyper->device().is_cpu() && hyper->scalar_type() == at::kDouble && hyper->dim() == 2 &&
-                  hyper->size(0) == int64_t(n) && hyper->size(1) == width,
-              "fused.", op, ": hyper must be a float64 CPU tensor of shape [", n, ", ", width, "], got ",
-              hyper->scalar_type(), " ", hyper->sizes(), " on ", hyper->device());
-  const auto rows = hyper->contiguous().to(at::kFloat);
-  return std::vector<float>(rows.const_data_ptr<float>(), rows.const_data_ptr<float>() + rows.numel());
-}
-
 // The device-resident description of `lists` (K lists of n tensors each), `steps` (n or none) and per-tensor
-// hyperparameter rows (hyper: n * hyper_width floats, or empty). codes: the dtype code of each tensor (default:
+// hyperparameter rows (hyper: n * hyper_width doubles, or empty). codes: the dtype code of each tensor (default:
 // list 0's dtype); kAligned is added here.
 oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& lists, at::TensorList steps,
                              const at::Device& device, cudaStream_t stream, const std::vector<uint8_t>& codes = {},
-                             const std::vector<float>& hyper = {}, int hyper_width = 0) {
+                             const std::vector<double>& hyper = {}, int hyper_width = 0) {
   if (hyper.empty()) hyper_width = 0;
   const size_t n = lists[0].size();
   std::vector<int64_t> key{device.index(), int64_t(lists.size()), int64_t(steps.size())};
@@ -128,8 +99,8 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
     key.push_back(reinterpret_cast<int64_t>(step_ptrs.back()));
   }
   key.push_back(hyper_width);
-  for (float h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
-    int32_t bits;
+  for (double h : hyper) {  // a learning-rate schedule makes a new entry per step: one small copy, no sync
+    int64_t bits;
     std::memcpy(&bits, &h, sizeof bits);
     key.push_back(bits);
   }
@@ -138,7 +109,7 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   static std::list<CachedLists> cache;  // most recent first
   constexpr size_t kCacheSize = 32;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  check_launch(cudaStreamIsCapturing(stream, &capture), op);
+  check_launch(op, cudaStreamIsCapturing(stream, &capture));
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = cache.begin(); it != cache.end(); ++it) {
     if (it->key == key) {
@@ -168,63 +139,52 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
   return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
 }
 
-// ---- checks: every tensor on `device`, dense; state shaped and strided like params ----
-void check_on(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.device() == device, "fused.", op, ": all tensors of one call must be on one device; ", name,
-              " is on ", t.device(), ", not ", device);
-  TORCH_CHECK(t.layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
-  TORCH_CHECK(t.is_non_overlapping_and_dense(), "fused.", op, ": ", name, " must be dense (non-overlapping)");
-}
-void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
-  TORCH_CHECK(t.device() == device && t.scalar_type() == at::kFloat && t.numel() == 1, "fused.", op, ": ", name,
-              " must be a float32 tensor with one element on ", device, ", got ", t.scalar_type(), " ", t.sizes(),
-              " on ", t.device());
-}
+// ---- checks (optim_args.h) and the kernels' view of the arguments ----
 const float* optional_ptr(const char* op, const char* name, const std::optional<at::Tensor>& t,
                           const at::Device& device) {
   if (!t) return nullptr;
   check_scalar(op, name, *t, device);
   return t->const_data_ptr<float>();
 }
-// fp32_ok: float32 tensors are accepted for 16-bit params (fp32 state, accumulated gradients), as on the CPU.
-void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params, const at::Device& d,
-                bool fp32_ok = true) {
-  TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
-              params.size());
-  for (size_t i = 0; i < ts.size(); ++i) {
-    check_on(op, name, ts[i], d);
-    if (!(fp32_ok && is_16bit(params[i]) && ts[i].scalar_type() == at::kFloat))
-      check_like(op, name, ts[i], "params", params[i]);
-    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
-                name, "[", i, "] must have the shape and strides of params[", i, "]");
-  }
-}
-// Master weights: params (the masters) float32; grads and model_params alike, shaped and strided like params.
-void check_master(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
-                  const at::Device& d) {
-  TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
-              " tensors but params has ", params.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    TORCH_CHECK(params[i].scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master "
-                "weights) must be float32, got ", params[i].scalar_type());
-    check_on(op, "model_params", model[i], d);
-    TORCH_CHECK(model[i].sizes() == params[i].sizes() && model[i].strides() == params[i].strides(), "fused.", op,
-                ": model_params[", i, "] must have the shape and strides of params[", i, "]");
-  }
-  check_list(op, "grads", grads, model, d);
-}
-void check_grads_for(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
-                     const at::Device& d) {
-  if (model.empty()) check_list(op, "grads", grads, params, d);
-  else check_master(op, params, grads, model, d);
+
+// The checks the SGD and Adam bindings share; returns the call's device (its first parameter's).
+at::Device check_update(const char* op, at::TensorList params, at::TensorList grads, at::TensorList model,
+                        const at::Tensor& clip_coef, const at::Tensor& found_inf, double clip_value) {
+  const at::Device device = params[0].device();
+  check_floating_list(op, "params", params, device);
+  check_update_lists(op, params, grads, model);
+  check_nonneg(op, "clip_value", clip_value);
+  check_scalar(op, "clip_coef", clip_coef, device, at::kDouble);
+  check_scalar(op, "found_inf", found_inf, device);
+  return device;
 }
 
-// The stochastic-rounding seed: an int64 CPU scalar, read on the host (no device sync).
-uint64_t seed_value(const char* op, const std::optional<at::Tensor>& sr_seed) {
-  if (!sr_seed) return 0;
-  TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.",
-              op, ": sr_seed must be an int64 tensor with one element on the CPU");
-  return uint64_t(sr_seed->item<int64_t>());
+// The kernels' dtype code of every tensor of an update: the parameter's dtype (the model parameter's with master
+// weights: list 0 is then the fp32 master) with the flags for fp32 state (state: the first state list, or none)
+// and fp32 (accumulated) gradients.
+std::vector<uint8_t> update_codes(const char* op, at::TensorList params, at::TensorList grads, at::TensorList state,
+                                  at::TensorList model) {
+  std::vector<uint8_t> codes;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& low = model.empty() ? params[i] : model[i];
+    uint8_t d = dtype_code(op, low);
+    if (!model.empty()) d |= oc::kMaster;
+    else if (!state.empty() && is_16bit(params[i]) && state[i].scalar_type() == at::kFloat) d |= oc::kF32State;
+    if (is_16bit(low) && grads[i].scalar_type() == at::kFloat) d |= oc::kF32Grad;
+    codes.push_back(d);
+  }
+  return codes;
+}
+
+// The per-tensor hyperparameter rows for the metadata: only where `hyper` was given (else the kernel takes the
+// scalar arguments).
+template <size_t H>
+std::vector<double> metadata_rows(const std::optional<at::Tensor>& hyper,
+                                  const std::vector<std::array<double, H>>& rows) {
+  std::vector<double> flat;
+  if (hyper)
+    for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  return flat;
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList grads,
@@ -234,10 +194,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
                                                               bool finish) {
   const char* op = "grad_norm";
   const at::Device device = !grads.empty() ? grads[0].device() : found_inf ? found_inf->device() : grad_scale->device();
-  for (const auto& g : grads) {
-    check_on(op, "grads", g, device);
-    check_floating(op, "grads", g);
-  }
+  check_floating_list(op, "grads", grads, device);
   TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
   check_nonneg(op, "max_norm", max_norm);
   check_nonneg(op, "clip_value", clip_value);
@@ -245,16 +202,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const float* found_in = optional_ptr(op, "found_inf", found_inf, device);
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
-  auto opts = at::TensorOptions().dtype(at::kFloat).device(device);
-  at::Tensor norm = at::empty({}, opts), coef = at::empty(finish ? at::IntArrayRef{} : at::IntArrayRef{0}, opts);
-  at::Tensor found = at::empty({}, opts);
+  auto f64 = at::TensorOptions().dtype(at::kDouble).device(device);
+  at::Tensor norm = at::empty({}, finish ? f64.dtype(norm_dtype(grads)) : f64);
+  at::Tensor coef = at::empty(finish ? at::IntArrayRef{} : at::IntArrayRef{0}, f64);
+  at::Tensor found = at::empty({}, f64.dtype(at::kFloat));
+  bool fp64 = false;
+  for (const auto& g : grads) fp64 |= g.scalar_type() == at::kDouble;
   const oc::Norm kind = norm_type == 2 ? oc::Norm::L2 : norm_type == 1 ? oc::Norm::L1
                         : std::isinf(norm_type) ? oc::Norm::Inf : oc::Norm::P;
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, float(norm_type), float(max_norm),
-                                    float(clip_value), finish, norm.data_ptr<float>(),
-                                    finish ? coef.data_ptr<float>() : nullptr, found.data_ptr<float>(),
-                                    num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, norm_type, max_norm, clip_value,
+                                    fp64, finish, norm.data_ptr(), dtype_code(op, norm),
+                                    finish ? coef.data_ptr<double>() : nullptr, found.data_ptr<float>(),
+                                    num_sms(device.index()), stream));
   return {norm, coef, found};
 }
 
@@ -262,60 +222,44 @@ void scale_grads_cuda(at::TensorList grads, const at::Tensor& clip_coef) {
   const char* op = "scale_grads_";
   if (grads.empty()) return;
   const at::Device device = grads[0].device();
-  for (const auto& g : grads) check_on(op, "grads", g, device);
-  check_scalar(op, "clip_coef", clip_coef, device);
+  check_floating_list(op, "grads", grads, device);
+  check_scalar(op, "clip_coef", clip_coef, device, at::kDouble);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(oc::launch_scale_grads(lists, clip_coef.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_scale_grads(lists, clip_coef.const_data_ptr<double>(), num_sms(device.index()), stream));
 }
 
 void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                   bool write_grads) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
-  const at::Device device = params[0].device();
-  for (const auto& p : params) {
-    check_on(op, "params", p, device);
-    check_floating(op, "params", p);
-  }
-  check_grads_for(op, params, grads, model_params, device);
+  const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
   const bool use_momentum = momentum != 0;
   if (use_momentum) {
-    check_list(op, "momentum_buffers", bufs, params, device);
-    TORCH_CHECK(steps.size() == params.size(), "fused.", op, ": steps has ", steps.size(), " tensors but params has ",
-                params.size());
-    for (const auto& s : steps) check_scalar(op, "steps", s, device);
+    check_list(op, "momentum_buffers", bufs, params);
+    check_steps(op, steps, params.size(), device);
   }
-  check_nonneg(op, "lr", lr);
-  check_nonneg(op, "momentum", momentum);
-  check_nonneg(op, "weight_decay", weight_decay);
-  check_nonneg(op, "clip_value", clip_value);
-  TORCH_CHECK(!nesterov || (momentum > 0 && dampening == 0), "fused.", op,
-              ": nesterov needs momentum > 0 and dampening == 0");
-  check_scalar(op, "clip_coef", clip_coef, device);
-  check_scalar(op, "found_inf", found_inf, device);
+  const auto rows = hyper_rows<4>(op, hyper, params.size(), {lr, momentum, dampening, weight_decay});
+  for (const auto& h : rows) check_sgd_hyper(op, h, nesterov, use_momentum);
+  const auto seed = seed_value(op, sr_seed);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
   std::vector<at::TensorList> lists{params, grads};
   if (use_momentum) lists.push_back(bufs);
   if (!model_params.empty()) lists.push_back(model_params);
-  std::vector<uint8_t> codes;
-  for (size_t i = 0; i < params.size(); ++i)
-    codes.push_back(update_code(op, params[i], grads[i], use_momentum ? &bufs[i] : nullptr,
-                                model_params.empty() ? nullptr : &model_params[i]));
-  const auto rows = hyper_rows(op, hyper, params.size(), 4);
-  for (size_t i = 0; i < rows.size(); i += 4)
-    check_sgd_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], nesterov, use_momentum);
-  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes, rows, 4);
-  const oc::SgdArgs args{float(lr), float(momentum), float(dampening), float(weight_decay), float(clip_value),
-                         nesterov, maximize, use_momentum, sr_seed.has_value(), seed_value(op, sr_seed)};
-  check_launch(oc::launch_sgd_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
-                                   found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  const auto codes = update_codes(op, params, grads, use_momentum ? bufs : at::TensorList{}, model_params);
+  const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes,
+                               metadata_rows(hyper, rows), 4);
+  const oc::SgdArgs args{lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize, use_momentum,
+                         seed.has_value(), seed.value_or(0), write_grads};
+  const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
+  check_launch(op, oc::launch_sgd_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }
 
 void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
@@ -323,76 +267,49 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                     const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper) {
+                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
+                    bool write_grads) {
   const char* op = "adam_step_";
   if (params.empty()) return;
-  const at::Device device = params[0].device();
-  for (const auto& p : params) {
-    check_on(op, "params", p, device);
-    check_floating(op, "params", p);
-  }
-  check_grads_for(op, params, grads, model_params, device);
-  check_list(op, "exp_avgs", exp_avgs, params, device);
-  check_list(op, "exp_avg_sqs", exp_avg_sqs, params, device);
-  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, device);
+  const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
+  check_list(op, "exp_avgs", exp_avgs, params);
+  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
+  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
   for (size_t i = 0; i < params.size(); ++i) {  // the kernel reads every state tensor of a param as one type
     const bool same = exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type() &&
                       (!amsgrad || max_exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type());
     TORCH_CHECK(same, "fused.", op, ": exp_avgs[", i, "], exp_avg_sqs[", i, "]", amsgrad ? " and max_exp_avg_sqs[" : "",
                 amsgrad ? std::to_string(i) + "]" : std::string(), " must have one dtype");
   }
-  TORCH_CHECK(steps.size() == params.size(), "fused.", op, ": steps has ", steps.size(), " tensors but params has ",
-              params.size());
-  for (const auto& s : steps) check_scalar(op, "steps", s, device);
-  check_nonneg(op, "lr", lr);
-  check_nonneg(op, "eps", eps);
-  check_nonneg(op, "weight_decay", weight_decay);
-  check_nonneg(op, "clip_value", clip_value);
-  TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, "fused.", op, ": betas must be in [0, 1), got (",
-              beta1, ", ", beta2, ")");
-  check_scalar(op, "clip_coef", clip_coef, device);
-  check_scalar(op, "found_inf", found_inf, device);
+  check_steps(op, steps, params.size(), device);
+  const auto rows = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
+  for (const auto& h : rows) check_adam_hyper(op, h);
+  const auto seed = seed_value(op, sr_seed);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
   std::vector<at::TensorList> lists{params, grads, exp_avgs, exp_avg_sqs};
   if (amsgrad) lists.push_back(max_exp_avg_sqs);
   if (!model_params.empty()) lists.push_back(model_params);
-  std::vector<uint8_t> codes;
-  for (size_t i = 0; i < params.size(); ++i)
-    codes.push_back(update_code(op, params[i], grads[i], &exp_avgs[i],
-                                model_params.empty() ? nullptr : &model_params[i]));
-  const auto rows = hyper_rows(op, hyper, params.size(), 5);
-  for (size_t i = 0; i < rows.size(); i += 5)
-    check_adam_hyper(op, rows[i], rows[i + 1], rows[i + 2], rows[i + 3], rows[i + 4]);
-  const auto dl = device_lists(op, lists, steps, device, stream, codes, rows, 5);
-  const oc::AdamArgs args{float(lr), float(beta1), float(beta2), float(eps), float(weight_decay), float(clip_value),
-                          amsgrad, decoupled, maximize, sr_seed.has_value(), seed_value(op, sr_seed)};
-  check_launch(oc::launch_adam_step(dl, workspace(device), args, clip_coef.const_data_ptr<float>(), scale,
-                                    found_inf.const_data_ptr<float>(), num_sms(device.index()), stream), op);
+  const auto codes = update_codes(op, params, grads, exp_avgs, model_params);
+  const auto dl = device_lists(op, lists, steps, device, stream, codes, metadata_rows(hyper, rows), 5);
+  const oc::AdamArgs args{lr, beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize,
+                          seed.has_value(), seed.value_or(0), write_grads};
+  const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
+  check_launch(op, oc::launch_adam_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }
 
 void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overwrite) {
   const char* op = "accumulate_grads_";
-  TORCH_CHECK(accs.size() == grads.size(), "fused.", op, ": accs has ", accs.size(), " tensors but grads has ",
-              grads.size());
-  if (grads.empty()) return;
-  const at::Device device = grads[0].device();
+  if (grads.empty() && accs.empty()) return;
+  const at::Device device = (grads.empty() ? accs : grads)[0].device();
+  check_accumulate(op, accs, grads, device);
   std::vector<uint8_t> codes;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    check_on(op, "grads", grads[i], device);
-    check_on(op, "accs", accs[i], device);
-    const auto want = grads[i].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-    TORCH_CHECK(accs[i].scalar_type() == want, "fused.", op, ": accs[", i, "] must be ", want, " for ",
-                grads[i].scalar_type(), " grads, got ", accs[i].scalar_type());
-    TORCH_CHECK(accs[i].sizes() == grads[i].sizes() && accs[i].strides() == grads[i].strides(), "fused.", op,
-                ": accs[", i, "] must have the shape and strides of grads[", i, "]");
-    codes.push_back(dtype_code(op, grads[i]));
-  }
+  for (const auto& g : grads) codes.push_back(dtype_code(op, g));
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const auto dl = device_lists(op, {accs, grads}, {}, device, stream, codes);
-  check_launch(oc::launch_accumulate_grads(dl, overwrite, num_sms(device.index()), stream), op);
+  check_launch(op, oc::launch_accumulate_grads(dl, overwrite, num_sms(device.index()), stream));
 }
 
 }  // namespace
@@ -401,14 +318,15 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def("cuda_grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
         "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
   m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
-  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
+  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
         "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
         "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
-        "Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
-  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
+        "Tensor? sr_seed=None, Tensor? hyper=None, bool write_grads=False) -> ()");
+  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
         "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
         "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None) -> ()");
+        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
+        "bool write_grads=False) -> ()");
   m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }
 

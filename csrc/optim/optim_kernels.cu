@@ -78,18 +78,26 @@ template <typename T> __device__ __forceinline__ T* list_ptr(const TensorLists& 
   return static_cast<T*>(L.ptrs[k * L.num_tensors + t]);
 }
 
+// Runs body(r, tag) over this block's chunks: r the chunk, tag's type the storage type of its tensor.
+template <typename F> __device__ __forceinline__ void for_chunks(const TensorLists& L, F&& body) {
+  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
+    const ChunkRange r = chunk_range(L, c);
+    dispatch(L.dtype[r.t], [&](auto tag) { body(r, tag); });
+  }
+}
+
 // One value per block, combined in a fixed order: sum, or max (NaN wins, like torch's max).
-template <Norm N> __device__ __forceinline__ float combine(float a, float b) {
-  if constexpr (N == Norm::Inf) return (a != a || b != b) ? __int_as_float(0x7fc00000) : fmaxf(a, b);
+template <Norm N, typename A> __device__ __forceinline__ A combine(A a, A b) {
+  if constexpr (N == Norm::Inf) return a != a ? a : b != b ? b : a > b ? a : b;
   else return a + b;
 }
-template <Norm N> __device__ float block_reduce(float v) {
-  __shared__ float warp_vals[32];
+template <Norm N, typename A> __device__ A block_reduce(A v) {
+  __shared__ A warp_vals[32];
   for (int o = 16; o > 0; o >>= 1) v = combine<N>(v, __shfl_down_sync(0xffffffffu, v, o));
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (lane == 0) warp_vals[warp] = v;
   __syncthreads();
-  v = threadIdx.x < (blockDim.x >> 5) ? warp_vals[threadIdx.x] : 0.f;
+  v = threadIdx.x < (blockDim.x >> 5) ? warp_vals[threadIdx.x] : A(0);
   if (warp == 0)
     for (int o = 16; o > 0; o >>= 1) v = combine<N>(v, __shfl_down_sync(0xffffffffu, v, o));
   __syncthreads();
@@ -113,92 +121,99 @@ __device__ __forceinline__ float inverse_scale(const float* grad_scale) {
   return grad_scale ? float(1.0 / double(*grad_scale)) : 1.f;
 }
 
-// ---- pass 1 ----
-template <Norm N> __device__ __forceinline__ float norm_term(float x, float p) {
-  if constexpr (N == Norm::L2) return x * x;
-  else if constexpr (N == Norm::L1 || N == Norm::Inf) return fabsf(x);
-  else return powf(fabsf(x), p);
+// The gradient as the update sees it, before maximize negates it: unscaled, value-clipped (NaN stays NaN, as in
+// torch), norm-clipped. Pass 1 takes it with coef = 1; pass 2 stores it back under write_grads, as torch's recipe
+// unscale_ + clip_grad_value_ + clip_grad_norm_ leaves .grad.
+template <typename M> __device__ __forceinline__ M clipped_grad(M g, float inv, double clip_value, double coef) {
+  g *= M(inv);
+  if (isfinite(clip_value)) g = g < M(-clip_value) ? M(-clip_value) : g > M(clip_value) ? M(clip_value) : g;
+  return g * M(coef);
 }
 
-template <Norm N>
+// ---- pass 1 ----
+template <Norm N, typename A> __device__ __forceinline__ A norm_term(A x, A p) {
+  if constexpr (N == Norm::L2) return x * x;
+  else if constexpr (N == Norm::L1 || N == Norm::Inf) return fabs(x);
+  else if constexpr (sizeof(A) == 4) return powf(fabsf(x), p);
+  else return pow(fabs(x), p);
+}
+
+// Stores a finished scalar into memory of dtype code d (16-bit through float, as the CPU's at::scalar_tensor).
+__device__ __forceinline__ void store_scalar(void* out, uint8_t d, double v) {
+  dispatch(d, [&](auto tag) {
+    using T = decltype(tag);
+    if constexpr (sizeof(T) == 8) *static_cast<double*>(out) = v;
+    else *static_cast<T*>(out) = from_math<T>(float(v));
+  });
+}
+
+// A: the accumulator, float unless some gradient is float64. Per-block partials are added up in double.
+template <Norm N, typename A>
 __global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Workspace ws, const float* found_in,
-                                                             const float* grad_scale, float p, float max_norm,
-                                                             float clip_value, bool finish, float* norm_out,
-                                                             float* coef_out, float* found_out) {
+                                                             const float* grad_scale, double p, double max_norm,
+                                                             double clip_value, bool finish, void* norm_out,
+                                                             uint8_t norm_dtype, double* coef_out, float* found_out) {
   const float inv = inverse_scale(grad_scale);
-  const bool clip = isfinite(clip_value);
-  float acc = 0.f;
+  A acc = 0;
   bool bad = false;
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      const T* g = list_ptr<T>(L, 0, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M x[4];
-        load4(g, i, r.end, r.aligned, x);
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using T = decltype(tag);
+    using M = typename Math<T>::type;
+    const T* g = list_ptr<T>(L, 0, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M x[4];
+      load4(g, i, r.end, r.aligned, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          bad |= !isfinite(x[k]);
-          float v = float(x[k]) * inv;
-          if (clip && v == v) v = fminf(fmaxf(v, -clip_value), clip_value);  // NaN stays NaN, as in torch
-          const float term = norm_term<N>(v, p);
-          acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
-        }
+      for (int k = 0; k < 4; ++k) {
+        bad |= !isfinite(x[k]);
+        const A term = norm_term<N>(A(clipped_grad(x[k], inv, clip_value, 1.0)), A(p));
+        acc = N == Norm::Inf ? combine<N>(acc, term) : acc + term;
       }
-    });
-  }
+    }
+  });
   acc = block_reduce<N>(acc);
   if (bad) atomicOr(ws.nonfinite, 1);
   if (threadIdx.x == 0) ws.partials[blockIdx.x] = acc;
   if (!last_block(&ws.tickets[0])) return;
   if (threadIdx.x != 0) return;
   // The last block adds the partials in slot order: the same result whatever order the blocks ran in.
-  const volatile float* partials = ws.partials;
+  const volatile double* partials = ws.partials;
   double total = 0;
-  for (int b = 0; b < (int)gridDim.x; ++b)
-    total = N == Norm::Inf ? double(combine<N>(float(total), partials[b])) : total + partials[b];
+  for (int b = 0; b < (int)gridDim.x; ++b) total = combine<N>(total, double(partials[b]));
   const bool nonfinite = *(volatile int*)ws.nonfinite != 0 || (found_in && *found_in != 0.f);
   *found_out = nonfinite ? 1.f : 0.f;
   *ws.nonfinite = 0;
   if (!finish) {
-    *norm_out = float(total);
+    *static_cast<double*>(norm_out) = total;
     return;
   }
   const double norm = N == Norm::L2 ? sqrt(total) : N == Norm::P ? pow(total, 1.0 / p) : total;
-  *norm_out = float(norm);
+  store_scalar(norm_out, norm_dtype, norm);
   // inf and NaN propagate as in torch's clip_grad_norm_: inf -> coefficient 0, NaN -> NaN.
-  *coef_out = isinf(max_norm) ? 1.f : norm != norm ? float(norm) : float(fmin(1.0, max_norm / (norm + 1e-6)));
+  *coef_out = isinf(max_norm) ? 1.0 : norm != norm ? norm : fmin(1.0, max_norm / (norm + 1e-6));
 }
 
-__global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, const float* coef_p) {
-  const float coef = *coef_p;
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using T = decltype(tag);
-      using M = typename Math<T>::type;
-      T* g = list_ptr<T>(L, 0, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M x[4];
-        load4(g, i, r.end, r.aligned, x);
+__global__ void __launch_bounds__(kThreads) scale_grads_kernel(TensorLists L, const double* coef_p) {
+  const double coef = *coef_p;
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using T = decltype(tag);
+    using M = typename Math<T>::type;
+    T* g = list_ptr<T>(L, 0, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M x[4];
+      load4(g, i, r.end, r.aligned, x);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] *= M(coef);
-        store4(g, i, r.end, r.aligned, x);
-      }
-    });
-  }
+      for (int k = 0; k < 4; ++k) x[k] *= M(coef);
+      store4(g, i, r.end, r.aligned, x);
+    }
+  });
 }
 
 // ---- pass 2 ----
-// The gradient as the update sees it: unscaled, value-clipped, norm-clipped, negated under maximize.
-template <typename M>
-__device__ __forceinline__ M transform_grad(M g, float inv, float clip_value, float coef, bool maximize) {
-  g *= M(inv);
-  if (isfinite(clip_value)) g = g < M(-clip_value) ? M(-clip_value) : g > M(clip_value) ? M(clip_value) : g;
-  g *= M(coef);
-  return maximize ? -g : g;
+// write_grads stores the gradient back only where the step changes it (a loss scale, value or norm clipping):
+// the same answer in every block (a uniform branch).
+__device__ __forceinline__ bool writes_back(bool write_grads, float inv, double clip_value, double coef) {
+  return write_grads && (inv != 1.f || isfinite(clip_value) || coef != 1.0);
 }
 
 // The last block advances every step counter, once every block has read them.
@@ -246,142 +261,160 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
 // The hyperparameters of tensor t: its row of L.hyper where there is one (several param groups in one launch).
 __device__ __forceinline__ SgdArgs args_for(SgdArgs a, const TensorLists& L, int t) {
   if (L.hyper) {
-    const float* h = L.hyper + t * L.hyper_width;
+    const double* h = L.hyper + t * L.hyper_width;
     a.lr = h[0], a.momentum = h[1], a.dampening = h[2], a.weight_decay = h[3];
   }
   return a;
 }
 __device__ __forceinline__ AdamArgs args_for(AdamArgs a, const TensorLists& L, int t) {
   if (L.hyper) {
-    const float* h = L.hyper + t * L.hyper_width;
+    const double* h = L.hyper + t * L.hyper_width;
     a.lr = h[0], a.beta1 = h[1], a.beta2 = h[2], a.eps = h[3], a.weight_decay = h[4];
   }
   return a;
 }
 
-__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args,
-                                                       const float* coef_p, const float* grad_scale,
-                                                       const float* found_inf) {
-  if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale), coef = *coef_p;
+// What an update reads besides its lists: the inverse loss scale, the clip coefficient, and whether the gradient
+// is written back.
+struct UpdateScalars {
+  float inv;
+  double coef;
+  bool write_back;
+};
+
+// One tensor of an update in this block: its typed parameter, gradient and (master weights) model parameter, and
+// its stochastic-rounding key. M: the math type; TS: the state's storage type (state(k): state list k).
+template <typename TP, typename TG, typename TS, typename TM> struct UpdateTensor {
+  using M = typename Math<TP>::type;
+  const TensorLists& L;
+  int t;
+  TP* param;
+  TG* grad;
+  TM* model;  // null without master weights
+  uint64_t key;
+  // Stores four updated parameters, and their rounded copy into the model parameter with master weights.
+  __device__ __forceinline__ void store_params(int64_t i, int64_t end, bool aligned, const M p[4],
+                                               bool stochastic) const {
+    store_param4(param, i, end, aligned, p, stochastic, key);
+    if (model) store4(model, i, end, aligned, p);
+  }
+  __device__ __forceinline__ TS* state(int k) const { return list_ptr<TS>(L, k, t); }
+};
+
+// What the SGD and Adam kernels share around their arithmetic: the whole step skipped on found_inf (false), the
+// scalars, the loop over this block's chunks with each tensor's hyperparameters, and the dispatch on its types.
+// body(r, a, s, tensor) runs one chunk.
+template <typename Args, typename F>
+__device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Args& args, StepScalars in, F&& body) {
+  if (*in.found_inf != 0.f) return false;  // every block sees the same flag
+  const float inv = inverse_scale(in.grad_scale);
+  const double coef = *in.coef;
+  const UpdateScalars s{inv, coef, writes_back(args.write_grads, inv, args.clip_value, coef)};
   for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
     const ChunkRange r = chunk_range(L, c);
-    const SgdArgs a = args_for(args, L, r.t);
-    const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
+    const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
     dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
-      using TS = decltype(state_tag);
       using TM = decltype(model_tag);
-      using M = typename Math<TP>::type;
-      TP* param = list_ptr<TP>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
-      TS* buf = a.use_momentum ? list_ptr<TS>(L, 2, r.t) : nullptr;
-      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M p[4], g[4], b[4];
-        load4(param, i, r.end, r.aligned, p);
-        load4(grad, i, r.end, r.aligned, g);
-        if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          M d = transform_grad(g[k], inv, a.clip_value, coef, a.maximize);
-          if (a.weight_decay != 0.f) d += M(a.weight_decay) * p[k];
-          if (a.use_momentum) {
-            b[k] = first ? d : M(a.momentum) * b[k] + M(1.f - a.dampening) * d;
-            d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
-          }
-          p[k] -= M(a.lr) * d;
-        }
-        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
-        if (master) store4(model, i, r.end, r.aligned, p);
-        if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
-      }
+      const UpdateTensor<TP, TG, decltype(state_tag), TM> u{
+          L, r.t, list_ptr<TP>(L, 0, r.t), list_ptr<TG>(L, 1, r.t),
+          master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr, a.sr_seed + uint64_t(r.t) * kTensorKeyStep};
+      body(r, a, s, u);
     });
   }
-  if (args.use_momentum) advance_steps(L, ws);
+  return true;
 }
 
-__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args,
-                                                        const float* coef_p, const float* grad_scale,
-                                                        const float* found_inf) {
-  if (*found_inf != 0.f) return;  // every block sees the same flag: the whole step is skipped
-  const float inv = inverse_scale(grad_scale), coef = *coef_p;
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    const AdamArgs a = args_for(args, L, r.t);
-    const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
-    const double step_size = a.lr / (1.0 - pow(double(a.beta1), step));
-    const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(double(a.beta2), step));
-    const bool master = (L.dtype[r.t] & kMaster) != 0;
-    const uint64_t key = a.sr_seed + uint64_t(r.t) * kTensorKeyStep;
-    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
-      using TP = decltype(param_tag);
-      using TG = decltype(grad_tag);
-      using TS = decltype(state_tag);
-      using TM = decltype(model_tag);
-      using M = typename Math<TP>::type;
-      TP* param = list_ptr<TP>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
-      TS* exp_avg = list_ptr<TS>(L, 2, r.t);
-      TS* exp_avg_sq = list_ptr<TS>(L, 3, r.t);
-      TS* max_sq = a.amsgrad ? list_ptr<TS>(L, 4, r.t) : nullptr;
-      TM* model = master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr;
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M p[4], g[4], m[4], v[4], vmax[4];
-        load4(param, i, r.end, r.aligned, p);
-        load4(grad, i, r.end, r.aligned, g);
-        load4(exp_avg, i, r.end, r.aligned, m);
-        load4(exp_avg_sq, i, r.end, r.aligned, v);
-        if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+__global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args, StepScalars in) {
+  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const SgdArgs& a,
+                                                          const UpdateScalars& s, const auto& u) {
+    using M = typename std::decay_t<decltype(u)>::M;
+    const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
+    auto* buf = a.use_momentum ? u.state(2) : nullptr;
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M p[4], g[4], b[4];
+      load4(u.param, i, r.end, r.aligned, p);
+      load4(u.grad, i, r.end, r.aligned, g);
+      if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          M gk = transform_grad(g[k], inv, a.clip_value, coef, a.maximize);
-          if (a.weight_decay != 0.f) {
-            if (a.decoupled) p[k] *= M(1.f - a.lr * a.weight_decay);
-            else gk += M(a.weight_decay) * p[k];
-          }
-          m[k] += (gk - m[k]) * M(1.f - a.beta1);
-          v[k] = M(a.beta2) * v[k] + M(1.f - a.beta2) * gk * gk;
-          M vv = v[k];
-          if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
-          const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
-          p[k] -= M(step_size) * m[k] / denom;
+      for (int k = 0; k < 4; ++k) {
+        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+        M d = a.maximize ? -g[k] : g[k];
+        if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
+        if (a.use_momentum) {
+          b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
+          d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
         }
-        store_param4(param, i, r.end, r.aligned, p, a.stochastic, key);
-        if (master) store4(model, i, r.end, r.aligned, p);
-        store4(exp_avg, i, r.end, r.aligned, m);
-        store4(exp_avg_sq, i, r.end, r.aligned, v);
-        if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+        p[k] -= M(a.lr) * d;
       }
-    });
-  }
-  advance_steps(L, ws);
+      u.store_params(i, r.end, r.aligned, p, a.stochastic);
+      if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
+      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    }
+  });
+  if (stepped && args.use_momentum) advance_steps(L, ws);
+}
+
+__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
+  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const AdamArgs& a,
+                                                          const UpdateScalars& s, const auto& u) {
+    using M = typename std::decay_t<decltype(u)>::M;
+    const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
+    const double step_size = a.lr / (1.0 - pow(a.beta1, step));
+    const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
+    auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M p[4], g[4], m[4], v[4], vmax[4];
+      load4(u.param, i, r.end, r.aligned, p);
+      load4(u.grad, i, r.end, r.aligned, g);
+      load4(exp_avg, i, r.end, r.aligned, m);
+      load4(exp_avg_sq, i, r.end, r.aligned, v);
+      if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+        M gk = a.maximize ? -g[k] : g[k];
+        if (a.weight_decay != 0.0) {
+          if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
+          else gk += M(a.weight_decay) * p[k];
+        }
+        m[k] += (gk - m[k]) * M(1.0 - a.beta1);
+        v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
+        M vv = v[k];
+        if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
+        const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
+        p[k] -= M(step_size) * m[k] / denom;
+      }
+      u.store_params(i, r.end, r.aligned, p, a.stochastic);
+      store4(exp_avg, i, r.end, r.aligned, m);
+      store4(exp_avg_sq, i, r.end, r.aligned, v);
+      if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    }
+  });
+  if (stepped) advance_steps(L, ws);
 }
 
 // accs (float32; float64 for float64 grads) += grads, or = grads.
 __global__ void __launch_bounds__(kThreads) accumulate_kernel(TensorLists L, bool overwrite) {
-  for (int c = blockIdx.x; c < L.num_chunks; c += gridDim.x) {
-    const ChunkRange r = chunk_range(L, c);
-    dispatch(L.dtype[r.t], [&](auto tag) {
-      using TG = decltype(tag);
-      using M = typename Math<TG>::type;
-      M* acc = list_ptr<M>(L, 0, r.t);
-      const TG* grad = list_ptr<TG>(L, 1, r.t);
-      for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-        M a[4], g[4];
-        load4(grad, i, r.end, r.aligned, g);
-        if (!overwrite) {
-          load4(acc, i, r.end, r.aligned, a);
+  for_chunks(L, [&](const ChunkRange& r, auto tag) {
+    using TG = decltype(tag);
+    using M = typename Math<TG>::type;
+    M* acc = list_ptr<M>(L, 0, r.t);
+    const TG* grad = list_ptr<TG>(L, 1, r.t);
+    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+      M a[4], g[4];
+      load4(grad, i, r.end, r.aligned, g);
+      if (!overwrite) {
+        load4(acc, i, r.end, r.aligned, a);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) g[k] += a[k];
-        }
-        store4(acc, i, r.end, r.aligned, g);
+        for (int k = 0; k < 4; ++k) g[k] += a[k];
       }
-    });
-  }
+      store4(acc, i, r.end, r.aligned, g);
+    }
+  });
 }
 
 int grid_for(const TensorLists& L, int num_sms) {
@@ -394,47 +427,39 @@ int grid_for(const TensorLists& L, int num_sms) {
 }  // namespace
 
 cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float* found_in, const float* grad_scale,
-                             Norm norm, float p, float max_norm, float clip_value, bool finish, float* norm_out,
-                             float* coef_out, float* found_out, int num_sms, cudaStream_t stream) {
+                             Norm norm, double p, double max_norm, double clip_value, bool fp64, bool finish,
+                             void* norm_out, uint8_t norm_dtype, double* coef_out, float* found_out, int num_sms,
+                             cudaStream_t stream) {
   const int grid = grid_for(grads, num_sms);
+  auto launch = [&](auto norm_tag, auto acc_tag) {
+    FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<decltype(norm_tag)::value, decltype(acc_tag)>)(
+        grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, norm_dtype, coef_out, found_out);
+  };
+  auto with_acc = [&](auto norm_tag) { fp64 ? launch(norm_tag, double{}) : launch(norm_tag, float{}); };
   switch (norm) {
-    case Norm::L2:
-      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::L2>)(
-          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::L1:
-      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::L1>)(
-          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::Inf:
-      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::Inf>)(
-          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
-      break;
-    case Norm::P:
-      FUSED_LAUNCH(grid, kThreads, 0, stream, grad_norm_kernel<Norm::P>)(
-          grads, ws, found_in, grad_scale, p, max_norm, clip_value, finish, norm_out, coef_out, found_out);
-      break;
+    case Norm::L2: with_acc(std::integral_constant<Norm, Norm::L2>{}); break;
+    case Norm::L1: with_acc(std::integral_constant<Norm, Norm::L1>{}); break;
+    case Norm::Inf: with_acc(std::integral_constant<Norm, Norm::Inf>{}); break;
+    case Norm::P: with_acc(std::integral_constant<Norm, Norm::P>{}); break;
   }
   return cudaGetLastError();
 }
 
-cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int num_sms, cudaStream_t stream) {
+cudaError_t launch_scale_grads(const TensorLists& grads, const double* coef, int num_sms, cudaStream_t stream) {
   if (grads.num_chunks == 0) return cudaSuccess;
   FUSED_LAUNCH(grid_for(grads, num_sms), kThreads, 0, stream, scale_grads_kernel)(grads, coef);
   return cudaGetLastError();
 }
 
-cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
-                            const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, sgd_kernel)(lists, ws, args, coef, grad_scale,
-                                                                        found_inf);
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, StepScalars scalars, int num_sms,
+                            cudaStream_t stream) {
+  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, sgd_kernel)(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 
-cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
-                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream) {
-  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel)(lists, ws, args, coef, grad_scale,
-                                                                         found_inf);
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
+                             cudaStream_t stream) {
+  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel)(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 

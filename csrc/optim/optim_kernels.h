@@ -33,18 +33,18 @@ struct TensorLists {
   float* const* steps;          // [n] float32 step counters, or nullptr
   const int32_t* chunk_tensor;  // [chunks]
   const int64_t* chunk_start;   // [chunks]
-  const float* hyper;           // [n][hyper_width] per-tensor hyperparameters (several param groups), or nullptr
+  const double* hyper;          // [n][hyper_width] per-tensor hyperparameters (several param groups), or nullptr
   int num_lists, num_tensors, num_chunks, hyper_width;
 };
 
-// Scratch that persists across launches on one device: pass 1's per-block partials (fixed slots), a non-finite
-// flag, and the two "last block" tickets. Zero it once; the kernels leave it zeroed.
+// Scratch that persists across launches on one device: pass 1's per-block partials (fixed slots, fp64), a
+// non-finite flag, and the two "last block" tickets. Zero it once; the kernels leave it zeroed.
 struct Workspace {
-  float* partials;      // [kMaxBlocks]
+  double* partials;     // [kMaxBlocks]
   int* nonfinite;       // [1]
   unsigned* tickets;    // [2]: grad_norm, update
 };
-constexpr size_t kWorkspaceBytes = kMaxBlocks * sizeof(float) + 4 * sizeof(int);
+constexpr size_t kWorkspaceBytes = kMaxBlocks * sizeof(double) + 4 * sizeof(int);
 
 // ---- host-side packing of the metadata (one buffer, copied to the device once and cached by the binding) ----
 struct ListsLayout {
@@ -72,7 +72,7 @@ inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel
   l.steps = off; off = align(off + (with_steps ? sizeof(float*) * l.num_tensors : 0));
   l.chunk_tensor = off; off = align(off + sizeof(int32_t) * l.num_chunks);
   l.chunk_start = off; off = align(off + sizeof(int64_t) * l.num_chunks);
-  l.hyper = off; off = align(off + sizeof(float) * hyper_width * l.num_tensors);
+  l.hyper = off; off = align(off + sizeof(double) * hyper_width * l.num_tensors);
   l.dtype = off; off = align(off + l.num_tensors);
   l.bytes = std::max<size_t>(off, 16);
   return l;
@@ -81,8 +81,8 @@ inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel
 // ptrs[k][i]: list k, tensor i. dtype[i] already or'ed with kAligned where it applies. hyper: [n][hyper_width].
 inline void pack_lists(uint8_t* host, const ListsLayout& l, const std::vector<std::vector<void*>>& ptrs,
                        const std::vector<int64_t>& numel, const std::vector<uint8_t>& dtype,
-                       const std::vector<float*>& steps, const std::vector<float>& hyper = {}) {
-  if (!hyper.empty()) std::memcpy(host + l.hyper, hyper.data(), sizeof(float) * hyper.size());
+                       const std::vector<float*>& steps, const std::vector<double>& hyper = {}) {
+  if (!hyper.empty()) std::memcpy(host + l.hyper, hyper.data(), sizeof(double) * hyper.size());
   auto* p = reinterpret_cast<void**>(host + l.ptrs);
   for (int k = 0; k < l.num_lists; ++k)
     for (int i = 0; i < l.num_tensors; ++i) p[k * l.num_tensors + i] = ptrs[k][i];
@@ -104,48 +104,61 @@ inline TensorLists lists_at(const uint8_t* device, const ListsLayout& l, bool wi
           device + l.dtype, with_steps ? reinterpret_cast<float* const*>(device + l.steps) : nullptr,
           reinterpret_cast<const int32_t*>(device + l.chunk_tensor),
           reinterpret_cast<const int64_t*>(device + l.chunk_start),
-          l.hyper_width ? reinterpret_cast<const float*>(device + l.hyper) : nullptr, l.num_lists, l.num_tensors,
+          l.hyper_width ? reinterpret_cast<const double*>(device + l.hyper) : nullptr, l.num_lists, l.num_tensors,
           l.num_chunks, l.hyper_width};
 }
 
 inline Workspace workspace_at(void* device) {
-  auto* f = static_cast<float*>(device);
-  auto* i = reinterpret_cast<int*>(f + kMaxBlocks);
-  return {f, i, reinterpret_cast<unsigned*>(i + 1)};
+  auto* d = static_cast<double*>(device);
+  auto* i = reinterpret_cast<int*>(d + kMaxBlocks);
+  return {d, i, reinterpret_cast<unsigned*>(i + 1)};
 }
 
 // ---- launchers: every scalar that changes on the device (scale, found_inf, clip coefficient) is a pointer ----
 enum class Norm { L2, L1, Inf, P };
 
-// grads: K = 1. found_in, grad_scale may be null. Writes norm_out (the accumulator when !finish), coef_out (when
-// finish), found_out (1 or 0).
+// grads: K = 1. found_in, grad_scale may be null. fp64: accumulate in double (some gradient is float64), else in
+// float; the partials are added in double either way. Writes norm_out (dtype code norm_dtype; the fp64 accumulator
+// when !finish), coef_out (fp64, when finish), found_out (1 or 0).
 cudaError_t launch_grad_norm(const TensorLists& grads, Workspace ws, const float* found_in, const float* grad_scale,
-                             Norm norm, float p, float max_norm, float clip_value, bool finish, float* norm_out,
-                             float* coef_out, float* found_out, int num_sms, cudaStream_t stream);
+                             Norm norm, double p, double max_norm, double clip_value, bool fp64, bool finish,
+                             void* norm_out, uint8_t norm_dtype, double* coef_out, float* found_out, int num_sms,
+                             cudaStream_t stream);
 
-cudaError_t launch_scale_grads(const TensorLists& grads, const float* coef, int num_sms, cudaStream_t stream);
+cudaError_t launch_scale_grads(const TensorLists& grads, const double* coef, int num_sms, cudaStream_t stream);
 
+// The device scalars an update reads: pass 1's clip coefficient (fp64), the scaler's scale (null: 1) and
+// found_inf (set: the whole update is skipped).
+struct StepScalars {
+  const double* coef;
+  const float* grad_scale;
+  const float* found_inf;
+};
+
+// Hyperparameters in double: float64 parameters are updated with them exactly; other math types round them once.
 struct SgdArgs {
-  float lr, momentum, dampening, weight_decay, clip_value;
+  double lr, momentum, dampening, weight_decay, clip_value;
   bool nesterov, maximize, use_momentum;
   bool stochastic;  // bf16 params rounded stochastically with sr_seed
   uint64_t sr_seed;
+  bool write_grads;  // store the unscaled, clipped gradient back into list 1
 };
 // lists: params, grads[, momentum buffers][, model params with kMaster]; steps when use_momentum.
 // lists.hyper (width 4): per-tensor lr, momentum, dampening, weight_decay in place of args'.
-cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, const float* coef,
-                            const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args, StepScalars scalars, int num_sms,
+                            cudaStream_t stream);
 
 struct AdamArgs {
-  float lr, beta1, beta2, eps, weight_decay, clip_value;
+  double lr, beta1, beta2, eps, weight_decay, clip_value;
   bool amsgrad, decoupled, maximize;
   bool stochastic;
   uint64_t sr_seed;
+  bool write_grads;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
 // lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.
-cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, const float* coef,
-                             const float* grad_scale, const float* found_inf, int num_sms, cudaStream_t stream);
+cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
+                             cudaStream_t stream);
 
 // lists: accs (float32, float64 for float64 grads), grads (dtype code). accs += grads, or accs = grads.
 cudaError_t launch_accumulate_grads(const TensorLists& lists, bool overwrite, int num_sms, cudaStream_t stream);

@@ -6,7 +6,7 @@ import math
 import torch
 
 from fused import _checks
-from fused._backend import GPU_KERNELS, choose, register_gpu, triton_available, triton_launcher
+from fused._backend import register_gpu
 
 TRITON = "fused.distance.triton_kernels"
 # The path rule, as in csrc/distance/distance_cpu.h: p = 2 with D >= MATMUL_MIN_D takes the matmul (tensor-core)
@@ -137,18 +137,12 @@ torch.library.register_autograd("fused::pairwise_topk", _topk_backward, setup_co
 # pairwise_distances: the CUDA C++ kernel is the direct path; p = 2 at D >= 32 (not float64) is the tensor-core
 # path, which is Triton's, whichever backend is set (the path depends on (p, D, dtype) only). The backward has
 # both implementations; pairwise_topk and its backward are Triton only.
-def _tensor_core_path(a, p):
+def _tensor_core_path(a, b, p=2.0, squared=False):
     return p == 2 and a.shape[-1] >= MATMUL_MIN_D and a.dtype != torch.float64
 
 
-def _pairwise_distances_cuda(a, b, p=2.0, squared=False):
-    if _tensor_core_path(a, p) and triton_available() or choose("pairwise_distances") == "triton":
-        return triton_launcher(f"{TRITON}:pairwise_distances")(a, b, p, squared)
-    return torch.ops.fused.cuda_pairwise_distances(a, b, p, squared)
-
-
-GPU_KERNELS["pairwise_distances"] = {"cuda": "cuda_pairwise_distances", "triton": f"{TRITON}:pairwise_distances"}
-torch.library.register_kernel("fused::pairwise_distances", "cuda", _pairwise_distances_cuda)
+register_gpu("pairwise_distances", cuda_op="cuda_pairwise_distances", triton=f"{TRITON}:pairwise_distances",
+             triton_when=_tensor_core_path)
 register_gpu("pairwise_distances_backward", cuda_op="cuda_pairwise_distances_backward",
              triton=f"{TRITON}:pairwise_distances_backward")
 for _op in ("pairwise_topk", "pairwise_topk_backward"):

@@ -17,28 +17,19 @@ import torch
 import triton
 import triton.language as tl
 
+from fused._codes import METRIC_CODES, metric_of
 from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
-from fused.elementwise.triton_math import _div, _pow, _sqrt, on_device_of, program_2d
+from fused import triton_math as tm
+from fused.triton_utils import on_device_of, program_2d
 
-P0, P1, P2, PINF, PGEN = 0, 1, 2, 3, 4
+# The metric codes of csrc/common/op_codes.h (host code gets them from fused._codes.metric_of).
+P0, P1, P2, PINF, PGEN = (tl.constexpr(METRIC_CODES[name]) for name in ("P0", "P1", "P2", "PInf", "PGen"))
 RECOMPUTE = tl.constexpr(1.0 / 16)  # d^2 below this fraction of |a|^2 + |b|^2 is recomputed directly
 MAX_TOPK_REGISTERS = 256  # k above this: row chunks of the all-pairs kernel + a stable sort
 
 
-def metric_of(p):
-    if p == 0:
-        return P0
-    if p == 1:
-        return P1
-    if p == 2:
-        return P2
-    if math.isinf(p):
-        return PINF
-    return PGEN
-
-
 def use_matmul(metric, d, dtype):
-    return metric == P2 and d >= MATMUL_MIN_D and dtype != torch.float64
+    return bool(metric == P2) and d >= MATMUL_MIN_D and dtype != torch.float64
 
 
 def _p_const(metric, p):
@@ -78,18 +69,18 @@ def _center(b3, dtype):
 def _pow_p(x, p: tl.constexpr):
     """x ** p for the general metric's constant p: the elementwise kernels' pow (libdevice's on a GPU, as
     torch.cdist's; tl.exp2 / tl.log2 are the approximate instructions), with p in x's type."""
-    return _pow(x, tl.zeros_like(x) + p)
+    return tm.pow(x, tl.zeros_like(x) + p)
 
 
 @triton.jit
 def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
-    if METRIC == 0:
+    if METRIC == P0:
         acc += tl.minimum(tl.ceil(tl.abs(diff)), 1.0, propagate_nan=tl.PropagateNan.ALL)
-    elif METRIC == 1:
+    elif METRIC == P1:
         acc += tl.abs(diff)
-    elif METRIC == 2:
+    elif METRIC == P2:
         acc += diff * diff
-    elif METRIC == 3:
+    elif METRIC == PINF:
         acc = tl.maximum(acc, tl.abs(diff), propagate_nan=tl.PropagateNan.ALL)
     else:
         acc += _pow_p(tl.abs(diff), p)
@@ -98,10 +89,10 @@ def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
 
 @triton.jit
 def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
-    if METRIC == 2:
+    if METRIC == P2:
         if not SQUARED:
-            acc = _sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
-    elif METRIC == 4:
+            acc = tm.sqrt(acc)  # correctly rounded, as the C++ kernels (tl.sqrt is sqrt.approx.ftz on a GPU)
+    elif METRIC == PGEN:
         acc = _pow_p(acc, inv_p)
     return acc
 
@@ -145,7 +136,7 @@ def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr
     redo = (d2 <= RECOMPUTE * s) | (d2 != d2) | (tl.abs(d2) == float("inf"))
     redo = redo & mask_n[:, None] & mask_m[None, :]
     if tl.max(redo.to(tl.int32)) > 0:
-        exact = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, 2.0, 2, tl.float32, BN, BM)
+        exact = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, 2.0, P2, tl.float32, BN, BM)
         d2 = tl.where(redo, exact, d2)
     return tl.where(d2 < 0.0, 0.0, d2)
 
@@ -172,10 +163,8 @@ def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, ME
     tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
-def _config(matmul, n, m):
-    if matmul:
-        return 64, 64, 32
-    return 32, 64, 16
+DIRECT_TILE = (32, 64, 16)  # BN, BM, BK of the distances kernel on the direct path
+MATMUL_TILE = (64, 64, 32)  # and on the tensor-core path
 
 
 @on_device_of
@@ -188,7 +177,7 @@ def pairwise_distances(a, b, p=2.0, squared=False):
     metric = metric_of(p)
     matmul = use_matmul(metric, d, a.dtype)
     center, centered = _center(b3, a.dtype)
-    bn, bm, bk = _config(matmul, n, m)
+    bn, bm, bk = MATMUL_TILE if matmul else DIRECT_TILE
     grid = (bsz * triton.cdiv(n, bn) * triton.cdiv(m, bm),)
     _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
                             matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
@@ -319,13 +308,13 @@ def _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices):
 # ---- backward ----
 @triton.jit
 def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr):
-    if METRIC == 2:
+    if METRIC == P2:
         if SQUARED:
             w = 2.0 * g
         else:
-            w = tl.where(dist == 0.0, 0.0, _div(g, dist))
-    elif METRIC == 4:
-        w = tl.where(dist == 0.0, 0.0, _div(g, _pow_p(dist, p - 1.0)))
+            w = tl.where(dist == 0.0, 0.0, tm.div(g, dist))
+    elif METRIC == PGEN:
+        w = tl.where(dist == 0.0, 0.0, tm.div(g, _pow_p(dist, p - 1.0)))
     else:
         w = g
     return w
@@ -334,11 +323,11 @@ def _weight(g, dist, p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexp
 @triton.jit
 def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
     sign = tl.where(diff > 0.0, 1.0, 0.0) - tl.where(diff < 0.0, 1.0, 0.0)
-    if METRIC == 2:
+    if METRIC == P2:
         t = diff * w
-    elif METRIC == 1:
+    elif METRIC == P1:
         t = w * sign
-    elif METRIC == 3:
+    elif METRIC == PINF:
         t = tl.where(tl.abs(diff) == dist, w * sign, 0.0)
     else:
         t = tl.where(diff == 0.0, 0.0, w * sign * _pow_p(tl.abs(diff), p - 1.0))

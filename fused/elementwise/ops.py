@@ -4,7 +4,7 @@ import torch
 
 from fused import _checks
 from fused._backend import register_gpu
-from fused._codes import parse_op
+from fused._codes import MAX_CHAIN, parse_op
 
 TRITON = "fused.elementwise.triton_kernels"
 
@@ -173,9 +173,6 @@ _lib.impl("bias_dropout_add", _bias_dropout_add, "CompositeImplicitAutograd")
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----
-CUDA_CHAIN_MAX = 64  # ops per launch of the CUDA C++ chain kernel (kMaxChain in csrc/common/op_codes.h)
-
-
 def chain_in_pieces(chain_op, chain_backward_op, max_ops):
     """unary_chain and unary_chain_backward for a kernel that takes at most max_ops ops per launch: longer chains
     run in pieces, kept in float32 between pieces for 16-bit inputs (as one launch keeps them in registers), and
@@ -209,6 +206,6 @@ def chain_in_pieces(chain_op, chain_backward_op, max_ops):
 for _op in ("bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward"):
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}")
 _cuda_chain = chain_in_pieces(lambda x, ops: torch.ops.fused.cuda_unary_chain(x, ops),
-                              lambda g, x, ops: torch.ops.fused.cuda_unary_chain_backward(g, x, ops), CUDA_CHAIN_MAX)
+                              lambda g, x, ops: torch.ops.fused.cuda_unary_chain_backward(g, x, ops), MAX_CHAIN)
 for _op, _call in zip(("unary_chain", "unary_chain_backward"), _cuda_chain):
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}", cuda_call=_call)

@@ -6,10 +6,12 @@ import triton.language as tl
 
 from fused._codes import parse_op
 from fused.elementwise import ops as _ops
-from fused.elementwise.triton_math import (BIAS_GRAD_PROGRAMS, BLOCK, CHAIN_SLOTS, NONE, NUM_WARPS, flat_offsets,
-                                           keep_scale_at, keep_scale_block, math_dtype, math_torch_dtype, needs_i64,
-                                           on_device_of, program_2d, rows_cols, scalar_in, tile, tile_index, to_out,
-                                           unary_fwd, unary_grad_step)
+from fused.triton_math import NONE, keep_scale_at, keep_scale_block, unary_fwd, unary_grad_step
+from fused.triton_utils import (BLOCK, NUM_WARPS, flat_offsets, math_dtype, math_torch_dtype, needs_i64, on_device_of,
+                                program_2d, rows_cols, scalar_in, tile, tile_index, to_out)
+
+CHAIN_SLOTS = 16  # unary_chain ops per kernel pass
+BIAS_GRAD_PROGRAMS = 1024  # about how many programs the bias-gradient kernels launch (fixed: deterministic)
 
 
 # ---- dropout: the mask is Philox4x32-10 of the flat element index (csrc/common/philox.h), never stored ----
@@ -170,18 +172,18 @@ def _chain_kernel(x_ptr, g_ptr, y_ptr, gy_ptr, n,
 
 
 def _chain_passes(op, ops):
-    """The parsed chain ((code, scalar) per op) cut into passes of at most CHAIN_SLOTS ops (at least one)."""
-    chain = [parse_op(op, spec)[1:] for spec in ops]
+    """The parsed chain ((name, scalar) per op) cut into passes of at most CHAIN_SLOTS ops (at least one)."""
+    chain = [parse_op(op, spec)[::2] for spec in ops]
     return [chain[i:i + CHAIN_SLOTS] for i in range(0, len(chain), CHAIN_SLOTS)] or [[]]
 
 
 def _launch_chain(x, g, y, gy, part, math):
     ops = part + [(NONE.value, 0.0)] * (CHAIN_SLOTS - len(part))
     scalars = {f"S{k}": s for k, (_, s) in enumerate(ops)}
-    codes = {f"OP{k}": code for k, (code, _) in enumerate(ops)}
+    names = {f"OP{k}": name for k, (name, _) in enumerate(ops)}
     n = x.numel()
     _chain_kernel[(triton.cdiv(n, BLOCK),)](x, g if g is not None else x, y if y is not None else x,
-                                            gy if gy is not None else x, n, **scalars, **codes, GRAD=g is not None,
+                                            gy if gy is not None else x, n, **scalars, **names, GRAD=g is not None,
                                             STORE_Y=y is not None, MATH=math, BLOCK=BLOCK,
                                             I64=needs_i64(n + BLOCK), num_warps=NUM_WARPS)
 

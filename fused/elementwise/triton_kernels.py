@@ -10,13 +10,12 @@ import torch
 import triton
 import triton.language as tl
 
-from fused._codes import ACT_CODES
 from fused.elementwise import ops as _ops
 from fused.elementwise.triton_dropout_chain import (bias_dropout_add_seeded, bias_grad_chunks, dropout_backward,
                                                     unary_chain, unary_chain_backward)
-from fused.elementwise.triton_math import (NUM_WARPS, act_fwd, act_grad, math_dtype, math_torch_dtype, needs_i64,
-                                           on_device_of, program_2d, rows_cols, tile, tile_index,
-                                           to_out)
+from fused.triton_math import act_fwd, act_grad
+from fused.triton_utils import (NUM_WARPS, math_dtype, math_torch_dtype, needs_i64, on_device_of, program_2d,
+                                rows_cols, tile, tile_index, to_out)
 
 
 # ---- bias_act ----
@@ -64,7 +63,7 @@ def bias_act(x, bias=None, act="gelu"):
         return y
     block_r, block_c = tile(cols)
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
-    _bias_act_kernel[grid](x, bias.contiguous() if bias is not None else x, y, rows, cols, ACT=ACT_CODES[act],
+    _bias_act_kernel[grid](x, bias.contiguous() if bias is not None else x, y, rows, cols, ACT=act,
                            HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
                            I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
     return y
@@ -89,7 +88,7 @@ def bias_act_backward(grad, x, bias, act):
         chunks, rows_per_chunk, partial = triton.cdiv(rows, block_r), block_r, grad_x
     _bias_act_backward_kernel[(chunks * col_blocks,)](
         grad, x, bias.contiguous() if bias is not None else x, grad_x, partial, rows, cols, rows_per_chunk,
-        ACT=ACT_CODES[act], HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
+        ACT=act, HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
         I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
     if bias is None:
         return grad_x, x.new_empty(0)
@@ -148,7 +147,7 @@ def _launch_glu(gate, up, grad, act, backward):
         block_r, block_c = tile(cols)
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
         _glu_kernel[grid](g, u, grad if backward else g, y, grad_up, rows, cols, g_stride, u_stride,
-                          ACT=ACT_CODES[act], BACKWARD=backward, MATH=math_dtype(gate), BLOCK_R=block_r,
+                          ACT=act, BACKWARD=backward, MATH=math_dtype(gate), BLOCK_R=block_r,
                           BLOCK_C=block_c, I64=needs_i64(rows * max(g_stride, u_stride, cols)),
                           num_warps=NUM_WARPS)
     return (y, grad_up) if backward else y

@@ -6,10 +6,13 @@ import torch
 
 from fused import _checks
 from fused._backend import register_gpu
+from fused._codes import ACT_CODES
 
 TRITON = "fused.linear.triton_kernels"
-# Activations whose derivative needs the pre-activation; relu, sigmoid, tanh differentiate from the output.
-NEEDS_PRE = ("gelu", "gelu_tanh", "silu")
+# relu, sigmoid and tanh differentiate from their output, as eager autograd does (act_grad_from_saved in
+# csrc/linear/linear_math.h); every other activation but identity needs the pre-activation saved.
+GRAD_FROM_OUTPUT = ("relu", "sigmoid", "tanh")
+NEEDS_PRE = tuple(act for act in ACT_CODES if act != "identity" and act not in GRAD_FROM_OUTPUT)
 
 
 def check_linear(op, x, weight, bias, act):

@@ -2,33 +2,30 @@
 
 linear_act_fwd: a tiled GEMM (tl.dot, fp32 accumulation, tensor cores for fp16/bf16, tf32 for fp32 only when
 torch.backends.cuda.matmul.allow_tf32 allows it) with bias + activation in its epilogue (the activations of
-fused/elementwise/triton_math.py: fused.bias_act's bits), autotuned over tile configurations suited to Hopper per
+fused/triton_math.py: fused.bias_act's bits), autotuned over tile configurations suited to Hopper per
 (power-of-two bucket of M, N, K). linear_act_grad_pre: grad * act'(saved) and the bias gradient's column sums in
 one pass (per-row-chunk partial sums, added in a fixed order: deterministic).
 
 Launchers take the op's own arguments and run on CPU tensors under TRITON_INTERPRET=1 (a small fixed tile then,
 no autotuning)."""
 import math
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-from fused._codes import ACT_CODES
 from fused.linear.ops import NEEDS_PRE, check_grad_pre, check_linear
-from fused.elementwise.triton_math import act_fwd, act_grad, on_device_of, program_2d
-
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+from fused.triton_math import act_fwd, act_grad
+from fused.triton_utils import INTERPRET, on_device_of, program_2d
 
 
 @triton.jit
 def _act_grad_from_saved(s, ACT: tl.constexpr):
     """act' from what autograd saved (as csrc/linear/linear_math.h): the pre-activation for gelu, gelu_tanh and
     silu; the output for relu, sigmoid and tanh, as eager autograd does."""
-    if ACT == 5:  # sigmoid
+    if ACT == "sigmoid":
         return s * (1.0 - s)
-    elif ACT == 6:  # tanh
+    elif ACT == "tanh":
         return 1.0 - s * s
     else:  # relu(x) > 0 iff x > 0, so relu' is the same from either
         return act_grad(s, ACT)
@@ -151,9 +148,9 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
     if M and N:
         args = (x2, weight, bias.contiguous() if bias is not None else y, y, pre if keep_pre else y, M, N, K,
                 m_bucket(M), x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
-        flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": ACT_CODES[act],
+        flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": act,
                  "PRECISION": dot_precision(x.dtype),
-                 "UPCAST": INTERPRET and x.dtype == torch.bfloat16}
+                 "UPCAST": bool(INTERPRET) and x.dtype == torch.bfloat16}
         if INTERPRET:
             _linear_act_fixed[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](
                 *args, **flags, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
@@ -178,7 +175,7 @@ def _grad_pre_kernel(grad_ptr, saved_ptr, grad_pre_ptr, partial_ptr, M, N, ROWS_
         mask = (rows[:, None] < M) & col_ok[None, :]
         offs = rows[:, None].to(tl.int64) * N + cols[None, :]
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if ACT != 0:
+        if ACT != "identity":
             s = tl.load(saved_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             g = g * _act_grad_from_saved(s, ACT)
         tl.store(grad_pre_ptr + offs, g.to(grad_pre_ptr.dtype.element_ty), mask=mask)
@@ -206,7 +203,7 @@ def linear_act_grad_pre(grad, saved, act, bias_grad):
     chunks = triton.cdiv(M, rows_per_chunk)
     partial = torch.empty(chunks, N, dtype=torch.float32, device=grad.device) if bias_grad else grad_pre
     _grad_pre_kernel[(chunks * triton.cdiv(N, block_n),)](
-        grad, saved, grad_pre, partial, M, N, rows_per_chunk, ACT=ACT_CODES[act], BIAS_GRAD=bias_grad,
+        grad, saved, grad_pre, partial, M, N, rows_per_chunk, ACT=act, BIAS_GRAD=bias_grad,
         BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
     if bias_grad:
         grad_bias = partial.sum(0).to(grad.dtype)

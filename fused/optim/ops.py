@@ -3,14 +3,15 @@ The ops mutate their arguments in place (optimizer state, found_inf) and have no
 import torch
 
 from fused._backend import register_gpu
+from fused.optim.functional import norm_dtype
 
 
 @torch.library.register_fake("fused::grad_norm")
 def _(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, finish=True):
     device = grads[0].device if grads else found_inf.device
-    def scalar(shape=()):
-        return torch.empty(shape, dtype=torch.float32, device=device)
-    return scalar(), scalar(() if finish else (0,)), scalar()
+    norm = torch.empty((), dtype=norm_dtype(grads) if finish else torch.float64, device=device)
+    coef = torch.empty(() if finish else (0,), dtype=torch.float64, device=device)
+    return norm, coef, torch.empty((), dtype=torch.float32, device=device)
 
 
 @torch.library.register_fake("fused::scale_grads_")
@@ -20,13 +21,14 @@ def _(grads, clip_coef):
 
 @torch.library.register_fake("fused::sgd_step_")
 def _(params, grads, momentum_buffers, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None, write_grads=False):
     return None
 
 
 @torch.library.register_fake("fused::adam_step_")
 def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
+      write_grads=False):
     return None
 
 

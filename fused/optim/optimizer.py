@@ -17,11 +17,11 @@ accumulate_grads(): adds every parameter's 16-bit .grad into an fp32 buffer (one
 .grad; the next step() uses the fp32 sums (plus any .grad left from a last micro-batch). A state_dict taken
 between micro-batches carries the sums ("accumulated_grads"), so a checkpoint there loses nothing; the sums are
 invisible to code that reads .grad (use max_grad_norm rather than clip_grad_norm_ on the parameters;
-fused.amp.GradScaler.unscale_ does unscale them)."""
+fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
-from fused.optim.functional import check_dense, check_one_device, global_norm, local
+from fused.optim.functional import check_grads, check_one_device, global_norm, local
 
 INF = float("inf")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -41,7 +41,9 @@ def _check_not_differentiable(cls, differentiable):
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
-    """Common step: pass 1 over every gradient of every group, then the per-group update."""
+    """Common step: pass 1 over every gradient of every group, then the per-group update. Gradient scalers drive
+    it through one public hook, scaler_step() (torch.amp.GradScaler through torch's grad_scale / found_inf
+    attributes, which step() reads)."""
 
     # torch.amp.GradScaler hands `grad_scale` and `found_inf` to optimizers that declare this (no unscale pass).
     _step_supports_amp_scaling = True
@@ -59,7 +61,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.stochastic_rounding = bool(stochastic_rounding)
         self._grad_acc = {}  # param -> fp32 buffer of accumulated micro-batch gradients (kept across steps)
         self._acc_live = set()  # params whose buffer holds sums since the last step
-        self.last_grad_norm = None  # float32 device tensor after each step: the unscaled norm before clipping
+        self.last_grad_norm = None  # after each step: the unscaled norm before clipping (device, the grads' dtype)
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -72,37 +74,75 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._fused_step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         return loss
 
+    @torch.no_grad()
+    def scaler_step(self, grad_scale=None, found_inf=None, *, unscale_by=None):
+        """The hook through which a gradient scaler drives this optimizer (fused.amp.GradScaler uses nothing else).
+
+        It works on the gradients step() reads: .grad, or after accumulate_grads() the fp32 sums (a last
+        micro-batch still in .grad folded in first). grad_scale: the loss scale they carry, a float32 scalar tensor
+        (None: 1). found_inf: a float32 scalar tensor (or a number) or'ed into the finite check (None: unset).
+        By default it is one fused step on the gradients divided by grad_scale, skipped whole when found_inf is
+        set or a gradient is inf/NaN; .grad is left unscaled and clipped, as torch's fused optimizers leave it.
+        With unscale_by (a float32 scalar tensor, the inverse scale: what scaler.unscale_ does) there is no step:
+        the fp32 sums are multiplied by it in place, with the finite check; when step() would read .grad instead,
+        nothing is done and None returned (the scaler unscales .grad itself).
+        Returns found_inf after the check, a float32 scalar on the parameters' device; None where no parameter
+        has a gradient."""
+        if unscale_by is not None:
+            return self._unscale_sums(unscale_by, found_inf)
+        return self._fused_step(grad_scale, found_inf)
+
+    def _unscale_sums(self, inv_scale, found_inf):
+        if not self._acc_live:
+            return None
+        self.accumulate_grads()  # a last micro-batch left in .grad joins the sums
+        by_dtype = {}
+        for p in self._acc_live:
+            acc = local(self._grad_acc[p])
+            by_dtype.setdefault(acc.dtype, []).append(acc)
+        device = next(iter(by_dtype.values()))[0].device
+        found = torch.zeros((), device=device) if found_inf is None else \
+            torch.as_tensor(found_inf, dtype=torch.float32, device=device).clone()
+        for accs in by_dtype.values():
+            torch._amp_foreach_non_finite_check_and_unscale_(accs, found, inv_scale.to(device))
+        return found
+
     def _fused_step(self, grad_scale=None, found_inf=None):
-        """Pass 1 and pass 2. grad_scale: the scaler's scale, a float32 device scalar (None: 1); found_inf: a
-        float32 device scalar or'ed into the finite check (None: unset). Returns found_inf after the check."""
+        """Pass 1 and pass 2 (see scaler_step). Returns found_inf after the check; None without gradients."""
         name = type(self).__name__
         if self._acc_live:
             self.accumulate_grads()  # a last micro-batch left in .grad joins the sums
         groups = [(g, [p for p in g["params"] if self._has_grad(p)]) for g in self.param_groups]
         groups = [(g, ps) for g, ps in groups if ps]
         if not groups:
-            return found_inf
+            return None
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
-        grads = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
-        check_dense(f"optim.{name}", grads)
+        sources = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
+        # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
+        # the fp32 sums of accumulate_grads() are internal and are not written.
+        write_grads = not self._acc_live
+        changes = grad_scale is not None or self.max_grad_norm is not None or self.clip_value is not None
+        check_grads(f"optim.{name}", sources, write_grads and changes)
+        grads, copies = self._kernel_grads(all_params)
         device = local(all_params[0]).device
+        # torch.amp.GradScaler hands a Python 0 as found_inf when no .grad was checked (accumulate_grads' sums)
         if found_inf is not None:
-            found_inf = found_inf.to(device=device, dtype=torch.float32)
+            found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=device)
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
-        self.last_grad_norm, coef, found_inf = global_norm(grads, found_inf, grad_scale, 2.0, self.max_grad_norm,
-                                                           self.clip_value)
+        self.last_grad_norm, coef, found_inf = global_norm(sources, found_inf, grad_scale, 2.0, self.max_grad_norm,
+                                                           self.clip_value, [grads[p] for p in all_params])
         clip_value = INF if self.clip_value is None else float(self.clip_value)
-        self._update_groups(groups, coef, grad_scale, found_inf, clip_value)
+        self._update_groups(groups, grads, coef, grad_scale, found_inf, clip_value, write_grads)
+        if write_grads and changes:
+            for grad, copy in copies:
+                grad.copy_(copy)
         self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
         return found_inf
 
     def _has_grad(self, p):
         return p.grad is not None or p in self._acc_live
-
-    def _params_with_grads(self):
-        return [p for g in self.param_groups for p in g["params"] if self._has_grad(p)]
 
     @torch.no_grad()
     def accumulate_grads(self):
@@ -132,7 +172,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self._acc_live.clear()
         super().zero_grad(set_to_none)
 
-    def _update_groups(self, groups, coef, grad_scale, found_inf, clip_value):
+    def _update_groups(self, groups, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         """One update call for every group alike in the kernel's flags (and in having master weights), whatever
         their learning rates, betas or weight decays: those go per tensor (the op's `hyper`)."""
         calls = {}
@@ -141,7 +181,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if kind:
                     calls.setdefault((self._uses_master(kind[0]),) + self._flags(group), []).append((group, kind))
         for entries in calls.values():
-            self._update(entries, coef, grad_scale, found_inf, clip_value)
+            self._update(entries, grads, coef, grad_scale, found_inf, clip_value, write_grads)
 
     def _hyper(self, entries):
         """Per-tensor hyperparameter rows (float64 [n, H]) for several groups; None for one (the scalars)."""
@@ -150,14 +190,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return torch.tensor([self._row(group) for group, params in entries for _ in params], dtype=torch.float64)
 
     def _grad_of(self, p, from_buffer=True):
-        """The local gradient (the fp32 sums after accumulate_grads), with the strides of the parameter (the
-        kernels walk both as flat memory)."""
+        """The local gradient the kernels read (the fp32 sums after accumulate_grads): .grad itself when it is laid
+        out like the parameter (the kernels walk both as flat memory), else a copy in the parameter's layout."""
         if from_buffer and p in self._acc_live:
             return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
         if g.stride() != lp.stride():
-            g = torch.empty_like(lp).copy_(g)
+            g = torch.empty_like(lp, dtype=g.dtype).copy_(g)
         return g
+
+    def _kernel_grads(self, params):
+        """{param: the gradient the kernels read}, and the (.grad, copy) pairs where that is a copy: the step's
+        write-back goes into the copy, and from there into .grad."""
+        grads, copies = {}, []
+        for p in params:
+            grads[p] = self._grad_of(p)
+            if p not in self._acc_live and grads[p].data_ptr() != local(p.grad).data_ptr():
+                copies.append((local(p.grad), grads[p]))
+        return grads, copies
 
     def _new_step(self, p):
         return torch.zeros((), dtype=torch.float32, device=local(p).device)
@@ -261,7 +311,7 @@ class SGD(_FusedOptimizer):
     def _row(self, group):
         return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]), float(group["weight_decay"])]
 
-    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         group = entries[0][0]
         params = [p for _, ps in entries for p in ps]
         use_momentum = group["momentum"] != 0
@@ -276,10 +326,10 @@ class SGD(_FusedOptimizer):
                 bufs.append(local(state["momentum_buffer"]))
                 steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.sgd_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], bufs, steps,
+        torch.ops.fused.sgd_step_([self._target(p) for p in params], [grads[p] for p in params], bufs, steps,
                                   *self._row(group), bool(group["nesterov"]), bool(group["maximize"]),
                                   coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                  self._hyper(entries))
+                                  self._hyper(entries), write_grads)
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -312,7 +362,7 @@ class Adam(_FusedOptimizer):
         beta1, beta2 = group["betas"]
         return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"])]
 
-    def _update(self, entries, coef, grad_scale, found_inf, clip_value):
+    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
         group = entries[0][0]
         params = [p for _, ps in entries for p in ps]
         amsgrad, decoupled, maximize = self._flags(group)
@@ -331,10 +381,10 @@ class Adam(_FusedOptimizer):
                 max_sqs.append(local(state["max_exp_avg_sq"]))
             steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.adam_step_([self._target(p) for p in params], [self._grad_of(p) for p in params], exp_avgs,
+        torch.ops.fused.adam_step_([self._target(p) for p in params], [grads[p] for p in params], exp_avgs,
                                    exp_avg_sqs, max_sqs, steps, *self._row(group), amsgrad, decoupled, maximize, coef,
                                    grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                   self._hyper(entries))
+                                   self._hyper(entries), write_grads)
 
 
 class AdamW(Adam):

@@ -144,7 +144,7 @@ struct Lists {
   std::vector<uint8_t> buffer;
   oc::TensorLists lists;
   Lists(const std::vector<std::vector<Ptr>>& ptrs, const std::vector<int64_t>& numel, std::vector<uint8_t> dtype,
-        const std::vector<Ptr>& steps = {}, const std::vector<float>& hyper = {}, int width = 0) {
+        const std::vector<Ptr>& steps = {}, const std::vector<double>& hyper = {}, int width = 0) {
     std::vector<std::vector<void*>> p(ptrs.size());
     for (size_t k = 0; k < ptrs.size(); ++k)
       for (Ptr q : ptrs[k]) p[k].push_back(ptr(q));
@@ -170,41 +170,43 @@ void def_optim(py::module_& m) {
   m.attr("MASTER") = oc::kMaster;
   m.attr("F32_STATE") = oc::kF32State;
   m.attr("F32_GRAD") = oc::kF32Grad;
+  // norm_dtype: the optimizer DType code of norm_out (the gradients' promoted dtype); coef_out is float64.
   m.def("grad_norm", [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr ws,
-                        Ptr found_in, Ptr grad_scale, int norm, float p, float max_norm, float clip_value, bool finish,
-                        Ptr norm_out, Ptr coef_out, Ptr found_out, int num_sms) {
+                        Ptr found_in, Ptr grad_scale, int norm, double p, double max_norm, double clip_value,
+                        bool finish, Ptr norm_out, Ptr coef_out, Ptr found_out, int num_sms, bool fp64,
+                        int norm_dtype) {
     const Lists l(grads, numel, dtype);
     check("grad_norm", oc::launch_grad_norm(l.lists, oc::workspace_at(ptr(ws)), ptr<float>(found_in),
-                                            ptr<float>(grad_scale), Code{norm}, p, max_norm, clip_value, finish,
-                                            ptr<float>(norm_out), ptr<float>(coef_out), ptr<float>(found_out),
-                                            num_sms, nullptr));
+                                            ptr<float>(grad_scale), Code{norm}, p, max_norm, clip_value, fp64,
+                                            finish, ptr(norm_out), uint8_t(norm_dtype), ptr<double>(coef_out),
+                                            ptr<float>(found_out), num_sms, nullptr));
   });
   m.def("scale_grads", [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr coef,
                           int num_sms) {
     const Lists l(grads, numel, dtype);
-    check("scale_grads", oc::launch_scale_grads(l.lists, ptr<float>(coef), num_sms, nullptr));
+    check("scale_grads", oc::launch_scale_grads(l.lists, ptr<double>(coef), num_sms, nullptr));
   });
   m.def("sgd_step", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
-                       const std::vector<Ptr>& steps, const std::vector<float>& hyper, Ptr ws, float lr,
-                       float momentum, float dampening, float weight_decay, float clip_value, bool nesterov,
+                       const std::vector<Ptr>& steps, const std::vector<double>& hyper, Ptr ws, double lr,
+                       double momentum, double dampening, double weight_decay, double clip_value, bool nesterov,
                        bool maximize, bool stochastic, uint64_t sr_seed, Ptr coef, Ptr grad_scale, Ptr found_inf,
-                       int num_sms) {
+                       int num_sms, bool write_grads) {
     const Lists l(lists, numel, dtype, steps, hyper, 4);
     const oc::SgdArgs args{lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize, momentum != 0,
-                           stochastic, sr_seed};
-    check("sgd_step", oc::launch_sgd_step(l.lists, oc::workspace_at(ptr(ws)), args, ptr<float>(coef),
-                                          ptr<float>(grad_scale), ptr<float>(found_inf), num_sms, nullptr));
+                           stochastic, sr_seed, write_grads};
+    const oc::StepScalars scalars{ptr<double>(coef), ptr<float>(grad_scale), ptr<float>(found_inf)};
+    check("sgd_step", oc::launch_sgd_step(l.lists, oc::workspace_at(ptr(ws)), args, scalars, num_sms, nullptr));
   });
   m.def("adam_step", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
-                        const std::vector<Ptr>& steps, const std::vector<float>& hyper, Ptr ws, float lr, float beta1,
-                        float beta2, float eps, float weight_decay, float clip_value, bool amsgrad, bool decoupled,
+                        const std::vector<Ptr>& steps, const std::vector<double>& hyper, Ptr ws, double lr, double beta1,
+                        double beta2, double eps, double weight_decay, double clip_value, bool amsgrad, bool decoupled,
                         bool maximize, bool stochastic, uint64_t sr_seed, Ptr coef, Ptr grad_scale, Ptr found_inf,
-                        int num_sms) {
+                        int num_sms, bool write_grads) {
     const Lists l(lists, numel, dtype, steps, hyper, 5);
     const oc::AdamArgs args{lr, beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize,
-                            stochastic, sr_seed};
-    check("adam_step", oc::launch_adam_step(l.lists, oc::workspace_at(ptr(ws)), args, ptr<float>(coef),
-                                            ptr<float>(grad_scale), ptr<float>(found_inf), num_sms, nullptr));
+                            stochastic, sr_seed, write_grads};
+    const oc::StepScalars scalars{ptr<double>(coef), ptr<float>(grad_scale), ptr<float>(found_inf)};
+    check("adam_step", oc::launch_adam_step(l.lists, oc::workspace_at(ptr(ws)), args, scalars, num_sms, nullptr));
   });
   m.def("accumulate_grads", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
                                bool overwrite, int num_sms) {

@@ -1,0 +1,101 @@
+"""Launch and indexing helpers shared by the Triton kernels: math dtypes, [rows, cols] tiles, program ids folded
+into grid axis 0, 64-bit offsets where a tensor needs them, float64 scalars as kernel arguments, rounding to the
+output dtype, and running a launcher on its tensors' device."""
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+
+# ---- launch parameters of the memory-bound kernels ----
+BLOCK = 2048  # elements per program of the flat kernels
+NUM_WARPS = 8
+TILE = 2048  # elements per program of the [rows, cols] kernels
+
+
+def math_dtype(t):
+    return tl.float64 if t.dtype == torch.float64 else tl.float32
+
+
+def math_torch_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def rows_cols(t):
+    """t as [rows, cols] with cols its last dim (a 0-d tensor is one row of one)."""
+    cols = t.shape[-1] if t.dim() else 1
+    return (t.numel() // cols if cols else 0), cols
+
+
+def needs_i64(*sizes):
+    return max(sizes) >= 2**31
+
+
+def tile(cols):
+    block_c = min(triton.next_power_of_2(max(cols, 1)), 1024)
+    return TILE // block_c if block_c < TILE else 1, block_c
+
+
+@triton.jit
+def flat_offsets(I64: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    return pid * BLOCK + tl.arange(0, BLOCK)
+
+
+@triton.jit
+def program_2d(inner, I64: tl.constexpr = False):
+    """(outer, inner) indices of this program in a grid folded into axis 0 (inner fastest). Grid axes 1 and 2
+    stop at 65535 programs, which a long row or a large batch would pass; axis 0 goes to 2**31 - 1. With I64 both
+    come back as int64, so that block index x block size (a row start, a column) cannot wrap past 2**31."""
+    pid = tl.program_id(0)
+    if I64:
+        pid = pid.to(tl.int64)
+    return pid // inner, pid % inner
+
+
+@triton.jit
+def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+    """Row and column indices of a BLOCK_R x BLOCK_C tile and its mask; int64 throughout with I64."""
+    if I64:
+        R0 = R0.to(tl.int64)
+        col_block = col_block.to(tl.int64)
+    r = R0 + tl.arange(0, BLOCK_R)
+    c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
+    return r[:, None], c[None, :], (r[:, None] < rows) & (c[None, :] < cols)
+
+
+def on_device_of(launcher):
+    """Runs the launcher with its first tensor's CUDA device current (a no-op for CPU tensors)."""
+    @functools.wraps(launcher)
+    def wrapper(first, *args, **kwargs):
+        with torch.cuda.device_of(first):
+            return launcher(first, *args, **kwargs)
+    return wrapper
+
+
+@triton.jit
+def scalar_in(s, MATH: tl.constexpr):
+    """A float64 kernel argument as a scalar of the math type (the interpreter passes it as a Python float)."""
+    if INTERPRET:
+        return tl.full((), s, MATH)
+    else:
+        return s.to(MATH)
+
+
+@triton.jit
+def to_out(v, DTYPE: tl.constexpr):
+    """v converted to the output dtype, rounding to nearest even. The interpreter truncates float32 -> bfloat16,
+    so there the rounding is done on the bits (what the GPU's conversion does)."""
+    if v.dtype == DTYPE:
+        return v
+    elif INTERPRET and DTYPE == tl.bfloat16:
+        bits = v.to(tl.float32).to(tl.uint32, bitcast=True)
+        top = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).to(tl.uint16)
+        return tl.where(v != v, 0x7FC0, top).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return v.to(DTYPE)

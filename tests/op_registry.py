@@ -1,0 +1,126 @@
+"""Every fused:: op, with what tests/test_op_coverage.py holds it to: its reference (the plain-PyTorch spec), how
+it differentiates, and the arguments torch.library.opcheck runs it on. A new op goes here, or the coverage test
+fails; CUDA twins (cuda_<op>) do not: they are checked against their op."""
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from fused.distance import reference as distance_ref
+from fused.elementwise import reference as elementwise_ref
+from fused.linear import reference as linear_ref
+from fused.optim import reference as optim_ref
+from tests.harness import make
+
+
+@dataclass(frozen=True)
+class Op:
+    """samples: a function returning opcheck argument tuples (small CPU tensors). reference: the fused.<family>
+    .reference function that is the op's spec (a backward op's is its forward's). backward_of: the op whose
+    backward this is (autograd calls it; it has no autograd of its own). differentiable=False: no autograd, on
+    purpose (in-place optimizer ops)."""
+    samples: Callable[[], list]
+    reference: Optional[Callable] = None
+    backward_of: Optional[str] = None
+    differentiable: bool = True
+
+
+def _x(*shape, seed=0, dtype=torch.float32, **kw):
+    return make(shape, dtype, seed=seed, **kw)
+
+
+def _linear():  # x, weight, bias of a linear_act, requiring grad (opcheck then checks the autograd registration)
+    return _x(3, 5, 16, requires_grad=True), _x(12, 16, seed=1, requires_grad=True), _x(12, seed=2, requires_grad=True)
+
+
+def _points():
+    return _x(2, 4, 3, seed=52, requires_grad=True), _x(2, 5, 3, seed=53, requires_grad=True)
+
+
+def _optim_lists():
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
+    params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
+    return grads, params, torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+
+
+def _sgd_samples():
+    grads, params, found, coef, inv = _optim_lists()
+    return [([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
+             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [])]
+
+
+def _adam_samples():
+    grads, params, found, coef, inv = _optim_lists()
+
+    def state():
+        return [torch.zeros_like(p) for p in params]
+    steps = [torch.zeros(()) for _ in params]
+    return [([p.clone() for p in params], grads, state(), state(), [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False,
+             True, False, coef, inv, found, math.inf, []),
+            ([p.clone() for p in params], [g.bfloat16() for g in grads], state(), state(), [], steps, 1e-3, 0.9,
+             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params])]
+
+
+def _grad_norm_samples():
+    grads, _, found, _, inv = _optim_lists()
+    return [(grads, found, inv, 2.0, 1.0, math.inf, True), (grads, None, None, 3.0, 1.0, 0.5, False)]
+
+
+_SEED = torch.tensor(1234)
+OPS = {
+    # elementwise
+    "bias_act": Op(lambda: [(_x(3, 5, 11), _x(11, seed=1), "silu"), (_x(3, 5, 11), None, "gelu")],
+                   elementwise_ref.bias_act),
+    "bias_act_backward": Op(lambda: [(_x(3, 5, 11, seed=2), _x(3, 5, 11), _x(11, seed=1), "gelu")],
+                            backward_of="bias_act"),
+    "glu": Op(lambda: [(_x(4, 6), _x(4, 6, seed=5), "gelu")], elementwise_ref.glu),
+    "glu_backward": Op(lambda: [(_x(4, 6, seed=2), _x(4, 6), _x(4, 6, seed=5), "silu")], backward_of="glu"),
+    # the composite draws a seed: opcheck's repeated calls agree only without dropout
+    "bias_dropout_add": Op(lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, False)],
+                           elementwise_ref.bias_dropout_add),
+    "bias_dropout_add_seeded": Op(lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, _SEED)],
+                                  elementwise_ref.bias_dropout_add),
+    "dropout_backward": Op(lambda: [(_x(4, 6), 0.4, _SEED, True), (_x(4, 6), 0.4, _SEED, False)],
+                           backward_of="bias_dropout_add_seeded"),
+    "unary_chain": Op(lambda: [(_x(4, 7), ["cos", "mul:0.5"])], elementwise_ref.unary_chain),
+    "unary_chain_backward": Op(lambda: [(_x(4, 7, seed=1), _x(4, 7, low=1.5, high=3.0), ["log", "pow:1.5"])],
+                               backward_of="unary_chain"),
+    # linear
+    "linear_act": Op(lambda: [(*_linear(), act) for act in ("relu", "gelu")], linear_ref.linear_act),
+    "linear_act_fwd": Op(lambda: [(*_linear(), act, True) for act in ("relu", "gelu")]
+                         + [(*_linear()[:2], None, "gelu", False)], linear_ref.linear_act),
+    "linear_act_grad_pre": Op(lambda: [(_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "gelu", True),
+                                       (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "tanh", False)],
+                              backward_of="linear_act_fwd"),
+    # distance
+    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)], distance_ref.pairwise_distances),
+    "pairwise_distances_backward": Op(
+        lambda: [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
+                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)],
+        backward_of="pairwise_distances"),
+    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False)], distance_ref.pairwise_topk),
+    "pairwise_topk_backward": Op(
+        lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
+                  *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],
+        backward_of="pairwise_topk"),
+    # optim: in-place steps over lists of tensors, no autograd
+    "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
+    "scale_grads_": Op(lambda: [(_optim_lists()[0], torch.tensor(0.5))], optim_ref.clip_grad_norm_,
+                       differentiable=False),
+    "clip_grad_norm_": Op(lambda: [([_x(5), _x(2, 3, seed=1)], 1.0, 2.0)], optim_ref.clip_grad_norm_,
+                          differentiable=False),
+    "sgd_step_": Op(_sgd_samples, optim_ref.ReferenceOptimizer, differentiable=False),
+    "adam_step_": Op(_adam_samples, optim_ref.ReferenceOptimizer, differentiable=False),
+    # the fp32 gradient accumulation of master-weight training, held against the reference step it feeds
+    "accumulate_grads_": Op(lambda: [([torch.zeros(5), torch.zeros(3, 2)],
+                                      [torch.ones(5).bfloat16(), torch.full((3, 2), 0.5).half()], False)],
+                            optim_ref.ReferenceOptimizer, differentiable=False),
+}
+
+
+def reference_of(name):
+    """The op's reference: its own, or its forward's for a backward op."""
+    op = OPS[name]
+    return op.reference if op.backward_of is None else reference_of(op.backward_of)
