@@ -1005,6 +1005,88 @@ def test_stochastic_rounding(emu, ws, opt):
             assert_equal_bits(e, c)
 
 
+# ---------------------------------------------------------------- norm
+# (x dtype, residual stream dtype)
+NORM_DTYPES = [(torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.bfloat16),
+               (torch.bfloat16, torch.float32), (torch.float16, torch.float16)]
+
+
+def emu_norm_fwd(emu, x, residual, weight, bias, eps, rms, misalign=False):
+    """The launcher on guarded copies: (out, sum or None, mean or None, rstd)."""
+    rows, C = x.shape
+    math_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    stream = residual.dtype if residual is not None else x.dtype
+    outs = (out((rows, C), x.dtype), out((rows, C), stream) if residual is not None else None,
+            None if rms else out((rows,), math_dtype), out((rows,), math_dtype))
+    launch(emu.norm_fwd, code(x.dtype), code(stream), buf(x, misalign), buf(residual) if residual is not None else None,
+           buf(weight) if weight is not None else None, buf(bias) if bias is not None else None, *outs, rows, C, eps,
+           rms)
+    return outs
+
+
+def emu_norm_backward(emu, grad, grad_sum, h, mean, rstd, weight, rms, weight_grad, bias_grad):
+    rows, C = h.shape
+    math_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    ws = emu.norm_backward_workspace(rows, C)
+    grads = (out((rows, C), h.dtype), out((C,), math_dtype) if weight_grad else None,
+             out((C,), math_dtype) if bias_grad else None)
+    launch(emu.norm_backward, code(grad.dtype), code(h.dtype), buf(grad), buf(grad_sum) if grad_sum is not None else None,
+           buf(h), mean, rstd, buf(weight) if weight is not None else None, *grads,
+           out((ws,), math_dtype) if weight_grad else None, out((ws,), math_dtype) if bias_grad else None, rows, C, rms)
+    return grads
+
+
+@pytest.mark.parametrize("rms", [True, False])
+@pytest.mark.parametrize("dtype,stream", NORM_DTYPES)
+@pytest.mark.parametrize("rows,C,misalign", [(5, 37, False), (3, 300, True), (4, 1, False)])
+def test_norm_forward_and_backward(emu, rms, dtype, stream, rows, C, misalign):
+    """A block per row (C = 300: threads stride over the row), the sum rounded to the stream's dtype as the CPU
+    kernel rounds it (bit for bit), statistics and gradients against the CPU op; with and without residual,
+    weight, bias and grad_sum."""
+    math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    x, r = make((rows, C), dtype, seed=0), make((rows, C), stream, seed=1)
+    w, b = make((C,), math_dtype, low=0.5, high=1.5, seed=2), None if rms else make((C,), math_dtype, seed=3)
+    y, h, mean, rstd = emu_norm_fwd(emu, x, r, w, b, 1e-5, rms, misalign)
+    cpu = F.norm_fwd(x, r, [C], w, b, 1e-5, rms)
+    assert_close(y, cpu[0])
+    assert_equal_bits(h, cpu[1])
+    for e, c in zip((mean, rstd), cpu[2:]):
+        if e is not None:
+            assert_close(e, c, scale=4)
+    g, gs = make((rows, C), dtype, seed=4), make((rows, C), stream, seed=5)
+    grads = emu_norm_backward(emu, g, gs, h, mean, rstd, w, rms, True, not rms)
+    for e, c in zip(grads, F.norm_backward(g, gs, cpu[1], *cpu[2:], w, [C], rms, True, not rms)):
+        if e is not None:
+            assert_close(e, c, c.dtype, scale=8)
+    # no residual, no weight, no grad_sum
+    y, _, mean, rstd = emu_norm_fwd(emu, x, None, None, None, 1e-5, rms)
+    cpu = F.norm_fwd(x, None, [C], None, None, 1e-5, rms)
+    assert_close(y, cpu[0])
+    grad_h, _, _ = emu_norm_backward(emu, g, None, x, mean, rstd, None, rms, False, False)
+    assert_close(grad_h, F.norm_backward(g, None, x, *cpu[2:], None, [C], rms, False, False)[0], dtype, scale=8)
+
+
+def test_norm_weight_gradients_same_bits_in_any_schedule(emu, reschedule):
+    """700 rows: 350 chunks of 2 rows, partials summed in chunk order: the same bits under other block and thread
+    orders and SM counts; against float64."""
+    x, g = make((700, 40), seed=0), make((700, 40), seed=1)
+    w, b = make((40,), low=0.5, high=1.5, seed=2), make((40,), seed=3)
+    _, _, mean, rstd = emu_norm_fwd(emu, x, None, w, b, 1e-5, False)
+
+    def grads():
+        return emu_norm_backward(emu, g, None, x, mean, rstd, w, False, True, True)
+
+    first = grads()
+    for other in reschedule(grads):
+        for a, c in zip(first, other):
+            assert_equal_bits(a, c)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    expected = torch.autograd.grad(torch.nn.functional.layer_norm(x64, (40,), w64, b64, 1e-5), (x64, w64, b64),
+                                   g.double())
+    for a, e in zip(first, expected):
+        assert_close(a, e, torch.float32, scale=8)
+
+
 def test_every_launch_is_emulated():
     """No .cu keeps a bare <<<...>>> launch (the emulation would not compile it), and every .cu is in the build."""
     sources = glob.glob(os.path.join(ce.ROOT, "csrc", "**", "*.cu"), recursive=True)

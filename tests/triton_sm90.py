@@ -142,12 +142,25 @@ def linear():
     tk.linear_act_grad_pre(g.half(), saved.half(), "gelu_tanh", True)
 
 
+def norm():
+    import fused.norm.triton_kernels as tk
+    for dt, res_dt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                       (torch.bfloat16, torch.float32), (torch.float64, torch.float64)):
+        x, g = torch.randn(6, 200, dtype=dt), torch.randn(6, 200, dtype=dt)
+        r, w, b = torch.randn(6, 200, dtype=res_dt), torch.randn(200, dtype=dt), torch.randn(200, dtype=dt)
+        for rms in (True, False):
+            _, h, mean, rstd = tk.norm_fwd(x, r, [200], w, None if rms else b, 1e-5, rms)
+            tk.norm_fwd(x, None, [200], None, None, 1e-5, rms)
+            tk.norm_backward(g, h, h, mean, rstd, w, [200], rms, True, not rms)
+            tk.norm_backward(g, None, x, mean, rstd, None, [200], rms, False, False)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts
