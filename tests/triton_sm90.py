@@ -4,7 +4,7 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family."""
+compiles one family (elementwise, distance, linear, loss)."""
 import contextlib
 import math
 import os
@@ -155,12 +155,22 @@ def norm():
             tk.norm_backward(g, None, x, mean, rstd, None, [200], rms, False, False)
 
 
+def loss():
+    import fused.loss.triton_kernels as tk
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
+        weight, scale = torch.rand(300, dtype=acc), torch.ones(4, 2, dtype=acc)
+        tk.cross_entropy_rows(logits, t, weight, scale, torch.empty_like(logits), -100, 0.1, 1e-4, 30.0)
+        tk.cross_entropy_rows(logits, t, None, scale[0], logits.new_empty(0), -100, 0.0, 0.0, 0.0)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

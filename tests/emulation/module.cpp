@@ -13,6 +13,7 @@
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
 #include "norm/norm_kernels.h"
+#include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
 
@@ -150,6 +151,17 @@ void def_norm(py::module_& m) {
   });
 }
 
+void def_loss(py::module_& m) {
+  m.def("cross_entropy_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight,
+                                 Ptr weight_sum, Ptr scale, int64_t scale_ld, Ptr loss, Ptr lse, int64_t rows, int64_t V,
+                                 int64_t ignore_index, double label_smoothing, double z_loss, double softcap) {
+    const cuda::loss::RowsArgs args{ptr(logits), ld, ptr(grad), ldg, ptr<const int64_t>(target), ptr(weight),
+                                    ptr<const double>(weight_sum), ptr(scale), scale_ld, ptr(loss), ptr(lse), rows, V,
+                                    ignore_index, label_smoothing, z_loss, softcap};
+    check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
+  });
+}
+
 namespace oc = optim_cuda;
 
 // The metadata of K lists of n tensors as the optimizer launchers read it (device memory is host memory here):
@@ -266,6 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_distance(m);
   fused::emu::def_norm(m);
   fused::emu::def_optim(m);
+  fused::emu::def_loss(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");
   fused::emu::def_selftest(selftest);
 }
