@@ -46,13 +46,14 @@ def _optim_lists():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
     params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    return grads, params, torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    return grads, params, torch.zeros(()), torch.tensor(0.5, dtype=torch.float64), torch.tensor(4.0)
 
 
 def _sgd_samples():
     grads, params, found, coef, inv = _optim_lists()
     return [([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
-             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [])]
+             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [],
+             None, None, True)]  # write_grads
 
 
 def _adam_samples():
@@ -64,7 +65,8 @@ def _adam_samples():
     return [([p.clone() for p in params], grads, state(), state(), [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False,
              True, False, coef, inv, found, math.inf, []),
             ([p.clone() for p in params], [g.bfloat16() for g in grads], state(), state(), [], steps, 1e-3, 0.9,
-             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params])]
+             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params],
+             None, None, True)]  # write_grads
 
 
 def _grad_norm_samples():
@@ -120,7 +122,7 @@ OPS = {
         backward_of="pairwise_topk"),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
-    "scale_grads_": Op(lambda: [(_optim_lists()[0], torch.tensor(0.5))], optim_ref.clip_grad_norm_,
+    "scale_grads_": Op(lambda: [(_optim_lists()[0], _optim_lists()[3])], optim_ref.clip_grad_norm_,
                        differentiable=False),
     "clip_grad_norm_": Op(lambda: [([_x(5), _x(2, 3, seed=1)], 1.0, 2.0)], optim_ref.clip_grad_norm_,
                           differentiable=False),

@@ -159,11 +159,19 @@ def test_max_norm_gradients_in_16_bit(dev, dtype):
     b = make((40, 5), dtype, dev, seed=71, requires_grad=True)
     g = make((2, 30, 40), dtype, dev, seed=72)
     ga, gb = torch.autograd.grad(fused.pairwise_distances(a, b, math.inf), (a, b), g)
+    for ours, exact in zip((ga, gb), max_norm_grads64(a, b, g)):
+        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dev", device_backends("pairwise_topk"), indirect=True)
+def test_max_norm_topk_gradients_in_16_bit(dev, dtype):
+    """As test_max_norm_gradients_in_16_bit, through pairwise_topk (its backends only)."""
+    a = make((2, 30, 5), dtype, dev, seed=70, requires_grad=True)
+    b = make((40, 5), dtype, dev, seed=71, requires_grad=True)
     v, i = fused.pairwise_topk(a, b, 6, math.inf)
     gv = make(v.shape, dtype, dev, seed=73)
     ta, tb = torch.autograd.grad(v, (a, b), gv)
-    for ours, exact in zip((ga, gb), max_norm_grads64(a, b, g)):
-        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
     selected = torch.zeros(2, 30, 40, dtype=dtype, device=dev).scatter(-1, i, gv)  # the topk's grad on N x M
     for ours, exact in zip((ta, tb), max_norm_grads64(a, b, selected)):
         assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)

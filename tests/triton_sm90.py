@@ -4,7 +4,7 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family."""
+compiles one family (elementwise, distance, linear, loss)."""
 import contextlib
 import math
 import os
@@ -142,12 +142,35 @@ def linear():
     tk.linear_act_grad_pre(g.half(), saved.half(), "gelu_tanh", True)
 
 
+def norm():
+    import fused.norm.triton_kernels as tk
+    for dt, res_dt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                       (torch.bfloat16, torch.float32), (torch.float64, torch.float64)):
+        x, g = torch.randn(6, 200, dtype=dt), torch.randn(6, 200, dtype=dt)
+        r, w, b = torch.randn(6, 200, dtype=res_dt), torch.randn(200, dtype=dt), torch.randn(200, dtype=dt)
+        for rms in (True, False):
+            _, h, mean, rstd = tk.norm_fwd(x, r, [200], w, None if rms else b, 1e-5, rms)
+            tk.norm_fwd(x, None, [200], None, None, 1e-5, rms)
+            tk.norm_backward(g, h, h, mean, rstd, w, [200], rms, True, not rms)
+            tk.norm_backward(g, None, x, mean, rstd, None, [200], rms, False, False)
+
+
+def loss():
+    import fused.loss.triton_kernels as tk
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
+        weight, scale = torch.rand(300, dtype=acc), torch.ones(4, 2, dtype=acc)
+        tk.cross_entropy_rows(logits, t, weight, scale, torch.empty_like(logits), -100, 0.1, 1e-4, 30.0)
+        tk.cross_entropy_rows(logits, t, None, scale[0], logits.new_empty(0), -100, 0.0, 0.0, 0.0)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

@@ -12,6 +12,8 @@
 #include "distance/distance_kernels.h"
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
+#include "norm/norm_kernels.h"
+#include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
 
@@ -132,6 +134,34 @@ void def_distance(py::module_& m) {
   });
 }
 
+void def_norm(py::module_& m) {
+  namespace kn = cuda::norm;
+  m.def("norm_backward_workspace", &kn::norm_backward_workspace);
+  m.def("norm_fwd", [](int x_dtype, int stream, Ptr x, Ptr residual, Ptr weight, Ptr bias, Ptr out, Ptr sum, Ptr mean,
+                       Ptr rstd, int64_t rows, int64_t C, double eps, bool rms) {
+    check("norm_fwd", kn::norm_fwd(Code{x_dtype}, Code{stream}, ptr(x), ptr(residual), ptr(weight), ptr(bias),
+                                   ptr(out), ptr(sum), ptr(mean), ptr(rstd), rows, C, eps, rms, nullptr));
+  });
+  m.def("norm_backward", [](int grad_dtype, int stream, Ptr grad, Ptr grad_sum, Ptr h, Ptr mean, Ptr rstd, Ptr weight,
+                            Ptr grad_h, Ptr grad_weight, Ptr grad_bias, Ptr ws_weight, Ptr ws_bias, int64_t rows,
+                            int64_t C, bool rms) {
+    check("norm_backward", kn::norm_backward(Code{grad_dtype}, Code{stream}, ptr(grad), ptr(grad_sum), ptr(h),
+                                             ptr(mean), ptr(rstd), ptr(weight), ptr(grad_h), ptr(grad_weight),
+                                             ptr(grad_bias), ptr(ws_weight), ptr(ws_bias), rows, C, rms, nullptr));
+  });
+}
+
+void def_loss(py::module_& m) {
+  m.def("cross_entropy_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight,
+                                 Ptr weight_sum, Ptr scale, int64_t scale_ld, Ptr loss, Ptr lse, int64_t rows, int64_t V,
+                                 int64_t ignore_index, double label_smoothing, double z_loss, double softcap) {
+    const cuda::loss::RowsArgs args{ptr(logits), ld, ptr(grad), ldg, ptr<const int64_t>(target), ptr(weight),
+                                    ptr<const double>(weight_sum), ptr(scale), scale_ld, ptr(loss), ptr(lse), rows, V,
+                                    ignore_index, label_smoothing, z_loss, softcap};
+    check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
+  });
+}
+
 namespace oc = optim_cuda;
 
 // The metadata of K lists of n tensors as the optimizer launchers read it (device memory is host memory here):
@@ -246,7 +276,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_elementwise(m);
   fused::emu::def_linear(m);
   fused::emu::def_distance(m);
+  fused::emu::def_norm(m);
   fused::emu::def_optim(m);
+  fused::emu::def_loss(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");
   fused::emu::def_selftest(selftest);
 }
