@@ -50,7 +50,7 @@ def cases(device: str, quick: bool) -> list:
     flops = 3 * batch * n * n * 3  # sub, mul, add per pair and coordinate, one pass over the pairs
     shape = f"B={batch} {n}x{n} D=3 float32"
     compiled = torch.compile(eager_chamfer)
-    impls = {"eager": lambda: eager_chamfer(a, b), "torch.compile": lambda: compiled(a, b)}
+    impls = {"eager": lambda: eager_chamfer(a, b), "torch.compile": lambda c=compiled: c(a, b)}
     for label, backend in ours(device).items():
         impls[label] = with_backend(backend, lambda: fused.chamfer_distance(a, b))
     out.append({"name": f"chamfer_distance {shape} fwd", "bytes": io_bytes, "flops": flops, "impls": impls})
@@ -67,7 +67,7 @@ def cases(device: str, quick: bool) -> list:
     q = torch.rand(n_radius, 3, device=device, generator=g)
     compiled = torch.compile(eager_radius_neighbors)
     impls = {"eager": lambda: eager_radius_neighbors(p, q, radius),
-             "torch.compile": lambda: compiled(p, q, radius)}
+             "torch.compile": lambda c=compiled: c(p, q, radius)}
     for label, backend in ours(device).items():
         impls[label] = with_backend(backend, lambda: fused.radius_neighbors(p, q, radius, MAX_NEIGHBORS))
     out.append({"name": f"radius_neighbors {n_radius}x{n_radius} D=3 r={radius} max {MAX_NEIGHBORS} float32",

@@ -13,7 +13,7 @@ import fused
 from fused.distance import reference as ref
 from fused.distance.ops import MATMUL_MIN_D
 from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, check_compile_grads, make, noncontiguous, raises,
+                           check_compile, check_compile_grads, device_backends, make, noncontiguous, raises,
                            requires_cuda, requires_triton)
 
 PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
@@ -166,7 +166,7 @@ def test_max_norm_gradients_in_16_bit(dev, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("dev", device_backends("pairwise_topk"), indirect=True)
 def test_max_norm_topk_gradients_in_16_bit(dev, dtype):
-    """As test_max_norm_gradients_in_16_bit, through pairwise_topk (its backends only)."""
+    """As test_max_norm_gradients_in_16_bit, through pairwise_topk."""
     a = make((2, 30, 5), dtype, dev, seed=70, requires_grad=True)
     b = make((40, 5), dtype, dev, seed=71, requires_grad=True)
     v, i = fused.pairwise_topk(a, b, 6, math.inf)

@@ -4,6 +4,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <type_traits>
@@ -25,13 +26,22 @@ template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
   return panels;
 }
 
-// Runs body(batch, row0, row1) over every (batch, row range) piece of [0, B * N), in parallel.
+// Runs body(batch, row0, row1) over every (batch, row range) piece of [0, B * N), in parallel. The threads take
+// pieces (at least `grain` rows, about 16 per thread) one at a time from a shared counter: on a shared machine a
+// thread slowed by another process on its core then holds the others up for one piece, not for half the work as a
+// static split would. Rows are independent, so the result does not depend on which thread runs which piece.
 template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t grain, const F& body) {
-  at::parallel_for(0, B * N, grain, [&](int64_t begin, int64_t end) {
-    while (begin < end) {
-      const int64_t bi = begin / N, r0 = begin % N, r1 = std::min(N, r0 + end - begin);
-      body(bi, r0, r1);
-      begin += r1 - r0;
+  const int64_t total = B * N, threads = at::get_num_threads();
+  const int64_t piece = std::max(grain, (total + 16 * threads - 1) / (16 * threads));
+  const int64_t pieces = (total + piece - 1) / piece;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(pieces, threads), 1, [&](int64_t, int64_t) {
+    for (int64_t p = next++; p < pieces; p = next++) {
+      for (int64_t begin = p * piece, end = std::min(total, begin + piece); begin < end;) {
+        const int64_t bi = begin / N, r0 = begin % N, r1 = std::min(N, r0 + end - begin);
+        body(bi, r0, r1);
+        begin += r1 - r0;
+      }
     }
   });
 }
