@@ -410,22 +410,14 @@ def test_gradcheck(op):
     assert torch.autograd.gradcheck(fn, params)
 
 
-def test_opcheck():
-    x, r, w, b = (t.detach() for t in inputs("add_layer_norm", (3, 5, 16), (16,), torch.float32, "cpu"))
-    bf = x.bfloat16()
-    for rms in (True, False):
-        torch.library.opcheck(torch.ops.fused.norm_fwd.default, (x, r, [16], w, None if rms else b, 1e-5, rms))
-        torch.library.opcheck(torch.ops.fused.norm_fwd.default, (bf, r, [5, 16], None, None, 1e-5, rms))
-        out, h, mean, rstd = torch.ops.fused.norm_fwd(x, r, [16], w, b, 1e-5, rms)
-        torch.library.opcheck(torch.ops.fused.norm_backward.default,
-                              (out, out, h, mean, rstd, w, [16], rms, True, not rms))
-        torch.library.opcheck(torch.ops.fused.norm_backward.default,
-                              (out, None, h, mean, rstd, None, [16], rms, False, False))
-    torch.library.opcheck(torch.ops.fused.rms_norm.default, (x, [16], w, None))
-    torch.library.opcheck(torch.ops.fused.layer_norm.default, (x, [5, 16], None, None, 1e-5))
-    torch.library.opcheck(torch.ops.fused.add_rms_norm.default, (bf, r, [16], w, 1e-6),
+def test_opcheck_with_residual_dtype():
+    """opcheck with the keyword-only residual_dtype (tests/op_registry.py's samples, run by test_op_coverage.py,
+    are positional)."""
+    x, r, w, _ = inputs("add_rms_norm", (3, 5, 16), (16,), torch.bfloat16, "cpu")
+    torch.library.opcheck(torch.ops.fused.add_rms_norm.default, (x, r, [16], w.float(), 1e-6),
                           {"residual_dtype": torch.float32})
-    torch.library.opcheck(torch.ops.fused.add_layer_norm.default, (x, r, [16], w, b, 1e-5))
+    torch.library.opcheck(torch.ops.fused.add_layer_norm.default, (x, r, [16], None, None, 1e-5),
+                          {"residual_dtype": torch.float32})
 
 
 def test_compile_fullgraph_forward_and_backward():

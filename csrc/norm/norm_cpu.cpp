@@ -56,7 +56,7 @@ template <typename T> T* ptr_or_null(const at::Tensor& t) { return t.defined() ?
 
 // Dispatch over the x dtype S and the residual-stream dtype R (S, or float for 16-bit S).
 template <typename F> void dispatch_norm(at::ScalarType x, at::ScalarType r, const F& f) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x, "norm", [&] {
+  FUSED_DISPATCH_FLOATING(x, "norm", [&] {
     if constexpr (!std::is_same_v<scalar_t, float> && !std::is_same_v<scalar_t, double>) {
       if (r == at::kFloat) return f(scalar_t(), float());
     }

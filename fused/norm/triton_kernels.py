@@ -5,13 +5,14 @@ TRITON_INTERPRET=1 the launchers also run on CPU tensors (that is how the tests 
 One program holds a whole row (BLOCK_C = the next power of two >= C, up to MAX_C): the forward takes one row per
 program, the backward one chunk of rows per program, its weight / bias gradient partial sums in registers and then
 in a fixed slot of a [chunks, C] buffer that a torch sum reduces in a fixed order (no atomics: the same bits every
-run). Statistics in float32 (float64 for float64); divisions and square roots correctly rounded (_div, _sqrt).
+run). Statistics in float32 (float64 for float64); divisions and square roots correctly rounded (div, sqrt).
 """
 import torch
 import triton
 import triton.language as tl
 
-from fused.elementwise.triton_math import _div, _sqrt, on_device_of, scalar_in, to_out
+from fused.triton_math import div, sqrt
+from fused.triton_utils import on_device_of, scalar_in, to_out
 from fused.norm import ops as _ops
 
 MAX_C = 65536  # elements per row one program holds
@@ -45,13 +46,13 @@ def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rst
     n = scalar_in(n, MATH)  # C as a float
     if RMS:
         mean = tl.zeros((), MATH)
-        ms = _div(tl.sum(h * h, axis=0), n)
+        ms = div(tl.sum(h * h, axis=0), n)
     else:
-        mean = _div(tl.sum(h, axis=0), n)
+        mean = div(tl.sum(h, axis=0), n)
         d = tl.where(mask, h - mean, 0.0)
-        ms = _div(tl.sum(d * d, axis=0), n)
+        ms = div(tl.sum(d * d, axis=0), n)
         tl.store(mean_ptr + row, mean)
-    rstd = _div(1.0, _sqrt(ms + scalar_in(eps, MATH)))
+    rstd = div(1.0, sqrt(ms + scalar_in(eps, MATH)))
     tl.store(rstd_ptr + row, rstd)
     y = (h - mean) * rstd
     if HAS_W:
@@ -89,10 +90,10 @@ def _norm_backward_kernel(g_ptr, gs_ptr, h_ptr, mean_ptr, rstd_ptr, w_ptr, dh_pt
             mean = tl.load(mean_ptr + row)
         xhat = tl.where(mask, (h - mean) * rstd, 0.0)
         gw = g * w
-        a = _div(tl.sum(gw * xhat, axis=0), n)
+        a = div(tl.sum(gw * xhat, axis=0), n)
         b = tl.zeros((), MATH)
         if not RMS:
-            b = _div(tl.sum(gw, axis=0), n)
+            b = div(tl.sum(gw, axis=0), n)
         dh = rstd * ((gw - b) - xhat * a)
         if HAS_GS:
             dh = dh + tl.load(gs_ptr + row * C + c, mask=mask, other=0.0).to(MATH)
