@@ -4,7 +4,7 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family."""
+compiles one family (elementwise, distance, linear, loss)."""
 import contextlib
 import math
 import os
@@ -85,8 +85,10 @@ def elementwise():
 
 
 def distance():
-    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest."""
+    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest; for
+    p = 1 and 2, padded batches (lengths) and radius_neighbors (the radius bound)."""
     import fused.distance.triton_kernels as tk
+    la, lb = torch.tensor([40, 7]), torch.tensor([65])
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         for p in (0.0, 1.0, 2.0, math.inf, 0.5):
             for d in (3, 40) if p == 2 and dt != torch.float64 else (3,):
@@ -95,6 +97,11 @@ def distance():
                 for largest in (False, True):
                     tk.pairwise_topk(a, b, 5, p, largest=largest)
                 tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
+                if p in (1.0, 2.0):
+                    tk.pairwise_distances(a, b, p, False, la, lb)
+                    tk.pairwise_topk(a, b, 5, p, False, False, la, lb)
+                    tk.radius_neighbors(a, b, 1.0, 5, la, lb, p)
+                    tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False, la, lb)
 
 
 @contextlib.contextmanager
@@ -148,12 +155,22 @@ def norm():
             tk.norm_backward(g, None, x, mean, rstd, None, [200], rms, False, False)
 
 
+def loss():
+    import fused.loss.triton_kernels as tk
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
+        weight, scale = torch.rand(300, dtype=acc), torch.ones(4, 2, dtype=acc)
+        tk.cross_entropy_rows(logits, t, weight, scale, torch.empty_like(logits), -100, 0.1, 1e-4, 30.0)
+        tk.cross_entropy_rows(logits, t, None, scale[0], logits.new_empty(0), -100, 0.0, 0.0, 0.0)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

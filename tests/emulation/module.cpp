@@ -13,6 +13,7 @@
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
 #include "norm/norm_kernels.h"
+#include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
 
@@ -104,17 +105,32 @@ void def_linear(py::module_& m) {
 
 void def_distance(py::module_& m) {
   namespace kd = cuda::distance;
-  m.def("pairwise_distances_direct", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr out,
-                                        int64_t B, int64_t N, int64_t M, int64_t D) {
-    check("pairwise_distances_direct", kd::pairwise_distances_direct(Code{dtype}, Code{metric}, p, squared,
-                                                                     ptr(a), ptr(b), ptr(out), B, N, M, D, nullptr));
+  m.def("pairwise_distances_direct", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr la, Ptr lb,
+                                        Ptr out, int64_t B, int64_t N, int64_t M, int64_t D) {
+    check("pairwise_distances_direct",
+          kd::pairwise_distances_direct(Code{dtype}, Code{metric}, p, squared, ptr(a), ptr(b), ptr<int64_t>(la),
+                                        ptr<int64_t>(lb), ptr(out), B, N, M, D, nullptr));
   });
   m.def("pairwise_distances_grad", [](int dtype, int metric, double p, bool squared, Ptr x, Ptr y, Ptr grad,
-                                      Ptr dist, Ptr grad_x, int64_t B, int64_t R, int64_t C, int64_t D, int64_t s_r,
-                                      int64_t s_c) {
+                                      Ptr dist, Ptr lr, Ptr lc, Ptr grad_x, int64_t B, int64_t R, int64_t C, int64_t D,
+                                      int64_t s_r, int64_t s_c) {
     check("pairwise_distances_grad",
-          kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad),
-                                      ptr(dist), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
+          kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad), ptr(dist),
+                                      ptr<int64_t>(lr), ptr<int64_t>(lc), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
+  });
+  m.def("select_direct", [](int dtype, int metric, double p, bool squared, bool largest, bool within, double radius,
+                            Ptr a, Ptr b, Ptr la, Ptr lb, Ptr values, Ptr indices, int64_t B, int64_t N, int64_t M,
+                            int64_t D, int64_t k, int64_t width) {
+    check("select_direct", kd::select_direct(Code{dtype}, Code{metric}, p, squared, largest, within, radius, ptr(a),
+                                             ptr(b), ptr<int64_t>(la), ptr<int64_t>(lb), ptr(values),
+                                             ptr<int64_t>(indices), B, N, M, D, k, width, nullptr));
+  });
+  m.def("select_grad", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr grad, Ptr values,
+                          Ptr indices, Ptr keys, Ptr order, Ptr grad_a, Ptr grad_b, int64_t B, int64_t N, int64_t M,
+                          int64_t D, int64_t k) {
+    check("select_grad", kd::select_grad(Code{dtype}, Code{metric}, p, squared, ptr(a), ptr(b), ptr(grad), ptr(values),
+                                         ptr<int64_t>(indices), ptr<int64_t>(keys), ptr<int64_t>(order), ptr(grad_a),
+                                         ptr(grad_b), B, N, M, D, k, nullptr));
   });
 }
 
@@ -132,6 +148,17 @@ void def_norm(py::module_& m) {
     check("norm_backward", kn::norm_backward(Code{grad_dtype}, Code{stream}, ptr(grad), ptr(grad_sum), ptr(h),
                                              ptr(mean), ptr(rstd), ptr(weight), ptr(grad_h), ptr(grad_weight),
                                              ptr(grad_bias), ptr(ws_weight), ptr(ws_bias), rows, C, rms, nullptr));
+  });
+}
+
+void def_loss(py::module_& m) {
+  m.def("cross_entropy_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight,
+                                 Ptr weight_sum, Ptr scale, int64_t scale_ld, Ptr loss, Ptr lse, int64_t rows, int64_t V,
+                                 int64_t ignore_index, double label_smoothing, double z_loss, double softcap) {
+    const cuda::loss::RowsArgs args{ptr(logits), ld, ptr(grad), ldg, ptr<const int64_t>(target), ptr(weight),
+                                    ptr<const double>(weight_sum), ptr(scale), scale_ld, ptr(loss), ptr(lse), rows, V,
+                                    ignore_index, label_smoothing, z_loss, softcap};
+    check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
   });
 }
 
@@ -251,6 +278,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_distance(m);
   fused::emu::def_norm(m);
   fused::emu::def_optim(m);
+  fused::emu::def_loss(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");
   fused::emu::def_selftest(selftest);
 }

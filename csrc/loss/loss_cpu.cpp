@@ -1,0 +1,169 @@
+// CPU kernel of the loss family: fused::cross_entropy_rows, the softmax + loss + gradient pass over rows of
+// logits (the formulas are in loss_math.h). Rows run in parallel, each row in one thread from start to end, so
+// the result does not depend on the thread count. A row is read from memory once, into a math-type buffer
+// (converted and softcapped there); its max, its sums and its gradient are then passes over that buffer, which
+// stays in cache. Sums run in vectors over blocks of kBlock elements and add the block totals in double, so
+// their error does not grow with the vocabulary.
+#include <torch/library.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/cpu_utils.h"
+#include "loss/loss_checks.h"
+#include "loss/loss_math.h"
+
+namespace fused {
+namespace {
+
+#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
+
+template <typename M> inline Vec<M> vadd(Vec<M> a, Vec<M> b) { return a + b; }
+
+// max with NaN propagation, as eager's max.
+template <typename M> inline M nan_max(M a, M b) { return (a != a || a > b) ? a : b; }
+
+template <typename M> M row_max(const M* z, int64_t n) {
+  constexpr int64_t L = Vec<M>::size();
+  Vec<M> acc(-std::numeric_limits<M>::infinity());
+  int64_t i = 0;
+  for (; i + L <= n; i += L) acc = at::vec::maximum(acc, Vec<M>::loadu(z + i));
+  M lanes[L];
+  acc.store(lanes);
+  M m = lanes[0];
+  for (int64_t k = 1; k < L; ++k) m = nan_max(m, lanes[k]);
+  for (; i < n; ++i) m = nan_max(m, z[i]);
+  return m;
+}
+
+// sum_c exp(z_c - m), and sum_c w_c (z_c - m) when `smooth` (w null: all ones).
+template <typename M> void row_sums(const M* z, const M* w, int64_t n, M m, bool smooth, double& sum_exp,
+                                    double& sum_smooth) {
+  const Vec<M> vm(m);
+  sum_exp = sum_smooth = 0.0;
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t len = std::min(kBlock, n - i);
+    sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, vadd<M>, z + i, len);
+    if (!smooth) continue;
+    if (w) {
+      sum_smooth += at::vec::map2_reduce_all<M>([&](Vec<M> v, Vec<M> wv) { return wv * (v - vm); }, vadd<M>, z + i,
+                                                w + i, len);
+    } else {
+      sum_smooth += at::vec::map_reduce_all<M>([&](Vec<M> v) { return v - vm; }, vadd<M>, z + i, len);
+    }
+  }
+}
+
+template <typename scalar_t>
+void cross_entropy_rows_kernel(const scalar_t* logits, int64_t ld, scalar_t* grad, int64_t ldg,
+                               const int64_t* target, const at::opmath_type<scalar_t>* weight,
+                               const at::opmath_type<scalar_t>* scale, int64_t scale_ld, int64_t rows, int64_t V,
+                               int64_t ignore_index, const loss::Params<at::opmath_type<scalar_t>>& p,
+                               at::opmath_type<scalar_t>* loss_out, at::opmath_type<scalar_t>* lse_out) {
+  using M = at::opmath_type<scalar_t>;
+  const bool smooth = p.label_smoothing != M(0);
+  const Vec<M> cap(p.softcap), coef_zero(0);
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(V, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+    std::vector<M> zbuf(V);
+    M* z = zbuf.data();
+    M local[kBlock];
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t t = target[r];
+      scalar_t* grow = grad ? grad + r * ldg : nullptr;
+      if (t == ignore_index) {
+        loss_out[r] = lse_out[r] = M(0);
+        if (grow) std::fill(grow, grow + V, scalar_t(0));
+        continue;
+      }
+      const scalar_t* xrow = logits + r * ld;
+      for (int64_t i = 0; i < V; i += kBlock) {
+        const int64_t len = std::min(kBlock, V - i);
+        load_block(xrow + i, z + i, len);
+        if (p.softcap != M(0)) vec_map(z + i, len, [&](Vec<M> v) { return cap * (v / cap).tanh(); });
+      }
+      const M m = row_max(z, V);
+      double sum_exp, sum_smooth;
+      row_sums(z, weight, V, m, smooth, sum_exp, sum_smooth);
+      const M log_s = std::log(static_cast<M>(sum_exp)), lse = m + log_s, zt = z[t] - m;
+      const M w_t = weight ? weight[t] : M(1);
+      loss_out[r] = loss::row_loss(log_s, zt, w_t, static_cast<M>(sum_smooth), p);
+      lse_out[r] = lse;
+      if (!grow) continue;
+      const auto g = loss::grad_coefs(lse, w_t, scale[r * scale_ld], scale[r * scale_ld + 1], p);
+      const Vec<M> vm(m), vlog_s(log_s), coef_p(g.coef_p), coef_w(g.coef_w);
+      for (int64_t i = 0; i < V; i += kBlock) {
+        const int64_t len = std::min(kBlock, V - i);
+        M* out = work_buffer(grow + i, local);
+        auto grad_of = [&](Vec<M> v, Vec<M> wv) {
+          Vec<M> d = coef_p * ((v - vm) - vlog_s).exp() - coef_w * wv;
+          if (p.softcap != M(0)) {
+            const Vec<M> u = v / cap;
+            d = d * (Vec<M>(1) - u * u);
+          }
+          return d;
+        };
+        if (weight) vec_map2_to(out, z + i, weight + i, len, grad_of);
+        else vec_map_to(out, z + i, len, [&](Vec<M> v) { return grad_of(v, Vec<M>(1)); });
+        store_block(out, grow + i, len);
+      }
+      // The target's entry, computed on its own (loss_math.h): never from a rounded p_t.
+      const M log_pt = zt - log_s;
+      M gt = loss::target_grad(g, std::exp(log_pt), std::expm1(log_pt), w_t);
+      if (p.softcap != M(0)) {
+        const M u = z[t] / p.softcap;
+        gt *= M(1) - u * u;
+      }
+      grow[t] = static_cast<scalar_t>(gt);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logits_in, const at::Tensor& target_in,
+                                                          const std::optional<at::Tensor>& weight_in,
+                                                          const at::Tensor& scale_in, const at::Tensor& grad,
+                                                          int64_t ignore_index, double label_smoothing,
+                                                          double z_loss, double softcap) {
+  const char* op = "cross_entropy_rows";
+  check_cross_entropy_rows(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
+  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
+  // Rows are read with their stride; columns must be contiguous (a copy otherwise: never the case for the
+  // in-place use, whose buffer is contiguous).
+  const at::Tensor logits = V <= 1 || logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
+  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
+  const std::optional<at::Tensor> weight = weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
+  const int64_t* t = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < rows; ++r) {
+    TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < V), "fused.", op, ": target ", t[r],
+                      " is out of bounds for ", V, " classes (ignore_index is ", ignore_index, ")");
+  }
+  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
+  at::Tensor loss = at::empty({rows}, math_opts), lse = at::empty({rows}, math_opts);
+  if (rows == 0) return {loss, lse};
+  FUSED_DISPATCH_FLOATING(logits.scalar_type(), "cross_entropy_rows", [&] {
+    using M = at::opmath_type<scalar_t>;
+    const M* w = weight ? weight->data_ptr<M>() : nullptr;
+    M weight_sum = static_cast<M>(V);
+    if (w) {
+      double total = 0.0;  // fixed order
+      for (int64_t c = 0; c < V; ++c) total += w[c];
+      weight_sum = static_cast<M>(total);
+    }
+    const loss::Params<M> p{static_cast<M>(label_smoothing), static_cast<M>(label_smoothing / std::max<int64_t>(V, 1)),
+                            weight_sum, static_cast<M>(z_loss), static_cast<M>(softcap)};
+    cross_entropy_rows_kernel<scalar_t>(logits.data_ptr<scalar_t>(), logits.stride(0),
+                                        grad.numel() ? grad.data_ptr<scalar_t>() : nullptr,
+                                        grad.numel() ? grad.stride(0) : 0, t, w, scale.data_ptr<M>(),
+                                        scale.dim() == 2 ? 2 : 0, rows, V, ignore_index, p, loss.data_ptr<M>(),
+                                        lse.data_ptr<M>());
+  });
+  return {loss, lse};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) { m.impl("cross_entropy_rows", &cross_entropy_rows_cpu); }
+
+}  // namespace fused

@@ -1,0 +1,37 @@
+// CUDA kernel of the loss family, torch-free (the binding is loss_cuda.cpp): fused::cross_entropy_rows, one block
+// per row of logits, with the formulas of loss_math.h.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace fused {
+namespace cuda {
+namespace loss {
+
+enum class DType : int32_t { f32, f16, bf16, f64 };
+
+// Pointers of the math type (float; double for f64) unless said otherwise; weight and weight_sum null without
+// class weights; grad (logits' dtype) null for no gradient, may equal logits. scale: [2] (scale_ld 0) or
+// [rows, 2] (scale_ld 2). An out-of-range target gives that row a NaN loss and gradient (no host sync).
+struct RowsArgs {
+  const void* logits;  // [rows, V], row stride ld, logits' dtype
+  int64_t ld;
+  void* grad;  // [rows, V], row stride ldg
+  int64_t ldg;
+  const int64_t* target;
+  const void* weight;
+  const double* weight_sum;  // sum of the class weights
+  const void* scale;
+  int64_t scale_ld;
+  void* loss;
+  void* lse;
+  int64_t rows, V, ignore_index;
+  double label_smoothing, z_loss, softcap;  // softcap 0: none
+};
+
+cudaError_t cross_entropy_rows(DType dtype, const RowsArgs& args, cudaStream_t stream);
+
+}  // namespace loss
+}  // namespace cuda
+}  // namespace fused

@@ -1,0 +1,39 @@
+// Schemas of the loss family. The public ops linear_cross_entropy and cross_entropy are composites registered
+// from Python (fused/loss/ops.py) over the internal ops below; cross_entropy_rows is the kernel they share.
+#include <torch/library.h>
+
+TORCH_LIBRARY_FRAGMENT(fused, m) {
+  m.def("linear_cross_entropy(Tensor input, Tensor linear_weight, Tensor target, *, Tensor? linear_bias=None, "
+        "Tensor? weight=None, str reduction=\"mean\", int? ignore_index=-100, float label_smoothing=0.0, "
+        "float z_loss=0.0, float? softcap=None) -> Tensor");
+  m.def("cross_entropy(Tensor logits, Tensor target, *, Tensor? weight=None, str reduction=\"mean\", "
+        "int ignore_index=-100, float label_smoothing=0.0, float z_loss=0.0, float? softcap=None) -> Tensor");
+
+  // The softmax + loss + gradient pass over rows of logits [R, V] (csrc/loss/loss_math.h has the formulas):
+  // loss[r] = the row's loss without the z-loss term, lse[r] = its logsumexp (both 0 for ignored rows), in
+  // float32 (float64 for float64 logits). When grad is not empty it gets the gradient of
+  // sum_r (scale[r, 0] loss[r] + scale[r, 1] z_loss lse[r]^2) with respect to the logits, in the logits' dtype;
+  // grad may be logits itself (the gradient overwrites them). scale: [2] (every row) or [R, 2]. weight: class
+  // weights in the math dtype. softcap 0: none.
+  m.def("cross_entropy_rows(Tensor logits, Tensor target, Tensor? weight, Tensor scale, Tensor(a!) grad, "
+        "int ignore_index, float label_smoothing, float z_loss, float softcap) -> (Tensor loss, Tensor lse)");
+
+  // input [N, D], target [N]. loss: reduced as `reduction` says, in float32 (float64 for float64 input; the
+  // composite casts it). For "mean" and "sum" the gradients asked for come back too (of the loss, for a
+  // grad_output of 1), else empty tensors.
+  m.def("linear_cross_entropy_fwd(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, "
+        "Tensor? weight, str reduction, int ignore_index, float label_smoothing, float z_loss, float softcap, "
+        "bool grad_input, bool grad_weight, bool grad_bias) "
+        "-> (Tensor loss, Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // The backward that recomputes the logits chunk by chunk: reduction="none" (grad_loss [N]), and a "mean" or
+  // "sum" whose gradients forward did not compute or a previous backward consumed.
+  m.def("linear_cross_entropy_bwd(Tensor grad_loss, Tensor input, Tensor linear_weight, Tensor target, "
+        "Tensor? linear_bias, Tensor? weight, str reduction, int ignore_index, float label_smoothing, float z_loss, "
+        "float softcap, bool grad_input, bool grad_weight, bool grad_bias) "
+        "-> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // logits [N, V], target [N]; as linear_cross_entropy_fwd, with the logits' gradient when `grad`.
+  m.def("cross_entropy_fwd(Tensor logits, Tensor target, Tensor? weight, str reduction, int ignore_index, "
+        "float label_smoothing, float z_loss, float softcap, bool grad) -> (Tensor loss, Tensor grad_logits)");
+  m.def("cross_entropy_bwd(Tensor grad_loss, Tensor logits, Tensor target, Tensor? weight, str reduction, "
+        "int ignore_index, float label_smoothing, float z_loss, float softcap) -> Tensor");
+}
