@@ -34,10 +34,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cuda(
   const at::Tensor w = in_math(weight, math), b = in_math(bias, math);
   const at::Tensor& residual = f.residual;
   const DType stream = dtype_of(op, "residual", residual.defined() ? residual : f.x);
-  check_launch(op, kn::norm_fwd(dtype_of(op, "x", f.x), stream, f.x.data_ptr(), ptr(residual), ptr(w), ptr(b),
-                                f.out.data_ptr(), residual.defined() ? f.sum.data_ptr() : nullptr,
-                                rms ? nullptr : f.mean.data_ptr(), f.rstd.data_ptr(), s.rows, s.C, eps, rms,
-                                current_stream()));
+  check_launch(
+      op, kn::norm_fwd(dtype_of(op, "x", f.x), stream, f.x.data_ptr(), ptr(residual), ptr(w), ptr(b), f.out.data_ptr(),
+                       residual.defined() ? f.sum.data_ptr() : nullptr, rms ? nullptr : f.mean.data_ptr(),
+                       f.rstd.data_ptr(), s.rows, s.C, eps, rms, current_stream()));
   return {f.out, f.sum, f.mean, f.rstd};
 }
 
@@ -49,19 +49,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cuda(
   const RowsShape s = check_backward(op, grad_in, grad_sum_in, h_in, mean_in, rstd_in, weight, normalized_shape, rms);
   check_cuda(op, "grad", grad_in);
   const c10::cuda::CUDAGuard guard(h_in.device());
-  Backward bw = prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad,
-                                 bias_grad);
+  Backward bw =
+      prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad, bias_grad);
   const at::Tensor w = in_math(weight, at::toOpMathType(bw.grad.scalar_type()));
   const int64_t workspace = kn::norm_backward_workspace(s.rows, s.C);
   at::Tensor ws_w = weight_grad ? at::empty({workspace}, bw.grad_w.options()) : at::Tensor();
   at::Tensor ws_b = bias_grad ? at::empty({workspace}, bw.grad_b.options()) : at::Tensor();
-  check_launch(op, kn::norm_backward(dtype_of(op, "grad", bw.grad), dtype_of(op, "h", bw.h), bw.grad.data_ptr(),
-                                     ptr(bw.grad_sum), bw.h.data_ptr(), rms ? nullptr : bw.mean.data_ptr(),
-                                     bw.rstd.data_ptr(), ptr(w), bw.grad_h.data_ptr(),
-                                     weight_grad ? bw.grad_w.data_ptr() : nullptr,
-                                     bias_grad ? bw.grad_b.data_ptr() : nullptr,
-                                     weight_grad ? ws_w.data_ptr() : nullptr, bias_grad ? ws_b.data_ptr() : nullptr,
-                                     s.rows, s.C, rms, current_stream()));
+  check_launch(
+      op, kn::norm_backward(dtype_of(op, "grad", bw.grad), dtype_of(op, "h", bw.h), bw.grad.data_ptr(),
+                            ptr(bw.grad_sum), bw.h.data_ptr(), rms ? nullptr : bw.mean.data_ptr(), bw.rstd.data_ptr(),
+                            ptr(w), bw.grad_h.data_ptr(), weight_grad ? bw.grad_w.data_ptr() : nullptr,
+                            bias_grad ? bw.grad_b.data_ptr() : nullptr, weight_grad ? ws_w.data_ptr() : nullptr,
+                            bias_grad ? ws_b.data_ptr() : nullptr, s.rows, s.C, rms, current_stream()));
   return {bw.grad_h, bw.grad_w, bw.grad_b};
 }
 

@@ -214,7 +214,7 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
     for (auto [partial, result] : {std::pair<T*, void*>{pw, grad_weight}, std::pair<T*, void*>{pb, grad_bias}}) {
       if (err != cudaSuccess || partial == nullptr) continue;
       FUSED_LAUNCH(finish_blocks, 256, 0, cuda_stream, chunk_sum_kernel<T>)(partial, static_cast<T*>(result),
-                                                                           chunks.count, C);
+                                                                            chunks.count, C);
       err = cudaGetLastError();
     }
     return err;

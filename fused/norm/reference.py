@@ -3,6 +3,7 @@ own (the ops are their drop-ins); the add variants add first, round the sum to t
 normalise that rounded sum, as `h = x + residual; y = norm(h)` does in eager code; the norm is returned in x's
 dtype, and the parameters are used in the sum's dtype (torch's layer_norm takes a float32 input only with float32
 parameters)."""
+
 import torch
 import torch.nn.functional as F
 
@@ -44,7 +45,9 @@ def norm_fwd(x, residual, normalized_shape, weight, bias, eps, rms):
     dims = tuple(range(-len(normalized_shape), 0))
     mean = v.mean(dims, keepdim=True) if not rms else torch.zeros((), dtype=v.dtype, device=v.device)
     rstd = torch.rsqrt((v - mean).pow(2).mean(dims, keepdim=True) + eps)
-    out = ((v - mean) * rstd * (weight.to(v.dtype) if weight is not None else 1)
-           + (bias.to(v.dtype) if bias is not None else 0)).to(x.dtype)
+    out = (
+        (v - mean) * rstd * (weight.to(v.dtype) if weight is not None else 1)
+        + (bias.to(v.dtype) if bias is not None else 0)
+    ).to(x.dtype)
     empty = x.new_empty(0)
     return (out, empty if residual is None else h, empty.to(v.dtype) if rms else mean.flatten(), rstd.flatten())

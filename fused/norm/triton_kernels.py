@@ -7,13 +7,14 @@ program, the backward one chunk of rows per program, its weight / bias gradient 
 in a fixed slot of a [chunks, C] buffer that a torch sum reduces in a fixed order (no atomics: the same bits every
 run). Statistics in float32 (float64 for float64); divisions and square roots correctly rounded (div, sqrt).
 """
+
 import torch
 import triton
 import triton.language as tl
 
-from fused.triton_math import div, sqrt
-from fused.triton_utils import on_device_of, scalar_in, to_out
 from fused.norm import ops as _ops
+from fused.triton_math import div, sqrt
+from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
 
 MAX_C = 65536  # elements per row one program holds
 BACKWARD_PROGRAMS = 256  # about how many programs the backward launches (fixed: deterministic)
@@ -25,14 +26,33 @@ def _num_warps(block_c):
 
 def _check_row(op, C):
     if C > MAX_C:
-        raise RuntimeError(f"fused.{op}: the Triton kernel takes rows of at most {MAX_C} elements, got "
-                           f"normalized_shape of {C}; use fused.set_backend('cuda')")
+        raise RuntimeError(
+            f"fused.{op}: the Triton kernel takes rows of at most {MAX_C} elements, got "
+            f"normalized_shape of {C}; use fused.set_backend('cuda')"
+        )
 
 
 @triton.jit
-def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rstd_ptr, C, n, eps,
-                     HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
-                     MATH: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def _norm_fwd_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    sum_ptr,
+    mean_ptr,
+    rstd_ptr,
+    C,
+    n,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RMS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     row = tl.program_id(0)
     if I64:
         row = row.to(tl.int64)
@@ -63,10 +83,29 @@ def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rst
 
 
 @triton.jit
-def _norm_backward_kernel(g_ptr, gs_ptr, h_ptr, mean_ptr, rstd_ptr, w_ptr, dh_ptr, pw_ptr, pb_ptr, rows, C, n,
-                          rows_per_chunk, HAS_GS: tl.constexpr, HAS_W: tl.constexpr, W_GRAD: tl.constexpr,
-                          B_GRAD: tl.constexpr, RMS: tl.constexpr, MATH: tl.constexpr, BLOCK_C: tl.constexpr,
-                          I64: tl.constexpr):
+def _norm_backward_kernel(
+    g_ptr,
+    gs_ptr,
+    h_ptr,
+    mean_ptr,
+    rstd_ptr,
+    w_ptr,
+    dh_ptr,
+    pw_ptr,
+    pb_ptr,
+    rows,
+    C,
+    n,
+    rows_per_chunk,
+    HAS_GS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    W_GRAD: tl.constexpr,
+    B_GRAD: tl.constexpr,
+    RMS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     """grad_h = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) (+ grad_sum) for the rows of one chunk, with
     xhat = (h - mean) * rstd and gw = grad * weight; the chunk's sums of grad * xhat and grad go to
     partial[chunk, :]."""
@@ -126,10 +165,25 @@ def norm_fwd(x, residual, normalized_shape, weight, bias, eps, rms):
         return out, total, mean.fill_(float("nan")), rstd.fill_(float("nan"))
     params = [p.contiguous() if p is not None else x for p in (residual, weight, bias)]
     block_c = triton.next_power_of_2(C)
-    _norm_fwd_kernel[(rows,)](x, *params, out, total if residual is not None else out, mean if not rms else rstd,
-                              rstd, C, float(C), float(eps), HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-                              HAS_B=bias is not None, RMS=rms, MATH=tl.float64 if math == torch.float64 else tl.float32,
-                              BLOCK_C=block_c, I64=_needs_i64(x), num_warps=_num_warps(block_c))
+    _norm_fwd_kernel[(rows,)](
+        x,
+        *params,
+        out,
+        total if residual is not None else out,
+        mean if not rms else rstd,
+        rstd,
+        C,
+        float(C),
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        RMS=rms,
+        MATH=math_dtype(x),
+        BLOCK_C=block_c,
+        I64=_needs_i64(x),
+        num_warps=_num_warps(block_c),
+    )
     return out, total, mean, rstd
 
 
@@ -158,11 +212,29 @@ def norm_backward(grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms, 
     block_c = triton.next_power_of_2(C)
     grad, h = grad.contiguous(), h.contiguous()
     _norm_backward_kernel[(chunks,)](
-        grad, grad_sum.contiguous() if grad_sum is not None else grad, h, mean if not rms else rstd, rstd.contiguous(),
-        weight.contiguous() if weight is not None else grad, grad_h, partial_w, partial_b, rows, C, float(C), rows_per_chunk,
-        HAS_GS=grad_sum is not None, HAS_W=weight is not None, W_GRAD=weight_grad, B_GRAD=bias_grad, RMS=rms,
-        MATH=tl.float64 if math == torch.float64 else tl.float32, BLOCK_C=block_c, I64=_needs_i64(h),
-        num_warps=_num_warps(block_c))
+        grad,
+        grad_sum.contiguous() if grad_sum is not None else grad,
+        h,
+        mean if not rms else rstd,
+        rstd.contiguous(),
+        weight.contiguous() if weight is not None else grad,
+        grad_h,
+        partial_w,
+        partial_b,
+        rows,
+        C,
+        float(C),
+        rows_per_chunk,
+        HAS_GS=grad_sum is not None,
+        HAS_W=weight is not None,
+        W_GRAD=weight_grad,
+        B_GRAD=bias_grad,
+        RMS=rms,
+        MATH=math_dtype(grad),
+        BLOCK_C=block_c,
+        I64=_needs_i64(h),
+        num_warps=_num_warps(block_c),
+    )
     # fixed-order torch reductions of the partial sums (no atomics)
     if weight_grad:
         grad_w = partial_w.sum(0).view(ns)
