@@ -3,6 +3,7 @@
 F.rms_norm / F.layer_norm: torch's native norm kernels, aten::_fused_rms_norm and aten::native_layer_norm; torch
 has no CPU RMSNorm backward kernel, so that backward is composite), the same norms written out in primitive ops
 (as HF's LlamaRMSNorm and a hand-written LayerNorm), and torch.compile of the eager reference."""
+
 import torch
 
 import fused
@@ -32,6 +33,7 @@ def with_add(norm):
     def fn(x, r, ns, *params):
         h = x + r
         return norm(h, ns, *params), h
+
     return fn
 
 
@@ -41,7 +43,8 @@ def forward_and_backward(fn, inputs, grads):
 
     def run():
         out = fn(*inputs)
-        return torch.autograd.grad(out, tensors, grads[:len(out)] if isinstance(out, tuple) else grads[0])
+        return torch.autograd.grad(out, tensors, grads[: len(out)] if isinstance(out, tuple) else grads[0])
+
     return run
 
 
@@ -50,8 +53,10 @@ def make_cases(device, name, impls, inputs, grads, fwd_bytes, bwd_bytes):
     fwd = {label: with_backend(backend, lambda fn=fn: fn(*inputs)) for label, (fn, backend) in impls.items()}
     cases = [{"name": f"{name} fwd", "bytes": fwd_bytes, "impls": fwd}]
     grad_inputs = [t.detach().requires_grad_() if isinstance(t, torch.Tensor) else t for t in inputs]
-    bwd = {label: with_backend(backend, forward_and_backward(fn, grad_inputs, grads))
-           for label, (fn, backend) in impls.items()}
+    bwd = {
+        label: with_backend(backend, forward_and_backward(fn, grad_inputs, grads))
+        for label, (fn, backend) in impls.items()
+    }
     cases.append({"name": f"{name} fwd+bwd", "bytes": fwd_bytes + bwd_bytes, "impls": bwd})
     return cases
 
@@ -67,23 +72,36 @@ def cases(device, quick):
             size = torch.finfo(dtype).bits // 8
             n = rows * cols * size
             tag = f"{rows}x{cols} {str(dtype)[6:]}"
-            x, r = torch.randn(rows, cols, device=device, dtype=dtype), torch.randn(rows, cols, device=device,
-                                                                                     dtype=dtype)
+            x, r = (
+                torch.randn(rows, cols, device=device, dtype=dtype),
+                torch.randn(rows, cols, device=device, dtype=dtype),
+            )
             w, b = torch.rand(cols, device=device, dtype=dtype) + 0.5, torch.randn(cols, device=device, dtype=dtype)
             grads = [torch.randn(rows, cols, device=device, dtype=dtype) for _ in range(2)]
-            for kind, params, formula in (("rms_norm", [w], formula_rms_norm),
-                                          ("layer_norm", [w, b], formula_layer_norm)):
+            for kind, params, formula in (
+                ("rms_norm", [w], formula_rms_norm),
+                ("layer_norm", [w, b], formula_layer_norm),
+            ):
                 for add in (True, False):
                     eager = getattr(ref, kind) if not add else with_add(getattr(ref, kind))
-                    impls = {"eager": (eager, None),
-                             "eager formula": (with_add(formula) if add else formula, None),
-                             "torch.compile": (torch.compile(eager), None)}
+                    impls = {
+                        "eager": (eager, None),
+                        "eager formula": (with_add(formula) if add else formula, None),
+                        "torch.compile": (torch.compile(eager), None),
+                    }
                     fn = getattr(fused, ("add_" if add else "") + kind)
                     for label, backend in ours(device).items():
                         impls[label] = (fn, backend)
                     args = ([x, r] if add else [x]) + [(cols,)] + params
                     # bytes that must move: x (and r) read, the norm (and the sum) written; backward: the output
                     # gradients (and h's) and h read, grad_h written (x's and r's gradient alike)
-                    out += make_cases(device, f"{'add+' if add else ''}{kind} {tag}", impls, args, grads,
-                                      (4 if add else 2) * n, (4 if add else 3) * n)
+                    out += make_cases(
+                        device,
+                        f"{'add+' if add else ''}{kind} {tag}",
+                        impls,
+                        args,
+                        grads,
+                        (4 if add else 2) * n,
+                        (4 if add else 3) * n,
+                    )
     return out

@@ -10,6 +10,7 @@ import torch
 from fused.distance import reference as distance_ref
 from fused.elementwise import reference as elementwise_ref
 from fused.linear import reference as linear_ref
+from fused.norm import reference as norm_ref
 from fused.optim import reference as optim_ref
 from tests.harness import make
 
@@ -36,6 +37,21 @@ def _linear():  # x, weight, bias of a linear_act, requiring grad (opcheck then 
 
 def _points():
     return _x(2, 4, 3, seed=52, requires_grad=True), _x(2, 5, 3, seed=53, requires_grad=True)
+
+
+def _norm(dtype=torch.float32):  # x, residual, weight, bias of a norm, requiring grad
+    return (_x(3, 5, 16, seed=60, dtype=dtype, requires_grad=True), _x(3, 5, 16, seed=61, requires_grad=True),
+            _x(16, seed=62, low=0.5, high=1.5, requires_grad=True), _x(16, seed=63, requires_grad=True))
+
+
+def _norm_backward_samples():
+    x, r, w, b = (t.detach() for t in _norm())
+    samples = []
+    for rms in (True, False):
+        _, h, mean, rstd = torch.ops.fused.norm_fwd(x, r, [16], w, None if rms else b, 1e-5, rms)
+        samples += [(_x(3, 5, 16, seed=64), _x(3, 5, 16, seed=65), h, mean, rstd, w, [16], rms, True, not rms),
+                    (_x(3, 5, 16, seed=64), None, x, mean, rstd, None, [16], rms, False, False)]
+    return samples
 
 
 def _lengths():  # of the two padded clouds of _points()
@@ -120,6 +136,18 @@ OPS = {
         lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
                   *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],
         backward_of="pairwise_topk"),
+    # norm (add_*'s keyword residual_dtype: test_norm.py's opcheck)
+    "rms_norm": Op(lambda: [(_norm()[0], [16], _norm()[2], None), (_norm()[0], [5, 16], None, 1e-6)],
+                   norm_ref.rms_norm),
+    "layer_norm": Op(lambda: [(_norm()[0], [16], *_norm()[2:], 1e-5), (_norm()[0], [5, 16], None, None, 1e-5)],
+                     norm_ref.layer_norm),
+    "add_rms_norm": Op(lambda: [(*_norm()[:2], [16], _norm()[2], None)], norm_ref.add_rms_norm),
+    "add_layer_norm": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5)], norm_ref.add_layer_norm),
+    "norm_fwd": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5, False),
+                            (*_norm()[:2], [16], _norm()[2], None, 1e-5, True),
+                            (_norm(torch.bfloat16)[0], _norm()[1], [5, 16], None, None, 1e-5, True),
+                            (_norm()[0], None, [16], None, _norm()[3], 1e-5, False)], norm_ref.norm_fwd),
+    "norm_backward": Op(_norm_backward_samples, backward_of="norm_fwd"),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
     "scale_grads_": Op(lambda: [(_optim_lists()[0], _optim_lists()[3])], optim_ref.clip_grad_norm_,

@@ -1,17 +1,19 @@
 """Parity, accuracy, determinism, compile and bad-input tests of the norm family (rms_norm, layer_norm and the fused
 add variants; CPU kernels, and the CUDA backends when a GPU is present), the nn modules, and two real clients: a
-GPT-2 style block with FusedLayerNorm and a Llama style block with FusedRMSNorm, residual adds fused.
-The Triton launchers have their own file under the interpreter.
+GPT-2 style block with FusedLayerNorm and a Llama style block with FusedRMSNorm, residual adds fused. The Triton
+launchers have their own file under the interpreter.
 
 Ported cases: from torch's test_nn.py, _test_LayerNorm_general (mean 0 / variance 1 with eps=0, then the affine
 scale and shift, over random shapes and normalized dims; its table of bad normalized_shape / input pairs),
-test_LayerNorm_numeric (a normalized row of 256*256*144 elements, here 16*64*144 = 147456, against the mean /
-var formula), _test_module_empty_input (zero gradients for an empty batch) and _test_LayerNorm_cuda_half (the
-output dtype); from torch's OpInfo samples for layer_norm / rms_norm, the (input, normalized_shape, eps) cases,
-negative eps and an empty batch included; from torch's module tests (module_inputs_torch_nn_RMSNorm / _LayerNorm),
-every constructor / input pair, the parameters' .grad after backward compared. From Liger-Kernel: test_rms_norm's and test_fused_add_rms_norm's shapes
-(2x128x512 and the odd 3x423x213, 5x123x123) against the Llama-style (hidden + residual, float32 upcast) reference
-with Liger's tolerances, and test_layer_norm's shapes (1x1x1023, 3x7x256) against nn.LayerNorm."""
+test_LayerNorm_numeric (a normalized row of 256*256*144 elements, here 16*64*144 = 147456, against the mean / var
+formula), _test_module_empty_input (zero gradients for an empty batch) and _test_LayerNorm_cuda_half (the output
+dtype); from torch's OpInfo samples for layer_norm / rms_norm, the (input, normalized_shape, eps) cases, negative
+eps and an empty batch included; from torch's module tests (module_inputs_torch_nn_RMSNorm / _LayerNorm), every
+constructor / input pair, the parameters' .grad after backward compared. From Liger-Kernel: test_rms_norm's and
+test_fused_add_rms_norm's shapes (2x128x512 and the odd 3x423x213, 5x123x123) against the Llama-style (hidden +
+residual, float32 upcast) reference with Liger's tolerances, and test_layer_norm's shapes (1x1x1023, 3x7x256)
+against nn.LayerNorm."""
+
 import random
 
 import pytest
@@ -21,7 +23,7 @@ from torch import nn
 
 import fused
 from fused.norm import reference as ref
-from tests.harness import (ALL_DTYPES, assert_accuracy, assert_close, check_compile, make, noncontiguous, raises)
+from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, check_compile, make, noncontiguous, raises
 
 OPS = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
 
@@ -51,7 +53,7 @@ def grads_of(op, impl, x, r, ns, w, b, grads, eps="default"):
     """The outputs and the gradients of every differentiable input, for output gradients `grads`."""
     leaves = [t for t in (x, r if op.startswith("add_") else None, w, b) if t is not None]
     outs = call(op, x, r, ns, w, b, eps, impl)
-    return outs, torch.autograd.grad(outs, leaves, grads[:len(outs)])
+    return outs, torch.autograd.grad(outs, leaves, grads[: len(outs)])
 
 
 def float64_copy(*ts):
@@ -208,8 +210,11 @@ def test_empty_batch_gives_zero_parameter_gradients(dev, op):
     x, r, w, b = inputs(op, (0, 3, 10), (10,), torch.float32, dev)
     outs = call(op, x, r, (10,), w, b)
     assert outs[0].shape == (0, 3, 10)
-    grads = torch.autograd.grad(outs, [t for t in (x, r, w, b) if t is not None and (t is not r or "add" in op)],
-                                [torch.rand_like(o) for o in outs])
+    grads = torch.autograd.grad(
+        outs,
+        [t for t in (x, r, w, b) if t is not None and (t is not r or "add" in op)],
+        [torch.rand_like(o) for o in outs],
+    )
     for grad in grads:
         assert torch.equal(grad, torch.zeros_like(grad))
 
@@ -292,28 +297,40 @@ def test_layer_norm_numeric_from_torch():
     ln = fused.nn.FusedLayerNorm(ns)
     x = torch.rand(2, *ns, generator=torch.Generator().manual_seed(0))
     view = x.view(2, -1)
-    expected = ((view - view.mean(-1, keepdim=True)) / torch.sqrt(view.var(-1, unbiased=False, keepdim=True)
-                                                                    + ln.eps)).view_as(x)
+    expected = (
+        (view - view.mean(-1, keepdim=True)) / torch.sqrt(view.var(-1, unbiased=False, keepdim=True) + ln.eps)
+    ).view_as(x)
     torch.testing.assert_close(ln(x), expected, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_opinfo_samples_from_torch(dev, op):
     """torch's OpInfo samples: (input, normalized_shape, eps), negative eps and an empty batch included."""
-    cases = [((1, 2, 3), (1, 2, 3), 0.5), ((2, 2, 3), (2, 3), -0.5), ((1,), (1,), 1e-5), ((1, 2), (2,), 1e-5),
-             ((0, 1), (1,), 1e-5)]
+    cases = [
+        ((1, 2, 3), (1, 2, 3), 0.5),
+        ((2, 2, 3), (2, 3), -0.5),
+        ((1,), (1,), 1e-5),
+        ((1, 2), (2,), 1e-5),
+        ((0, 1), (1,), 1e-5),
+    ]
     for shape, ns, eps in cases:
         x, r, w, b = inputs(op, shape, ns, torch.float64, dev)
         for weight, bias in ((w, b), (None, None)):
-            for ours, expected in zip(call(op, x, r, ns, weight, bias, eps),
-                                      call(op, x, r, ns, weight, bias, eps, impl=ref)):
+            for ours, expected in zip(
+                call(op, x, r, ns, weight, bias, eps), call(op, x, r, ns, weight, bias, eps, impl=ref)
+            ):
                 torch.testing.assert_close(ours, expected, equal_nan=True)
 
 
 # torch's module_inputs_torch_nn_RMSNorm / _LayerNorm: (normalized_shape, eps, elementwise_affine, input shape)
-MODULE_CASES = [([5], 1e-3, True, (4, 5, 5)), ([5], 1e-3, True, (128, 5, 5)), ([5], 1e-3, False, (4, 5, 5)),
-                ([2, 2, 5], 1e-3, True, (4, 2, 2, 5)), ([2, 2, 5], 1e-3, False, (4, 2, 2, 5)),
-                ([5], 1e-3, True, (0, 5))]
+MODULE_CASES = [
+    ([5], 1e-3, True, (4, 5, 5)),
+    ([5], 1e-3, True, (128, 5, 5)),
+    ([5], 1e-3, False, (4, 5, 5)),
+    ([2, 2, 5], 1e-3, True, (4, 2, 2, 5)),
+    ([2, 2, 5], 1e-3, False, (4, 2, 2, 5)),
+    ([5], 1e-3, True, (0, 5)),
+]
 
 
 @pytest.mark.parametrize("kind", ["rms", "layer", "layer_no_bias"])
@@ -373,8 +390,13 @@ def test_liger_fused_add_rms_norm_cases(shape, dtype, atol, rtol):
     out, res = ours(x2, r2)
     torch.autograd.backward((ref_out, ref_res), (dh, dr))
     torch.autograd.backward((out, res), (dh, dr))
-    for a, e in ((out, ref_out), (res, ref_res), (ours.weight.grad, reference.weight.grad), (x2.grad, x1.grad),
-                 (r2.grad, r1.grad)):
+    for a, e in (
+        (out, ref_out),
+        (res, ref_res),
+        (ours.weight.grad, reference.weight.grad),
+        (x2.grad, x1.grad),
+        (r2.grad, r1.grad),
+    ):
         torch.testing.assert_close(a, e, atol=atol, rtol=rtol)
 
 
@@ -407,25 +429,20 @@ def test_gradcheck(op):
         if "layer" in op:
             args.append(next(it))
         return getattr(fused, op)(*args)
+
     assert torch.autograd.gradcheck(fn, params)
 
 
-def test_opcheck():
-    x, r, w, b = (t.detach() for t in inputs("add_layer_norm", (3, 5, 16), (16,), torch.float32, "cpu"))
-    bf = x.bfloat16()
-    for rms in (True, False):
-        torch.library.opcheck(torch.ops.fused.norm_fwd.default, (x, r, [16], w, None if rms else b, 1e-5, rms))
-        torch.library.opcheck(torch.ops.fused.norm_fwd.default, (bf, r, [5, 16], None, None, 1e-5, rms))
-        out, h, mean, rstd = torch.ops.fused.norm_fwd(x, r, [16], w, b, 1e-5, rms)
-        torch.library.opcheck(torch.ops.fused.norm_backward.default,
-                              (out, out, h, mean, rstd, w, [16], rms, True, not rms))
-        torch.library.opcheck(torch.ops.fused.norm_backward.default,
-                              (out, None, h, mean, rstd, None, [16], rms, False, False))
-    torch.library.opcheck(torch.ops.fused.rms_norm.default, (x, [16], w, None))
-    torch.library.opcheck(torch.ops.fused.layer_norm.default, (x, [5, 16], None, None, 1e-5))
-    torch.library.opcheck(torch.ops.fused.add_rms_norm.default, (bf, r, [16], w, 1e-6),
-                          {"residual_dtype": torch.float32})
-    torch.library.opcheck(torch.ops.fused.add_layer_norm.default, (x, r, [16], w, b, 1e-5))
+def test_opcheck_with_residual_dtype():
+    """opcheck with the keyword-only residual_dtype (tests/op_registry.py's samples, run by test_op_coverage.py,
+    are positional)."""
+    x, r, w, _ = inputs("add_rms_norm", (3, 5, 16), (16,), torch.bfloat16, "cpu")
+    torch.library.opcheck(
+        torch.ops.fused.add_rms_norm.default, (x, r, [16], w.float(), 1e-6), {"residual_dtype": torch.float32}
+    )
+    torch.library.opcheck(
+        torch.ops.fused.add_layer_norm.default, (x, r, [16], None, None, 1e-5), {"residual_dtype": torch.float32}
+    )
 
 
 def test_compile_fullgraph_forward_and_backward():
@@ -436,6 +453,7 @@ def test_compile_fullgraph_forward_and_backward():
     def step(x, r, w, b):
         out, h = fused.add_layer_norm(x, r, 16, w, b)
         return (out * out).sum() + h.sum()
+
     torch._dynamo.reset()
     expected = torch.autograd.grad(step(x, r, w, b), (x, r, w, b))
     got = torch.autograd.grad(torch.compile(step, fullgraph=True)(x, r, w, b), (x, r, w, b))
@@ -500,10 +518,19 @@ class TinyTransformer(nn.Module):
         super().__init__()
         norm = (lambda: nn.LayerNorm(d)) if kind == "gpt2" else (lambda: nn.RMSNorm(d, eps=1e-6))
         self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(nn.ModuleDict({
-            "ln_1": norm(), "attn": Attention(d, heads, bias=kind == "gpt2"), "ln_2": norm(),
-            "mlp": nn.Sequential(nn.Linear(d, 4 * d), nn.GELU("tanh"), nn.Linear(4 * d, d)) if kind == "gpt2"
-            else SwiGLU(d, 3 * d)}) for _ in range(blocks))
+        self.blocks = nn.ModuleList(
+            nn.ModuleDict(
+                {
+                    "ln_1": norm(),
+                    "attn": Attention(d, heads, bias=kind == "gpt2"),
+                    "ln_2": norm(),
+                    "mlp": nn.Sequential(nn.Linear(d, 4 * d), nn.GELU("tanh"), nn.Linear(4 * d, d))
+                    if kind == "gpt2"
+                    else SwiGLU(d, 3 * d),
+                }
+            )
+            for _ in range(blocks)
+        )
         self.ln_f = norm()
         self.head = nn.Linear(d, vocab, bias=False)
 
@@ -513,7 +540,8 @@ class TinyTransformer(nn.Module):
     def forward(self, idx):
         x, pending = self.emb(idx), None  # pending: a sublayer output not yet added to the stream x
         for norm, sublayer in [(b[n], b[s]) for b in self.blocks for n, s in (("ln_1", "attn"), ("ln_2", "mlp"))] + [
-                (self.ln_f, None)]:
+            (self.ln_f, None)
+        ]:
             if pending is None:
                 h = norm(x)
             elif isinstance(norm, (fused.nn.FusedLayerNorm, fused.nn.FusedRMSNorm)):
@@ -541,6 +569,7 @@ def test_real_client_transformer_outputs_and_gradients(kind):
     """The model with fused norms and fused residual adds gives eager's outputs and gradients, judged against the
     float64 model (error no worse than eager's x2)."""
     import copy
+
     torch.manual_seed(0)
     eager = TinyTransformer(kind)
     for m in eager.norms():  # random affine parameters, so that their gradients matter

@@ -1,6 +1,7 @@
 """The Triton launchers of the norm family, called directly. Without a GPU they run on CPU tensors under
 TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small; on a GPU the same tests run on CUDA tensors.
 Each launcher is held against the CPU C++ op (torch.ops.fused.*) and against float64."""
+
 import pytest
 import torch
 
@@ -32,8 +33,10 @@ def fwd_inputs(shape, C, dtype, residual_dtype, affine, rms):
 
 
 # (x dtype, residual stream dtype): no residual, the same dtype, a float32 stream for 16-bit x
-CASES = [(d, r) for d in ALL_DTYPES for r in (None, d)] + [(torch.bfloat16, torch.float32),
-                                                             (torch.float16, torch.float32)]
+CASES = [(d, r) for d in ALL_DTYPES for r in (None, d)] + [
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float32),
+]
 
 
 @pytest.mark.parametrize("rms", [True, False])
@@ -60,8 +63,11 @@ def test_forward_and_backward_match_cpu_and_float64(rms, dtype, residual_dtype):
     h64 = hh.cpu().double().requires_grad_()
     w64 = w.double().requires_grad_()
     b64 = b.double().requires_grad_() if b is not None else None
-    norm = torch.nn.functional.rms_norm(h64, (40,), w64, 1e-5) if rms else \
-        torch.nn.functional.layer_norm(h64, (40,), w64, b64, 1e-5)
+    norm = (
+        torch.nn.functional.rms_norm(h64, (40,), w64, 1e-5)
+        if rms
+        else torch.nn.functional.layer_norm(h64, (40,), w64, b64, 1e-5)
+    )
     assert_close(out.cpu(), norm.detach(), dtype)
     expected = torch.autograd.grad(norm, [t for t in (h64, w64, b64) if t is not None], g.double())
     gh = expected[0] + (gs.double() if gs is not None else 0)
@@ -91,24 +97,31 @@ def test_chunks_layouts_and_determinism(rms):
 def test_tiny_empty_and_multi_dim_rows():
     x = make((4, 1), seed=0)
     for rms in (True, False):
-        assert_close(tk.norm_fwd(dev(x), None, [1], None, None, 1e-5, rms)[0].cpu(),
-                     F.norm_fwd(x, None, [1], None, None, 1e-5, rms)[0])
+        assert_close(
+            tk.norm_fwd(dev(x), None, [1], None, None, 1e-5, rms)[0].cpu(),
+            F.norm_fwd(x, None, [1], None, None, 1e-5, rms)[0],
+        )
     e = torch.empty(0, 8, device=DEVICE)
     out, _, _, rstd = tk.norm_fwd(e, e, [8], None, None, 1e-5, True)
     assert out.shape == (0, 8) and rstd.shape == (0,)
     gh, gw, _ = tk.norm_backward(e, None, e, rstd, rstd, torch.ones(8, device=DEVICE), [8], True, True, False)
     assert gh.shape == (0, 8) and torch.equal(gw.cpu(), torch.zeros(8))
     x3 = make((2, 3, 7), seed=1)
-    assert_close(tk.norm_fwd(dev(x3), None, [3, 7], None, None, 1e-5, False)[0].cpu(),
-                 F.norm_fwd(x3, None, [3, 7], None, None, 1e-5, False)[0])
+    assert_close(
+        tk.norm_fwd(dev(x3), None, [3, 7], None, None, 1e-5, False)[0].cpu(),
+        F.norm_fwd(x3, None, [3, 7], None, None, 1e-5, False)[0],
+    )
 
 
 def test_nan_inf_like_the_cpu_kernel():
     x = make((3, 8), seed=0)
     x[0, 1], x[1, 2], x[2, 0] = float("nan"), float("inf"), 1e30
     for rms in (True, False):
-        torch.testing.assert_close(tk.norm_fwd(dev(x), None, [8], None, None, 1e-5, rms)[0].cpu(),
-                                   F.norm_fwd(x, None, [8], None, None, 1e-5, rms)[0], equal_nan=True)
+        torch.testing.assert_close(
+            tk.norm_fwd(dev(x), None, [8], None, None, 1e-5, rms)[0].cpu(),
+            F.norm_fwd(x, None, [8], None, None, 1e-5, rms)[0],
+            equal_nan=True,
+        )
 
 
 def test_errors():
@@ -129,14 +142,25 @@ def test_kernels_compile_for_sm90_through_their_launchers():
     import re
     import subprocess
     import sys
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root
-    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "norm"], capture_output=True,
-                         text=True, cwd=root, env=env, timeout=900)
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "norm"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    stats = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
-        r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 \d+, div.rn.f32 (\d+)", out.stdout)}
+    stats = {
+        m[0]: [int(v) for v in m[1:]]
+        for m in re.findall(
+            r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 \d+, div.rn.f32 (\d+)", out.stdout
+        )
+    }
     assert set(stats) == {"_norm_fwd_kernel", "_norm_backward_kernel"}, out.stdout
     for name, (sqrt_approx, div_rn) in stats.items():
         assert sqrt_approx == 0 and div_rn > 0, name

@@ -67,12 +67,11 @@ inline RowsShape check_fwd(const char* op, const at::Tensor& x, const std::optio
 // grad (the output's dtype) and grad_sum (h's) like h; mean / rstd one per row in the math type.
 inline RowsShape check_backward(const char* op, const at::Tensor& grad, const std::optional<at::Tensor>& grad_sum,
                                 const at::Tensor& h, const at::Tensor& mean, const at::Tensor& rstd,
-                                const std::optional<at::Tensor>& weight, at::IntArrayRef normalized_shape,
-                                bool rms) {
+                                const std::optional<at::Tensor>& weight, at::IntArrayRef normalized_shape, bool rms) {
   check_floating(op, "grad", grad);
   const RowsShape s = rows_shape(op, h, normalized_shape);
-  TORCH_CHECK(grad.device() == h.device() && grad.sizes() == h.sizes(), "fused.", op, ": grad (", grad.sizes(),
-              " on ", grad.device(), ") must match h (", h.sizes(), " on ", h.device(), ")");
+  TORCH_CHECK(grad.device() == h.device() && grad.sizes() == h.sizes(), "fused.", op, ": grad (", grad.sizes(), " on ",
+              grad.device(), ") must match h (", h.sizes(), " on ", h.device(), ")");
   TORCH_CHECK(residual_dtype_ok(grad.scalar_type(), h.scalar_type()), "fused.", op, ": h has dtype ",
               dtype_name(h.scalar_type()), " but grad has dtype ", dtype_name(grad.scalar_type()));
   if (grad_sum) {
@@ -117,11 +116,11 @@ inline Forward prepare_fwd(const at::Tensor& x_in, const std::optional<at::Tenso
 struct Backward {
   at::Tensor grad, grad_sum, h, mean, rstd, grad_h, grad_w, grad_b;
 };
-inline Backward prepare_backward(const at::Tensor& grad, const std::optional<at::Tensor>& grad_sum,
-                                 const at::Tensor& h, const at::Tensor& mean, const at::Tensor& rstd,
-                                 at::IntArrayRef normalized_shape, bool weight_grad, bool bias_grad) {
-  Backward b{grad.contiguous(), grad_sum ? grad_sum->contiguous() : at::Tensor(), h.contiguous(),
-             mean.contiguous(), rstd.contiguous()};
+inline Backward prepare_backward(const at::Tensor& grad, const std::optional<at::Tensor>& grad_sum, const at::Tensor& h,
+                                 const at::Tensor& mean, const at::Tensor& rstd, at::IntArrayRef normalized_shape,
+                                 bool weight_grad, bool bias_grad) {
+  Backward b{grad.contiguous(), grad_sum ? grad_sum->contiguous() : at::Tensor(), h.contiguous(), mean.contiguous(),
+             rstd.contiguous()};
   const auto options = h.options().dtype(at::toOpMathType(grad.scalar_type()));
   b.grad_h = at::empty(h.sizes(), h.options());
   b.grad_w = at::zeros(weight_grad ? normalized_shape : at::IntArrayRef{0}, options);

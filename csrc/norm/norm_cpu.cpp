@@ -3,8 +3,8 @@
 // in blocks of kBlock elements converted to the math type (float, double for double) on the fly. RMSNorm takes the
 // mean square; LayerNorm the mean, then the mean squared deviation (two passes over the cached row: no
 // cancellation, unlike E[h^2] - E[h]^2, and simpler than a vectorised Welford merge). Sums run in four vector
-// accumulators per block, the block sums added in double. The weight / bias gradients are per-chunk column sums in fixed slots, chunks fixed by (rows, C) alone,
-// added in a fixed order: the same bits for any number of threads.
+// accumulators per block, the block sums added in double. The weight / bias gradients are per-chunk column sums in
+// fixed slots, chunks fixed by (rows, C) alone, added in a fixed order: the same bits for any number of threads.
 #include <torch/library.h>
 
 #include <cmath>
@@ -56,7 +56,7 @@ template <typename T> T* ptr_or_null(const at::Tensor& t) { return t.defined() ?
 
 // Dispatch over the x dtype S and the residual-stream dtype R (S, or float for 16-bit S).
 template <typename F> void dispatch_norm(at::ScalarType x, at::ScalarType r, const F& f) {
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x, "norm", [&] {
+  FUSED_DISPATCH_FLOATING(x, "norm", [&] {
     if constexpr (!std::is_same_v<scalar_t, float> && !std::is_same_v<scalar_t, double>) {
       if (r == at::kFloat) return f(scalar_t(), float());
     }
@@ -120,39 +120,39 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
   if (s.rows == 0 || s.C == 0) return {f.out, f.sum, f.mean, f.rstd};
   const int64_t C = s.C;
   const at::Tensor &x = f.x, &residual = f.residual;
-  dispatch_norm(x.scalar_type(), residual.defined() ? residual.scalar_type() : x.scalar_type(),
-                [&](auto s_tag, auto r_tag) {
-    using S = decltype(s_tag);
-    using R = decltype(r_tag);
-    using T = at::opmath_type<S>;
-    const at::Tensor w_t = param_in_math<T>(weight, x), b_t = param_in_math<T>(bias, x);
-    const T *w = ptr_or_null<T>(w_t), *b = ptr_or_null<T>(b_t);
-    const S* xp = x.data_ptr<S>();
-    const R* rp = residual.defined() ? residual.data_ptr<R>() : nullptr;
-    R* sp = residual.defined() ? f.sum.data_ptr<R>() : nullptr;
-    S* outp = f.out.data_ptr<S>();
-    T* mp = rms ? nullptr : f.mean.data_ptr<T>();
-    T* rs = f.rstd.data_ptr<T>();
-    at::parallel_for(0, s.rows, std::max<int64_t>(1, 16 * kBlock / C), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        std::pair<T, T> stats;
-        if (rp) {  // h = x + residual, rounded to the residual stream's dtype; the norm reads what is returned
-          R* h_row = sp + r * C;
-          for_blocks<T>(xp + r * C, C, [&](const T* xb, int64_t c, int64_t len) {
-            T rb[kBlock], local[kBlock];
-            T* hb = work_buffer(h_row + c, local);
-            vec_map2_to(hb, xb, math_view(rp + r * C + c, rb, len), len, [](auto a, auto v) { return a + v; });
-            store_block(hb, h_row + c, len);
-          });
-          stats = norm_row(static_cast<const R*>(h_row), outp + r * C, w, b, C, eps, rms);
-        } else {
-          stats = norm_row(xp + r * C, outp + r * C, w, b, C, eps, rms);
-        }
-        if (mp) mp[r] = stats.first;
-        rs[r] = stats.second;
-      }
-    });
-  });
+  dispatch_norm(
+      x.scalar_type(), residual.defined() ? residual.scalar_type() : x.scalar_type(), [&](auto s_tag, auto r_tag) {
+        using S = decltype(s_tag);
+        using R = decltype(r_tag);
+        using T = at::opmath_type<S>;
+        const at::Tensor w_t = param_in_math<T>(weight, x), b_t = param_in_math<T>(bias, x);
+        const T *w = ptr_or_null<T>(w_t), *b = ptr_or_null<T>(b_t);
+        const S* xp = x.data_ptr<S>();
+        const R* rp = residual.defined() ? residual.data_ptr<R>() : nullptr;
+        R* sp = residual.defined() ? f.sum.data_ptr<R>() : nullptr;
+        S* outp = f.out.data_ptr<S>();
+        T* mp = rms ? nullptr : f.mean.data_ptr<T>();
+        T* rs = f.rstd.data_ptr<T>();
+        at::parallel_for(0, s.rows, std::max<int64_t>(1, 16 * kBlock / C), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            std::pair<T, T> stats;
+            if (rp) {  // h = x + residual, rounded to the residual stream's dtype; the norm reads what is returned
+              R* h_row = sp + r * C;
+              for_blocks<T>(xp + r * C, C, [&](const T* xb, int64_t c, int64_t len) {
+                T rb[kBlock], local[kBlock];
+                T* hb = work_buffer(h_row + c, local);
+                vec_map2_to(hb, xb, math_view(rp + r * C + c, rb, len), len, [](auto a, auto v) { return a + v; });
+                store_block(hb, h_row + c, len);
+              });
+              stats = norm_row(static_cast<const R*>(h_row), outp + r * C, w, b, C, eps, rms);
+            } else {
+              stats = norm_row(xp + r * C, outp + r * C, w, b, C, eps, rms);
+            }
+            if (mp) mp[r] = stats.first;
+            rs[r] = stats.second;
+          }
+        });
+      });
   return {f.out, f.sum, f.mean, f.rstd};
 }
 
@@ -186,8 +186,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     at::IntArrayRef normalized_shape, bool rms, bool weight_grad, bool bias_grad) {
   const char* op = "norm_backward";
   const RowsShape s = check_backward(op, grad_in, grad_sum_in, h_in, mean_in, rstd_in, weight, normalized_shape, rms);
-  Backward bw = prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad,
-                                 bias_grad);
+  Backward bw =
+      prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad, bias_grad);
   if (s.rows == 0 || s.C == 0) return {bw.grad_h, bw.grad_w, bw.grad_b};
   const int64_t C = s.C, rows = s.rows;
   const int64_t per_chunk = rows_per_chunk(rows, C), chunks = (rows + per_chunk - 1) / per_chunk;
@@ -226,9 +226,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
             auto gw = [&](int64_t i, int64_t m) {
               return w ? V::loadu(gb + i, m) * V::loadu(w + j + i, m) : V::loadu(gb + i, m);
             };
-            sum_gw_xhat += block_sum<T>(len, [&](int64_t i, int64_t m) {
-              return gw(i, m) * ((V::loadu(hb + i, m) - mv) * rv);
-            });
+            sum_gw_xhat +=
+                block_sum<T>(len, [&](int64_t i, int64_t m) { return gw(i, m) * ((V::loadu(hb + i, m) - mv) * rv); });
             if (!rms) sum_gw += block_sum<T>(len, gw);
           });
           const V a(static_cast<T>(sum_gw_xhat / C)), b(static_cast<T>(sum_gw / C));

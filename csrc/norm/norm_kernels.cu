@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "common/cuda_convert.cuh"
@@ -142,21 +143,15 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <typename S> struct Type {
-  using type = S;
-};
-
-// f(Type<S>, Type<R>) for the x dtype S and the stream dtype R (S, or float for 16-bit S).
-template <typename F> cudaError_t dispatch(DType x, DType stream, F&& f) {
-  const bool wide = stream == DType::f32 && x != DType::f32;
-  switch (x) {
-    case DType::f32: return f(Type<float>{}, Type<float>{});
-    case DType::f64: return f(Type<double>{}, Type<double>{});
-    case DType::f16: return wide ? f(Type<__half>{}, Type<float>{}) : f(Type<__half>{}, Type<__half>{});
-    case DType::bf16:
-      return wide ? f(Type<__nv_bfloat16>{}, Type<float>{}) : f(Type<__nv_bfloat16>{}, Type<__nv_bfloat16>{});
-  }
-  return cudaErrorInvalidValue;
+// f(Type<S>{}, Type<R>{}) for the x dtype S and the stream dtype R (S, or float for 16-bit S).
+template <typename F> cudaError_t visit_norm_dtypes(DType x, DType stream, F&& f) {
+  return visit_dtype(x, [&](auto s_type) {
+    using S = typename decltype(s_type)::type;
+    if constexpr (std::is_same_v<S, __half> || std::is_same_v<S, __nv_bfloat16>) {
+      if (stream == DType::f32) return f(s_type, Type<float>{});
+    }
+    return f(s_type, s_type);
+  });
 }
 
 // Threads per block: a power of two from 32 to kMaxThreads, about 8 elements of the row each.
@@ -181,7 +176,7 @@ cudaError_t norm_fwd(DType x_dtype, DType stream, const void* x, const void* res
                      double eps, bool rms, cudaStream_t cuda_stream) {
   if (rows <= 0 || C <= 0) return cudaSuccess;
   if (rows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return dispatch(x_dtype, stream, [&](auto s_type, auto r_type) {
+  return visit_norm_dtypes(x_dtype, stream, [&](auto s_type, auto r_type) {
     using S = typename decltype(s_type)::type;
     using R = typename decltype(r_type)::type;
     using T = Math<S>;
@@ -204,7 +199,7 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
                           bool rms, cudaStream_t cuda_stream) {
   if (rows <= 0 || C <= 0) return cudaSuccess;
   const Chunks chunks = backward_chunks(rows);
-  return dispatch(grad_dtype, stream, [&](auto s_type, auto r_type) {
+  return visit_norm_dtypes(grad_dtype, stream, [&](auto s_type, auto r_type) {
     using S = typename decltype(s_type)::type;
     using R = typename decltype(r_type)::type;
     using T = Math<S>;
@@ -219,7 +214,7 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
     for (auto [partial, result] : {std::pair<T*, void*>{pw, grad_weight}, std::pair<T*, void*>{pb, grad_bias}}) {
       if (err != cudaSuccess || partial == nullptr) continue;
       FUSED_LAUNCH(finish_blocks, 256, 0, cuda_stream, chunk_sum_kernel<T>)(partial, static_cast<T*>(result),
-                                                                           chunks.count, C);
+                                                                            chunks.count, C);
       err = cudaGetLastError();
     }
     return err;

@@ -6,11 +6,11 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+
 namespace fused {
 namespace cuda {
 namespace norm {
-
-enum class DType : int32_t { f32, f16, bf16, f64 };
 
 // One block per row. h = x (+ residual, rounded to `stream`'s dtype and stored in sum); out = (h - mean) * rstd *
 // weight + bias in x's dtype (mean 0 for RMSNorm); mean (LayerNorm only) and rstd per row in the math type.

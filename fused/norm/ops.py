@@ -1,6 +1,7 @@
 """Registration of the norm ops: the public composites (rms_norm, layer_norm, add_rms_norm, add_layer_norm) over
 norm_fwd, fake kernels (torch.compile), autograd (backward made of fused ops), and the CUDA-device routing between
 the CUDA C++ and Triton kernels."""
+
 import math
 
 import torch
@@ -37,8 +38,9 @@ def check_param(op, name, p, x, normalized_shape):
     if p.device != x.device:
         raise RuntimeError(f"fused.{op}: {name} is on {p.device} but x is on {x.device}")
     if tuple(p.shape) != tuple(normalized_shape):
-        raise RuntimeError(f"fused.{op}: {name} must have shape normalized_shape {tuple(normalized_shape)}, got "
-                           f"{tuple(p.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: {name} must have shape normalized_shape {tuple(normalized_shape)}, got {tuple(p.shape)}"
+        )
 
 
 def residual_dtype_ok(x_dtype, r_dtype):
@@ -55,8 +57,10 @@ def check_fwd(op, x, residual, normalized_shape, weight, bias):
             raise RuntimeError(f"fused.{op}: residual is on {residual.device} but x is on {x.device}")
         _checks.check_same_shape(op, "residual", residual, "x", x)
         if not residual_dtype_ok(x.dtype, residual.dtype):
-            raise RuntimeError(f"fused.{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype} (the "
-                               "residual stream takes x's dtype, or float32 for 16-bit x)")
+            raise RuntimeError(
+                f"fused.{op}: residual has dtype {residual.dtype} but x has dtype {x.dtype} (the "
+                "residual stream takes x's dtype, or float32 for 16-bit x)"
+            )
     for name, p in (("weight", weight), ("bias", bias)):
         if p is not None:
             check_param(op, name, p, x, normalized_shape)
@@ -67,8 +71,9 @@ def check_backward(op, grad, grad_sum, h, mean, rstd, weight, normalized_shape, 
     _checks.check_floating(op, "grad", grad)
     rows, _ = rows_shape(op, h, normalized_shape)
     if grad.device != h.device or grad.shape != h.shape:
-        raise RuntimeError(f"fused.{op}: grad ({tuple(grad.shape)} on {grad.device}) must match h "
-                           f"({tuple(h.shape)} on {h.device})")
+        raise RuntimeError(
+            f"fused.{op}: grad ({tuple(grad.shape)} on {grad.device}) must match h ({tuple(h.shape)} on {h.device})"
+        )
     if not residual_dtype_ok(grad.dtype, h.dtype):
         raise RuntimeError(f"fused.{op}: h has dtype {h.dtype} but grad has dtype {grad.dtype}")
     if grad_sum is not None:
@@ -87,16 +92,23 @@ def check_backward(op, grad, grad_sum, h, mean, rstd, weight, normalized_shape, 
 def _(x, residual, normalized_shape, weight, bias, eps, rms):
     rows, _ = check_fwd(op_name(rms, residual is not None), x, residual, normalized_shape, weight, bias)
     total = residual.new_empty(x.shape) if residual is not None else x.new_empty(0)
-    return (x.new_empty(x.shape), total, x.new_empty(0 if rms else rows, dtype=math_dtype(x)),
-            x.new_empty(rows, dtype=math_dtype(x)))
+    return (
+        x.new_empty(x.shape),
+        total,
+        x.new_empty(0 if rms else rows, dtype=math_dtype(x)),
+        x.new_empty(rows, dtype=math_dtype(x)),
+    )
 
 
 @torch.library.register_fake("fused::norm_backward")
 def _(grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms, weight_grad, bias_grad):
     check_backward("norm_backward", grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms)
     ns = tuple(normalized_shape)
-    return (h.new_empty(h.shape), h.new_empty(ns if weight_grad else (0,), dtype=math_dtype(grad)),
-            h.new_empty(ns if bias_grad else (0,), dtype=math_dtype(grad)))
+    return (
+        h.new_empty(h.shape),
+        h.new_empty(ns if weight_grad else (0,), dtype=math_dtype(grad)),
+        h.new_empty(ns if bias_grad else (0,), dtype=math_dtype(grad)),
+    )
 
 
 # ---- autograd of norm_fwd ----
@@ -118,14 +130,21 @@ def _backward(ctx, grad, grad_sum, _grad_mean, _grad_rstd):
         grad_h = grad_sum
     else:
         grad_h, grad_weight, grad_bias = torch.ops.fused.norm_backward(
-            grad, grad_sum, h, mean, rstd, weight, ctx.normalized_shape, ctx.rms, need_weight, need_bias)
+            grad, grad_sum, h, mean, rstd, weight, ctx.normalized_shape, ctx.rms, need_weight, need_bias
+        )
     # x + residual: both take grad_h (x in its own dtype when the residual stream is float32)
     grad_x = grad_h.to(ctx.x_dtype) if need_x and grad_h is not None else None
     grad_residual = grad_h if need_residual else None
     weight_dtype, bias_dtype = ctx.param_dtypes
-    return (grad_x, grad_residual, None,
-            grad_weight.to(weight_dtype) if need_weight and grad_weight is not None else None,
-            grad_bias.to(bias_dtype) if need_bias and grad_bias is not None else None, None, None)
+    return (
+        grad_x,
+        grad_residual,
+        None,
+        grad_weight.to(weight_dtype) if need_weight and grad_weight is not None else None,
+        grad_bias.to(bias_dtype) if need_bias and grad_bias is not None else None,
+        None,
+        None,
+    )
 
 
 torch.library.register_autograd("fused::norm_fwd", _backward, setup_context=_setup)
@@ -145,12 +164,15 @@ def residual_stream(op, x, residual, residual_dtype):
     dtype = residual_dtype or residual.dtype
     if not residual_dtype_ok(x.dtype, dtype):
         what = f"residual_dtype {dtype}" if residual_dtype else f"residual has dtype {dtype}"
-        raise RuntimeError(f"fused.{op}: {what} but x has dtype {x.dtype} (the residual stream takes x's dtype, or "
-                           "float32 for 16-bit x)")
+        raise RuntimeError(
+            f"fused.{op}: {what} but x has dtype {x.dtype} (the residual stream takes x's dtype, or "
+            "float32 for 16-bit x)"
+        )
     if residual.dtype != dtype:
         if residual.dtype != x.dtype:
-            raise RuntimeError(f"fused.{op}: residual has dtype {residual.dtype}, neither x's ({x.dtype}) nor "
-                               f"residual_dtype ({dtype})")
+            raise RuntimeError(
+                f"fused.{op}: residual has dtype {residual.dtype}, neither x's ({x.dtype}) nor residual_dtype ({dtype})"
+            )
         residual = residual.to(dtype)
     return residual
 
@@ -166,8 +188,7 @@ def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 def _add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, residual_dtype=None):
     residual = residual_stream("add_rms_norm", x, residual, residual_dtype)
-    out, total, _, _ = torch.ops.fused.norm_fwd(x, residual, normalized_shape, weight, None, default_eps(x, eps),
-                                                True)
+    out, total, _, _ = torch.ops.fused.norm_fwd(x, residual, normalized_shape, weight, None, default_eps(x, eps), True)
     return out, total
 
 
@@ -178,8 +199,12 @@ def _add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1
 
 
 _lib = torch.library.Library("fused", "IMPL")
-for _name, _fn in (("rms_norm", _rms_norm), ("layer_norm", _layer_norm), ("add_rms_norm", _add_rms_norm),
-                   ("add_layer_norm", _add_layer_norm)):
+for _name, _fn in (
+    ("rms_norm", _rms_norm),
+    ("layer_norm", _layer_norm),
+    ("add_rms_norm", _add_rms_norm),
+    ("add_layer_norm", _add_layer_norm),
+):
     _lib.impl(_name, _fn, "CompositeImplicitAutograd")
 
 

@@ -5,14 +5,16 @@ TRITON_INTERPRET=1 the launchers also run on CPU tensors (that is how the tests 
 One program holds a whole row (BLOCK_C = the next power of two >= C, up to MAX_C): the forward takes one row per
 program, the backward one chunk of rows per program, its weight / bias gradient partial sums in registers and then
 in a fixed slot of a [chunks, C] buffer that a torch sum reduces in a fixed order (no atomics: the same bits every
-run). Statistics in float32 (float64 for float64); divisions and square roots correctly rounded (_div, _sqrt).
+run). Statistics in float32 (float64 for float64); divisions and square roots correctly rounded (div, sqrt).
 """
+
 import torch
 import triton
 import triton.language as tl
 
-from fused.elementwise.triton_math import _div, _sqrt, on_device_of, scalar_in, to_out
 from fused.norm import ops as _ops
+from fused.triton_math import div, sqrt
+from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
 
 MAX_C = 65536  # elements per row one program holds
 BACKWARD_PROGRAMS = 256  # about how many programs the backward launches (fixed: deterministic)
@@ -24,14 +26,33 @@ def _num_warps(block_c):
 
 def _check_row(op, C):
     if C > MAX_C:
-        raise RuntimeError(f"fused.{op}: the Triton kernel takes rows of at most {MAX_C} elements, got "
-                           f"normalized_shape of {C}; use fused.set_backend('cuda')")
+        raise RuntimeError(
+            f"fused.{op}: the Triton kernel takes rows of at most {MAX_C} elements, got "
+            f"normalized_shape of {C}; use fused.set_backend('cuda')"
+        )
 
 
 @triton.jit
-def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rstd_ptr, C, n, eps,
-                     HAS_RESIDUAL: tl.constexpr, HAS_W: tl.constexpr, HAS_B: tl.constexpr, RMS: tl.constexpr,
-                     MATH: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def _norm_fwd_kernel(
+    x_ptr,
+    r_ptr,
+    w_ptr,
+    b_ptr,
+    out_ptr,
+    sum_ptr,
+    mean_ptr,
+    rstd_ptr,
+    C,
+    n,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    HAS_W: tl.constexpr,
+    HAS_B: tl.constexpr,
+    RMS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     row = tl.program_id(0)
     if I64:
         row = row.to(tl.int64)
@@ -45,13 +66,13 @@ def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rst
     n = scalar_in(n, MATH)  # C as a float
     if RMS:
         mean = tl.zeros((), MATH)
-        ms = _div(tl.sum(h * h, axis=0), n)
+        ms = div(tl.sum(h * h, axis=0), n)
     else:
-        mean = _div(tl.sum(h, axis=0), n)
+        mean = div(tl.sum(h, axis=0), n)
         d = tl.where(mask, h - mean, 0.0)
-        ms = _div(tl.sum(d * d, axis=0), n)
+        ms = div(tl.sum(d * d, axis=0), n)
         tl.store(mean_ptr + row, mean)
-    rstd = _div(1.0, _sqrt(ms + scalar_in(eps, MATH)))
+    rstd = div(1.0, sqrt(ms + scalar_in(eps, MATH)))
     tl.store(rstd_ptr + row, rstd)
     y = (h - mean) * rstd
     if HAS_W:
@@ -62,10 +83,29 @@ def _norm_fwd_kernel(x_ptr, r_ptr, w_ptr, b_ptr, out_ptr, sum_ptr, mean_ptr, rst
 
 
 @triton.jit
-def _norm_backward_kernel(g_ptr, gs_ptr, h_ptr, mean_ptr, rstd_ptr, w_ptr, dh_ptr, pw_ptr, pb_ptr, rows, C, n,
-                          rows_per_chunk, HAS_GS: tl.constexpr, HAS_W: tl.constexpr, W_GRAD: tl.constexpr,
-                          B_GRAD: tl.constexpr, RMS: tl.constexpr, MATH: tl.constexpr, BLOCK_C: tl.constexpr,
-                          I64: tl.constexpr):
+def _norm_backward_kernel(
+    g_ptr,
+    gs_ptr,
+    h_ptr,
+    mean_ptr,
+    rstd_ptr,
+    w_ptr,
+    dh_ptr,
+    pw_ptr,
+    pb_ptr,
+    rows,
+    C,
+    n,
+    rows_per_chunk,
+    HAS_GS: tl.constexpr,
+    HAS_W: tl.constexpr,
+    W_GRAD: tl.constexpr,
+    B_GRAD: tl.constexpr,
+    RMS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     """grad_h = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) (+ grad_sum) for the rows of one chunk, with
     xhat = (h - mean) * rstd and gw = grad * weight; the chunk's sums of grad * xhat and grad go to
     partial[chunk, :]."""
@@ -89,10 +129,10 @@ def _norm_backward_kernel(g_ptr, gs_ptr, h_ptr, mean_ptr, rstd_ptr, w_ptr, dh_pt
             mean = tl.load(mean_ptr + row)
         xhat = tl.where(mask, (h - mean) * rstd, 0.0)
         gw = g * w
-        a = _div(tl.sum(gw * xhat, axis=0), n)
+        a = div(tl.sum(gw * xhat, axis=0), n)
         b = tl.zeros((), MATH)
         if not RMS:
-            b = _div(tl.sum(gw, axis=0), n)
+            b = div(tl.sum(gw, axis=0), n)
         dh = rstd * ((gw - b) - xhat * a)
         if HAS_GS:
             dh = dh + tl.load(gs_ptr + row * C + c, mask=mask, other=0.0).to(MATH)
@@ -125,10 +165,25 @@ def norm_fwd(x, residual, normalized_shape, weight, bias, eps, rms):
         return out, total, mean.fill_(float("nan")), rstd.fill_(float("nan"))
     params = [p.contiguous() if p is not None else x for p in (residual, weight, bias)]
     block_c = triton.next_power_of_2(C)
-    _norm_fwd_kernel[(rows,)](x, *params, out, total if residual is not None else out, mean if not rms else rstd,
-                              rstd, C, float(C), float(eps), HAS_RESIDUAL=residual is not None, HAS_W=weight is not None,
-                              HAS_B=bias is not None, RMS=rms, MATH=tl.float64 if math == torch.float64 else tl.float32,
-                              BLOCK_C=block_c, I64=_needs_i64(x), num_warps=_num_warps(block_c))
+    _norm_fwd_kernel[(rows,)](
+        x,
+        *params,
+        out,
+        total if residual is not None else out,
+        mean if not rms else rstd,
+        rstd,
+        C,
+        float(C),
+        float(eps),
+        HAS_RESIDUAL=residual is not None,
+        HAS_W=weight is not None,
+        HAS_B=bias is not None,
+        RMS=rms,
+        MATH=math_dtype(x),
+        BLOCK_C=block_c,
+        I64=_needs_i64(x),
+        num_warps=_num_warps(block_c),
+    )
     return out, total, mean, rstd
 
 
@@ -157,11 +212,29 @@ def norm_backward(grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms, 
     block_c = triton.next_power_of_2(C)
     grad, h = grad.contiguous(), h.contiguous()
     _norm_backward_kernel[(chunks,)](
-        grad, grad_sum.contiguous() if grad_sum is not None else grad, h, mean if not rms else rstd, rstd.contiguous(),
-        weight.contiguous() if weight is not None else grad, grad_h, partial_w, partial_b, rows, C, float(C), rows_per_chunk,
-        HAS_GS=grad_sum is not None, HAS_W=weight is not None, W_GRAD=weight_grad, B_GRAD=bias_grad, RMS=rms,
-        MATH=tl.float64 if math == torch.float64 else tl.float32, BLOCK_C=block_c, I64=_needs_i64(h),
-        num_warps=_num_warps(block_c))
+        grad,
+        grad_sum.contiguous() if grad_sum is not None else grad,
+        h,
+        mean if not rms else rstd,
+        rstd.contiguous(),
+        weight.contiguous() if weight is not None else grad,
+        grad_h,
+        partial_w,
+        partial_b,
+        rows,
+        C,
+        float(C),
+        rows_per_chunk,
+        HAS_GS=grad_sum is not None,
+        HAS_W=weight is not None,
+        W_GRAD=weight_grad,
+        B_GRAD=bias_grad,
+        RMS=rms,
+        MATH=math_dtype(grad),
+        BLOCK_C=block_c,
+        I64=_needs_i64(h),
+        num_warps=_num_warps(block_c),
+    )
     # fixed-order torch reductions of the partial sums (no atomics)
     if weight_grad:
         grad_w = partial_w.sum(0).view(ns)
