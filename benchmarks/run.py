@@ -117,7 +117,8 @@ def chart(results, path, title):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    p.add_argument("--only", default="", help="comma-separated families (elementwise, linear, distance, loss, optim)")
+    p.add_argument("--only", default="",
+                   help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim)")
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (median kept)")

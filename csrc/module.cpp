@@ -41,7 +41,8 @@ extern "C" PyObject* PyInit__C(void) {
       add_names(module, "UNARY_OPS", kUnaryOpNames, 0, kFirstScalarOp) < 0 ||
       add_names(module, "SCALAR_OPS", kUnaryOpNames, kFirstScalarOp, kUnaryOpCount) < 0 ||
       add_names(module, "METRICS", kMetricNames, 0, kMetricCount) < 0 ||
-      PyModule_AddIntConstant(module, "MAX_CHAIN", kMaxChain) < 0) {
+      PyModule_AddIntConstant(module, "MAX_CHAIN", kMaxChain) < 0 ||
+      PyModule_AddIntConstant(module, "MAX_SELECT", kMaxSelect) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -9,6 +9,7 @@ UNARY_CODES = {name: code for code, name in enumerate(_C.UNARY_OPS + _C.SCALAR_O
 SCALAR_OPS = _C.SCALAR_OPS
 METRIC_CODES = {name: code for code, name in enumerate(_C.METRICS)}
 MAX_CHAIN = _C.MAX_CHAIN  # ops per launch of the CUDA C++ chain kernel
+MAX_SELECT = _C.MAX_SELECT  # neighbours per row the CUDA C++ select kernel keeps
 
 
 def parse_op(op, spec):

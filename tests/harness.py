@@ -114,3 +114,15 @@ def check_compile(fn, *args):
     for e, g in zip(expected if isinstance(expected, tuple) else (expected,),
                     got if isinstance(got, tuple) else (got,)):
         torch.testing.assert_close(g, e, equal_nan=True)
+
+
+def check_compile_grads(fn, *inputs):
+    """The gradients of fn(*inputs) (a scalar) through torch.compile(fullgraph=True): the backward that aot
+    autograd traces equals eager's."""
+    torch._dynamo.reset()
+    grads = []
+    for f in (fn, torch.compile(fn, fullgraph=True)):
+        leaves = [t.detach().clone().requires_grad_() for t in inputs]
+        f(*leaves).backward()
+        grads.append([t.grad for t in leaves])
+    torch.testing.assert_close(grads[1], grads[0])

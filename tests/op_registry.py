@@ -11,6 +11,7 @@ from fused.distance import reference as distance_ref
 from fused.elementwise import reference as elementwise_ref
 from fused.linear import reference as linear_ref
 from fused.loss import reference as loss_ref
+from fused.norm import reference as norm_ref
 from fused.optim import reference as optim_ref
 from tests.harness import make
 
@@ -39,17 +40,37 @@ def _points():
     return _x(2, 4, 3, seed=52, requires_grad=True), _x(2, 5, 3, seed=53, requires_grad=True)
 
 
+def _norm(dtype=torch.float32):  # x, residual, weight, bias of a norm, requiring grad
+    return (_x(3, 5, 16, seed=60, dtype=dtype, requires_grad=True), _x(3, 5, 16, seed=61, requires_grad=True),
+            _x(16, seed=62, low=0.5, high=1.5, requires_grad=True), _x(16, seed=63, requires_grad=True))
+
+
+def _norm_backward_samples():
+    x, r, w, b = (t.detach() for t in _norm())
+    samples = []
+    for rms in (True, False):
+        _, h, mean, rstd = torch.ops.fused.norm_fwd(x, r, [16], w, None if rms else b, 1e-5, rms)
+        samples += [(_x(3, 5, 16, seed=64), _x(3, 5, 16, seed=65), h, mean, rstd, w, [16], rms, True, not rms),
+                    (_x(3, 5, 16, seed=64), None, x, mean, rstd, None, [16], rms, False, False)]
+    return samples
+
+
+def _lengths():  # of the two padded clouds of _points()
+    return torch.tensor([4, 1]), torch.tensor([2, 5])
+
+
 def _optim_lists():
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
     params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    return grads, params, torch.zeros(()), torch.tensor(0.5), torch.tensor(4.0)
+    return grads, params, torch.zeros(()), torch.tensor(0.5, dtype=torch.float64), torch.tensor(4.0)
 
 
 def _sgd_samples():
     grads, params, found, coef, inv = _optim_lists()
     return [([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
-             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [])]
+             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [],
+             None, None, True)]  # write_grads
 
 
 def _adam_samples():
@@ -61,7 +82,8 @@ def _adam_samples():
     return [([p.clone() for p in params], grads, state(), state(), [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False,
              True, False, coef, inv, found, math.inf, []),
             ([p.clone() for p in params], [g.bfloat16() for g in grads], state(), state(), [], steps, 1e-3, 0.9,
-             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params])]
+             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params],
+             None, None, True)]  # write_grads
 
 
 def _grad_norm_samples():
@@ -113,12 +135,21 @@ OPS = {
                                        (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "tanh", False)],
                               backward_of="linear_act_fwd"),
     # distance
-    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)], distance_ref.pairwise_distances),
+    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)]
+                             + [(*_points(), 2.0, False, *_lengths())], distance_ref.pairwise_distances),
     "pairwise_distances_backward": Op(
         lambda: [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
-                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)],
+                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)]
+        + [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
+            distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), 2.0, False, *_lengths()), 2.0, False,
+            *_lengths())],
         backward_of="pairwise_distances"),
-    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False)], distance_ref.pairwise_topk),
+    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False), (*_points(), 3, 2.0, False, False, *_lengths())],
+                        distance_ref.pairwise_topk),
+    "radius_neighbors": Op(lambda: [(*_points(), 1.5, 4), (*_points(), 1.5, 9, *_lengths(), 1.0)],
+                           distance_ref.radius_neighbors),
+    "chamfer_distance": Op(lambda: [_points(), (*_points(), *_lengths(), 2.0, False, "sum", True)],
+                           distance_ref.chamfer_distance),
     "pairwise_topk_backward": Op(
         lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
                   *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],
@@ -141,9 +172,21 @@ OPS = {
                                        3.0), (*_ce_logits(False)[:2], None, torch.ones(2), torch.empty(0), -100, 0.0,
                                               0.0, 0.0)],
                              loss_ref.cross_entropy, differentiable=False),
+    # norm (add_*'s keyword residual_dtype: test_norm.py's opcheck)
+    "rms_norm": Op(lambda: [(_norm()[0], [16], _norm()[2], None), (_norm()[0], [5, 16], None, 1e-6)],
+                   norm_ref.rms_norm),
+    "layer_norm": Op(lambda: [(_norm()[0], [16], *_norm()[2:], 1e-5), (_norm()[0], [5, 16], None, None, 1e-5)],
+                     norm_ref.layer_norm),
+    "add_rms_norm": Op(lambda: [(*_norm()[:2], [16], _norm()[2], None)], norm_ref.add_rms_norm),
+    "add_layer_norm": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5)], norm_ref.add_layer_norm),
+    "norm_fwd": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5, False),
+                            (*_norm()[:2], [16], _norm()[2], None, 1e-5, True),
+                            (_norm(torch.bfloat16)[0], _norm()[1], [5, 16], None, None, 1e-5, True),
+                            (_norm()[0], None, [16], None, _norm()[3], 1e-5, False)], norm_ref.norm_fwd),
+    "norm_backward": Op(_norm_backward_samples, backward_of="norm_fwd"),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
-    "scale_grads_": Op(lambda: [(_optim_lists()[0], torch.tensor(0.5))], optim_ref.clip_grad_norm_,
+    "scale_grads_": Op(lambda: [(_optim_lists()[0], _optim_lists()[3])], optim_ref.clip_grad_norm_,
                        differentiable=False),
     "clip_grad_norm_": Op(lambda: [([_x(5), _x(2, 3, seed=1)], 1.0, 2.0)], optim_ref.clip_grad_norm_,
                           differentiable=False),

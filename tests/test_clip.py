@@ -206,6 +206,5 @@ def test_torch_ops_clip_grad_norm_takes_the_gradients():
     torch.testing.assert_close(norm.double(), expected, rtol=1e-6, atol=0)
     for g, p in zip(grads, params):
         torch.testing.assert_close(g, p.grad, rtol=1e-6, atol=1e-12)
-    torch.library.opcheck(torch.ops.fused.clip_grad_norm_.default, ([torch.randn(5), torch.randn(2, 3)], 1.0, 2.0))
     with pytest.raises(ValueError, match=r"fused\.clip_grad_norm_: max_norm must be >= 0"):
         torch.ops.fused.clip_grad_norm_([torch.randn(3)], -1.0)

@@ -7,6 +7,7 @@ and thread orders and SM counts. Odd sizes, tails, unaligned pointers (the scala
 stride loops (one SM: 8 blocks a wave), grids sliced past 65535 blocks, empty inputs. The emulation's own
 semantics and planted bugs (a missing barrier, an off-by-one tail, a wrong shuffle offset) are checked first.
 Select with `pytest -k emulation`. What it cannot show: see the README's "GPU status"."""
+import functools
 import glob
 import math
 import os
@@ -23,6 +24,7 @@ from harness import ALL_DTYPES, assert_accuracy, assert_close, make
 pytestmark = pytest.mark.skipif(ce.unavailable() is not None, reason=str(ce.unavailable()))
 
 F = torch.ops.fused
+F64 = torch.float64
 ACTS = list(ACT_CODES)
 NAN = float("nan")
 GUARD = 32  # NaN elements before and after every buffer
@@ -192,7 +194,7 @@ def test_planted_missing_barrier_is_caught(emu, reschedule):
 
 
 def test_planted_off_by_one_tail_is_caught(emu):
-    x = make((100,), seed=0)
+    x = torch.cat([make((100,), seed=0), torch.ones(1)])[:100]  # the read past the end gets 1, not a guard's NaN
     y = out((100,), torch.float32)
     launch(emu.selftest.scale, x, y, 100, 0, 32)
     assert torch.equal(y, 2 * x)
@@ -498,7 +500,8 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     a, b = make((B, N, D), dtype, seed=0), make((B, M, D), dtype, seed=1)
     b[:, 3] = a[:, 5]
     dist = out((B, N, M), dtype)
-    launch(emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), dist, B, N, M, D)
+    launch(emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), None, None, dist, B, N,
+           M, D)
     expected = F.pairwise_distances(a, b, p, squared)
     assert_close(dist, expected, scale=4)
     assert_close(dist, dref.pairwise_distances(a.double(), b.double(), p, squared), dtype, scale=4)
@@ -510,10 +513,10 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     grad = make((B, N, M), gdtype, seed=2)
     math_t = torch.float64 if gdtype == torch.float64 else torch.float32
     ga, gb = out((B, N, D), math_t), out((B, M, D), math_t)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(dist), ga,
-           B, N, M, D, M, 1)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(b), buf(a), buf(grad), buf(dist), gb,
-           B, M, N, D, 1, M)
+    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(dist), None,
+           None, ga, B, N, M, D, M, 1)
+    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(b), buf(a), buf(grad), buf(dist), None,
+           None, gb, B, M, N, D, 1, M)
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, dist, p, squared)
     a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
     ref_ga, ref_gb = torch.autograd.grad(dref.pairwise_distances(a64, b64, p, squared), (a64, b64), grad.double())
@@ -528,11 +531,12 @@ def test_pairwise_distances_batches_past_65535(emu):
     B = 65537
     a, b = make((B, 1, 2), seed=0), make((B, 1, 2), seed=1)
     dist = out((B, 1, 1), torch.float32)
-    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), dist, B, 1, 1, 2)
+    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), None, None, dist, B, 1, 1, 2)
     assert_close(dist, torch.cdist(a.double(), b.double()), torch.float32)
     grad = make((B, 1, 1), seed=2)
     ga = out((B, 1, 2), torch.float32)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, ga, B, 1, 1, 2, 1, 1)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, None, None, ga, B, 1, 1, 2,
+           1, 1)
     assert_close(ga, F.pairwise_distances_backward(grad, a, b, dist, 2.0, False)[0])
 
 
@@ -541,17 +545,131 @@ def test_distance_zero_dimensions(emu):
     for p in (0.0, 1.0, 2.0, math.inf, 3.5):
         dist = out((2, 3, 4), torch.float32)
         launch(emu.pairwise_distances_direct, 0, metric(p), p, False, buf(torch.zeros(2, 3, 0)),
-               buf(torch.zeros(2, 4, 0)), dist, 2, 3, 4, 0)
+               buf(torch.zeros(2, 4, 0)), None, None, dist, 2, 3, 4, 0)
         assert torch.equal(dist, F.pairwise_distances(torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p, False))
 
 
 def test_distance_empty_inputs_launch_nothing(emu):
     dist = out((2, 0, 3), torch.float32)
     launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(torch.zeros(2, 0, 4)), buf(torch.zeros(2, 3, 4)),
-           dist, 2, 0, 3, 4)
+           None, None, dist, 2, 0, 3, 4)
     ga = out((2, 3, 0), torch.float32)
     launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(torch.zeros(2, 3, 0)), buf(torch.zeros(2, 4, 0)),
-           buf(torch.zeros(2, 3, 4)), buf(torch.zeros(2, 3, 4)), ga, 2, 3, 4, 0, 4, 1)
+           buf(torch.zeros(2, 3, 4)), buf(torch.zeros(2, 3, 4)), None, None, ga, 2, 3, 4, 0, 4, 1)
+
+
+def test_pairwise_distances_padded_batches(emu):
+    """lengths_a / lengths_b (a full cloud, a short one, an empty one): padded pairs are 0 and their rows, NaN here,
+    are never read; the gradients of padded rows are 0. Against the CPU kernels with the same lengths."""
+    B, N, M, D = 3, 70, 130, 5
+    a, b = make((B, N, D), seed=3), make((B, M, D), seed=4)
+    la, lb = torch.tensor([70, 13, 0]), torch.tensor([1, 130, 64])
+    for t, lengths in ((a, la), (b, lb)):
+        for i, n in enumerate(lengths.tolist()):
+            t[i, n:] = NAN
+    dist = out((B, N, M), torch.float32)
+    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), buf(la), buf(lb), dist, B, N, M, D)
+    expected = F.pairwise_distances(a, b, 2.0, False, la, lb)
+    assert_close(dist, expected, scale=4)
+    assert not dist.isnan().any() and (dist[1, 13:] == 0).all() and (dist[0, :, 1:] == 0).all()
+    grad = make((B, N, M), seed=5)
+    ga, gb = out((B, N, D), torch.float32), out((B, M, D), torch.float32)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, buf(la), buf(lb), ga, B, N,
+           M, D, M, 1)
+    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(b), buf(a), buf(grad), dist, buf(lb), buf(la), gb, B, M,
+           N, D, 1, M)
+    cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, expected, 2.0, False, la, lb)
+    assert_close(ga, cpu_ga, scale=8)
+    assert_close(gb, cpu_gb, scale=8)
+    assert (ga[1, 13:] == 0).all() and (gb[0, 1:] == 0).all()
+
+
+def select(emu, a, b, width, p=2.0, squared=False, largest=False, radius=None, la=None, lb=None):
+    """select_direct as the binding launches it: (values, indices) [B, N, width]."""
+    B, N, D = a.shape
+    M = b.shape[1]
+    values, indices = out((B, N, width), a.dtype), out((B, N, width), torch.int64)
+    launch(emu.select_direct, code(a.dtype), metric(p), p, squared, largest, radius is not None,
+           0.0 if radius is None else radius, buf(a), buf(b), la, lb, values, indices, B, N, M, D,
+           max(1, min(width, M)), width)
+    return values, indices
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("k", [1, 5, 40])  # the kernel's three list sizes: 1 (registers), 16, 256
+@pytest.mark.parametrize("p,largest", [(2.0, False), (1.0, True), (math.inf, False), (3.5, False)])
+def test_select_direct_topk(emu, dtype, k, p, largest):
+    """pairwise_topk: B=2 batches of 200 rows (two blocks, a tail) against 3000 points of b in D=3 (tiles of 2730
+    float / 1365 double rows, with tails): the CPU kernel's answer, indices and values, bit for bit where both sum
+    the same terms in the same order (p = 1, 2, inf); p = 3.5 within rounding of pow (scalar vs vector)."""
+    a, b = make((2, 200, 3), dtype, seed=6), make((2, 3000, 3), dtype, seed=7)
+    values, indices = select(emu, a, b, k, p, largest=largest)
+    cpu_v, cpu_i = F.pairwise_topk(a, b, k, p, False, largest)
+    if p == 3.5:
+        assert_close(values, cpu_v, scale=4)  # the best values, and our indices point at them
+        assert_close(values, dref.pairwise_distances(a, b, p).gather(-1, indices), scale=4)
+    else:
+        assert torch.equal(indices, cpu_i)
+        assert_equal_bits(values, cpu_v)
+
+
+def test_select_direct_ties_nan_lengths_and_radius(emu):
+    """Points on a small integer grid (many exact ties: the lower index wins), a NaN row in b (last when nearest,
+    first when farthest, as torch.topk ranks it), padded batches with NaN in their padded rows (never read), and
+    the radius bound (0, 1.5, inf; width past M: missing slots -1 and inf): the CPU kernels' answers, exactly."""
+    g = torch.Generator().manual_seed(8)
+    a = torch.randint(-2, 3, (3, 150, 2), generator=g).float()
+    b = torch.randint(-2, 3, (3, 40, 2), generator=g).float()
+    b[:, 7] = NAN
+    la, lb = torch.tensor([150, 9, 0]), torch.tensor([40, 3, 17])
+    a_pad, b_pad = a.clone(), b.clone()
+    a_pad[1, 9:] = NAN
+    b_pad[1, 3:] = NAN
+    for largest in (False, True):
+        for k in (1, 6, 40):
+            values, indices = select(emu, a_pad, b_pad, k, largest=largest, la=buf(la), lb=buf(lb))
+            cpu_v, cpu_i = F.pairwise_topk(a, b, k, 2.0, False, largest, la, lb)
+            assert torch.equal(indices, cpu_i), (largest, k)
+            torch.testing.assert_close(values, cpu_v, rtol=0, atol=0, equal_nan=True)
+    for radius, width in ((0.0, 3), (1.5, 8), (math.inf, 45)):
+        values, indices = select(emu, a_pad, b_pad, width, radius=radius, la=buf(la), lb=buf(lb))
+        cpu_v, cpu_i = F.radius_neighbors(a, b, radius, width, la, lb)
+        assert torch.equal(indices, cpu_i), radius
+        assert torch.equal(values, cpu_v)
+        assert (indices == -1).any()
+
+
+def select_grad(emu, grad, a, b, values, indices, p=2.0, squared=False):
+    """select_grad as the binding launches it: keys and order from a stable sort of the pairs by point of b."""
+    B, N, D = a.shape
+    M, k = b.shape[1], indices.shape[-1]
+    keys = torch.where(indices < 0, B * M, indices + torch.arange(B).view(B, 1, 1) * M).reshape(-1)
+    keys, order = torch.sort(keys, stable=True)
+    math_t = torch.float64 if a.dtype == torch.float64 else torch.float32
+    ga, gb = out((B, N, D), math_t), buf(torch.zeros(B, M, D, dtype=math_t))
+    launch(emu.select_grad, code(a.dtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(values),
+           buf(indices), buf(keys), buf(order), ga, gb, B, N, M, D, k)
+    return ga, gb
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("p,squared", [(2.0, False), (2.0, True), (1.0, False), (3.5, False)])
+def test_select_grad(emu, reschedule, dtype, p, squared):
+    """pairwise_topk_backward through the selected pairs, missing ones (index -1) included: the CPU kernel's
+    gradients (the same sums in the same order: grad_b over the pairs in (batch, row, rank) order), and the same
+    bits under other block orders and SM counts."""
+    a, b = make((2, 150, 3), dtype, seed=9), make((2, 20, 3), dtype, seed=10)
+    lb = torch.tensor([20, 3])
+    values, indices = F.pairwise_topk(a, b, 5, p, squared, False, None, lb)
+    assert (indices == -1).any()
+    grad = make(values.shape, dtype, seed=11)
+    runs = reschedule(lambda: select_grad(emu, grad, a, b, values, indices, p, squared))
+    cpu_ga, cpu_gb = F.pairwise_topk_backward(grad, a, b, values, indices, p, squared)
+    for ga, gb in runs:
+        assert_close(ga, cpu_ga)
+        assert_close(gb, cpu_gb)
+        assert_equal_bits(ga, runs[0][0])
+        assert_equal_bits(gb, runs[0][1])
 
 
 # ---------------------------------------------------------------- optim
@@ -579,11 +697,16 @@ def norm_kind(norm_type):
 
 
 def emu_grad_norm(emu, ws, grads, found_inf, grad_scale, norm_type, max_norm, clip_value, finish=True):
-    norm, found = out((), torch.float32), out((), torch.float32)
-    coef = out((), torch.float32) if finish else None
+    """As grad_norm_cuda calls it: the norm in the gradients' promoted dtype (float64 accumulator when not
+    finished), the clip coefficient in float64, float64 accumulation where a gradient is float64."""
+    norm_dtype = torch.float64 if not finish else \
+        functools.reduce(torch.promote_types, [g.dtype for g in grads], grads[0].dtype if grads else torch.float32)
+    norm, found = out((), norm_dtype), out((), torch.float32)
+    coef = out((), torch.float64) if finish else None
     optim_launch(ws, emu.grad_norm, [[buf(g) for g in grads]], [g.numel() for g in grads],
                  [code(g.dtype) for g in grads], ws, found_inf, grad_scale, norm_kind(norm_type), norm_type, max_norm,
-                 clip_value, finish, norm, coef, found, NUM_SMS)
+                 clip_value, finish, norm, coef, found, NUM_SMS, any(g.dtype == torch.float64 for g in grads),
+                 code(norm_dtype))
     return norm, coef, found
 
 
@@ -609,11 +732,12 @@ def seed_of(sr_seed):
 
 
 def hyper_rows(hyper):
-    return [] if hyper is None else hyper.float().flatten().tolist()
+    return [] if hyper is None else hyper.double().flatten().tolist()
 
 
 def emu_sgd_step_(emu, ws, params, grads, bufs, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-                  clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None):
+                  clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
+                  write_grads=False):
     use_momentum = momentum != 0
     lists = [params, grads] + ([bufs] if use_momentum else []) + ([model_params] if model_params else [])
     codes = [update_code(emu, p, g, bufs[i] if use_momentum else None, model_params[i] if model_params else None)
@@ -621,12 +745,12 @@ def emu_sgd_step_(emu, ws, params, grads, bufs, steps, lr, momentum, dampening, 
     seed, stochastic = seed_of(sr_seed)
     optim_launch(ws, emu.sgd_step, lists, [p.numel() for p in params], codes, steps if use_momentum else [],
                  hyper_rows(hyper), ws, lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize,
-                 stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS)
+                 stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
 
 
 def emu_adam_step_(emu, ws, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps,
                    weight_decay, amsgrad, decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value,
-                   model_params, sr_seed=None, hyper=None):
+                   model_params, sr_seed=None, hyper=None, write_grads=False):
     lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else []) + \
         ([model_params] if model_params else [])
     codes = [update_code(emu, p, g, exp_avgs[i], model_params[i] if model_params else None)
@@ -634,7 +758,7 @@ def emu_adam_step_(emu, ws, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sq
     seed, stochastic = seed_of(sr_seed)
     optim_launch(ws, emu.adam_step, lists, [p.numel() for p in params], codes, steps, hyper_rows(hyper), ws, lr,
                  beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize, stochastic, seed,
-                 clip_coef, grad_scale, found_inf, NUM_SMS)
+                 clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
 
 
 def tensors_of(dtype, seed, scale=1.0):
@@ -642,32 +766,40 @@ def tensors_of(dtype, seed, scale=1.0):
     return [(torch.randn(s, generator=g, dtype=torch.float64) * scale).to(dtype) for s in SHAPES]
 
 
-def scalar(v):
-    return buf(torch.tensor(float(v)))
+def scalar(v, dtype=torch.float32):
+    return buf(torch.tensor(float(v), dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES + ["mixed"])
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
 def test_grad_norm(emu, ws, reschedule, norm_type, dtype):
-    """The norm (the last block adds the per-block partials in slot order), the clip coefficient and the finite
-    check, against the CPU kernel and float64, unscaled and value-clipped; the same bits in any block order."""
+    """The norm (the last block adds the per-block partials in slot order; in the gradients' promoted dtype), the
+    float64 clip coefficient and the finite check, against the CPU kernel and float64, unscaled and value-clipped;
+    the same bits in any block order. float64 gradients are summed in float64: float64's tolerance."""
     grads = tensors_of(dtype, 0, 100.0) if dtype != "mixed" else \
         [t.to(d) for t, d in zip(tensors_of(torch.float64, 0, 100.0), ALL_DTYPES * 2)]
+    tol = torch.float64 if dtype == torch.float64 else torch.float32
     scale, found_in = torch.tensor(64.0), torch.tensor(0.0)
     for clip_value in (math.inf, 50.0):
         cpu = F.grad_norm(grads, found_in, scale, norm_type, 1.0, clip_value, True)
         norm, coef, found = emu_grad_norm(emu, ws, grads, scalar(0), scalar(64), norm_type, 1.0, clip_value)
-        assert_close(norm, cpu[0], torch.float32, scale=4)
-        assert_close(coef, cpu[1], torch.float32, scale=4)
+        assert norm.dtype == cpu[0].dtype == (torch.float64 if dtype == "mixed" else dtype)
+        assert coef.dtype == cpu[1].dtype == torch.float64
+        norm_tol = norm.dtype if is16(norm) else tol
+        assert_close(norm, cpu[0], norm_tol, scale=4)
+        assert_close(coef, cpu[1], tol, scale=4)
         assert found.item() == 0 == cpu[2].item()
         g64 = torch.cat([g.double().flatten() / 64 for g in grads]).clamp(-clip_value, clip_value)
-        assert_close(norm, torch.linalg.vector_norm(g64, norm_type), torch.float32, scale=4)
+        norm64 = torch.linalg.vector_norm(g64, norm_type)
+        assert_close(norm, norm64, norm_tol, scale=4)
+        assert_close(coef, (1.0 / (norm64 + 1e-6)).clamp(max=1.0), tol, scale=4)
         for other in reschedule(lambda: emu_grad_norm(emu, ws, grads, scalar(0), scalar(64), norm_type, 1.0,
-                                                      clip_value)[0]):
-            assert_equal_bits(other, norm)
+                                                      clip_value)[:2]):
+            assert_equal_bits(other[0], norm)
+            assert_equal_bits(other[1], coef)
     acc, coef, found = emu_grad_norm(emu, ws, grads, None, None, norm_type, 1.0, math.inf, finish=False)
-    assert coef is None
-    assert_close(acc, F.grad_norm(grads, None, None, norm_type, 1.0, math.inf, False)[0], torch.float32, scale=4)
+    assert coef is None and acc.dtype == torch.float64
+    assert_close(acc, F.grad_norm(grads, None, None, norm_type, 1.0, math.inf, False)[0], tol, scale=4)
 
 
 @pytest.mark.parametrize("bad", [math.inf, math.nan, "found_in"])
@@ -681,7 +813,7 @@ def test_grad_norm_nonfinite(emu, ws, bad):
         cpu = F.grad_norm(grads, torch.tensor(found_in), None, 2.0, max_norm, math.inf, True)
         norm, coef, found = emu_grad_norm(emu, ws, grads, scalar(found_in), None, 2.0, max_norm, math.inf)
         assert_close(norm, cpu[0], scale=4)
-        assert_close(coef, cpu[1], scale=4)
+        assert_close(coef, cpu[1], torch.float32, scale=4)  # from float32 sums
         assert found.item() == cpu[2].item() == 1.0
 
 
@@ -695,9 +827,9 @@ def test_scale_grads_and_accumulate_grads(emu, dtype):
     """grads *= coef; fp32 (fp64) sums += grads or = grads: the CPU kernels' bits."""
     grads = tensors_of(dtype, 2)
     gs = [buf(g) for g in grads]
-    launch(emu.scale_grads, [gs], [g.numel() for g in grads], [code(dtype)] * len(grads), scalar(0.37), NUM_SMS)
+    launch(emu.scale_grads, [gs], [g.numel() for g in grads], [code(dtype)] * len(grads), scalar(0.37, F64), NUM_SMS)
     expected = [g.clone() for g in grads]
-    F.scale_grads_(expected, torch.tensor(0.37))
+    F.scale_grads_(expected, torch.tensor(0.37, dtype=F64))
     for g, e in zip(gs, expected):
         assert_equal_bits(g, e)
     acc_t = torch.float64 if dtype == torch.float64 else torch.float32
@@ -724,11 +856,19 @@ def assert_update(emu_ts, cpu_ts):
         assert_close(e.to(wide), c.to(wide), e.dtype, scale=4)
 
 
-# float64 params: the CUDA kernels on main take the hyperparameters in float (0.1 is rounded), the CPU kernels in
-# double; the emulation shows the difference (exact when the hyperparameters are floats). Issue 10 moves them to
-# double; strict, so that its merge turns this into a failure until the mark goes.
-UPDATE_DTYPES = [torch.float32, torch.float16, torch.bfloat16,
-                 pytest.param(torch.float64, marks=pytest.mark.xfail(strict=True, reason="float hyperparameters"))]
+UPDATE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+def assert_grads_written(emu_g, cpu_g, grads, step):
+    """The gradients after a step: on step 0 (write_grads) the CPU kernel's write-back (clamp(g / 64, +-30) * 0.5:
+    exact, so the same bits) and not the input; on step 1 (no write_grads) and step 2 (write_grads, skipped by
+    found_inf) the input as it was."""
+    for e, c, g in zip(emu_g, cpu_g, grads):
+        assert_equal_bits(e, c)
+        if step == 0:
+            assert_equal_bits(e, (g.double() / 64).clamp(-30, 30).mul(0.5).to(g.dtype))
+        else:
+            assert_equal_bits(e, g)
+
 
 SGD_CASES = [dict(momentum=0.9, dampening=0.2, weight_decay=0.01, nesterov=False, maximize=False),
              dict(momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=True, maximize=True),
@@ -739,7 +879,8 @@ SGD_CASES = [dict(momentum=0.9, dampening=0.2, weight_decay=0.01, nesterov=False
 @pytest.mark.parametrize("case", range(len(SGD_CASES)))
 def test_sgd_step(emu, ws, case, dtype):
     """Three steps (the first sets the momentum buffers), unscaled, value- and norm-clipped; the third is skipped
-    (found_inf): params, buffers and step counters as they were. The last block advances every step counter."""
+    (found_inf): params, buffers and step counters as they were. The last block advances every step counter.
+    write_grads on the first two steps: the gradients written back are the CPU kernel's bits."""
     h = SGD_CASES[case]
     params0 = tensors_of(dtype, 4)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
@@ -750,11 +891,13 @@ def test_sgd_step(emu, ws, case, dtype):
         grads = tensors_of(dtype, 20 + step, 100.0)
         found = float(step == 2)
         args = (0.1, h["momentum"], h["dampening"], h["weight_decay"], h["nesterov"], h["maximize"])
-        F.sgd_step_(cpu_p, grads, bufs(cpu_b), cpu_s if h["momentum"] else [], *args, torch.tensor(0.5),
-                    torch.tensor(64.0), torch.tensor(found), 30.0, [])
-        emu_sgd_step_(emu, ws, emu_p, [buf(g) for g in grads], bufs(emu_b), emu_s if h["momentum"] else [], *args,
-                      scalar(0.5), scalar(64.0), scalar(found), 30.0, [])
+        cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
+        F.sgd_step_(cpu_p, cpu_g, bufs(cpu_b), cpu_s if h["momentum"] else [], *args, torch.tensor(0.5, dtype=F64),
+                    torch.tensor(64.0), torch.tensor(found), 30.0, [], write_grads=step != 1)
+        emu_sgd_step_(emu, ws, emu_p, emu_g, bufs(emu_b), emu_s if h["momentum"] else [], *args,
+                      scalar(0.5, F64), scalar(64.0), scalar(found), 30.0, [], write_grads=step != 1)
         assert_update(emu_p, cpu_p)
+        assert_grads_written(emu_g, cpu_g, grads, step)
         if h["momentum"]:
             assert_update(emu_b, cpu_b)
             assert [s.item() for s in emu_s] == [s.item() for s in cpu_s] == [min(step + 1, 2)] * len(SHAPES)
@@ -768,7 +911,8 @@ ADAM_CASES = [dict(amsgrad=False, decoupled=True, maximize=False, weight_decay=0
 @pytest.mark.parametrize("dtype", UPDATE_DTYPES)
 @pytest.mark.parametrize("case", range(len(ADAM_CASES)))
 def test_adam_step(emu, ws, case, dtype):
-    """Three steps of Adam / AdamW / AMSGrad, the third skipped; bias corrections from the step counters."""
+    """Three steps of Adam / AdamW / AMSGrad, the third skipped; bias corrections from the step counters.
+    write_grads on all but the second step (as test_sgd_step)."""
     h = ADAM_CASES[case]
     params0 = tensors_of(dtype, 5)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
@@ -780,11 +924,13 @@ def test_adam_step(emu, ws, case, dtype):
         grads = tensors_of(dtype, 30 + step, 100.0)
         found = float(step == 2)
         args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
-        F.adam_step_(cpu_p, grads, *cpu_st, cpu_s, *args, torch.tensor(0.5), torch.tensor(64.0), torch.tensor(found),
-                     30.0, [])
-        emu_adam_step_(emu, ws, emu_p, [buf(g) for g in grads], *emu_st, emu_s, *args, scalar(0.5), scalar(64.0),
-                       scalar(found), 30.0, [])
+        cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
+        F.adam_step_(cpu_p, cpu_g, *cpu_st, cpu_s, *args, torch.tensor(0.5, dtype=F64), torch.tensor(64.0),
+                     torch.tensor(found), 30.0, [], write_grads=step != 1)
+        emu_adam_step_(emu, ws, emu_p, emu_g, *emu_st, emu_s, *args, scalar(0.5, F64), scalar(64.0), scalar(found),
+                       30.0, [], write_grads=step != 1)
         assert_update(emu_p, cpu_p)
+        assert_grads_written(emu_g, cpu_g, grads, step)
         for e, c in zip(emu_st, cpu_st):
             assert_update(e, c)
         assert [s.item() for s in emu_s] == [s.item() for s in cpu_s] == [6.0 + min(step, 1)] * len(SHAPES)
@@ -810,18 +956,18 @@ def test_master_weights_and_fp32_state(emu, ws, opt, low):
         cpu_s, emu_s = [torch.ones(()) for _ in SHAPES], [buf(torch.ones(())) for _ in SHAPES]
         if opt == "sgd":
             args = (0.0, 0.9, 0.0, 0.0, False, False)  # lr, momentum, dampening, weight decay: the rows'
-            F.sgd_step_(cpu_p, g, cpu_st, cpu_s, *args, torch.tensor(1.0), None, torch.tensor(0.0), math.inf, cpu_m,
-                        hyper=hyper)
-            emu_sgd_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_s, *args, scalar(1.0), None, scalar(0.0),
-                          math.inf, emu_m, hyper=hyper)
+            F.sgd_step_(cpu_p, g, cpu_st, cpu_s, *args, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
+                        math.inf, cpu_m, hyper=hyper)
+            emu_sgd_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_s, *args, scalar(1.0, F64), None,
+                          scalar(0.0), math.inf, emu_m, hyper=hyper)
         else:
             st2 = state_like(params0, torch.float32, seed=15)
             cpu_st2, emu_st2 = [t.clone() for t in st2], [buf(t) for t in st2]
             args = (1e-2, 0.9, 0.99, 1e-8, 0.1, False, True, False)
-            F.adam_step_(cpu_p, g, cpu_st, cpu_st2, [], cpu_s, *args, torch.tensor(1.0), None, torch.tensor(0.0),
-                         math.inf, cpu_m)
-            emu_adam_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_st2, [], emu_s, *args, scalar(1.0), None,
-                           scalar(0.0), math.inf, emu_m)
+            F.adam_step_(cpu_p, g, cpu_st, cpu_st2, [], cpu_s, *args, torch.tensor(1.0, dtype=F64), None,
+                         torch.tensor(0.0), math.inf, cpu_m)
+            emu_adam_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_st2, [], emu_s, *args, scalar(1.0, F64),
+                           None, scalar(0.0), math.inf, emu_m)
             assert_update(emu_st2, cpu_st2)
         assert_update(emu_p, cpu_p)
         assert_update(emu_st, cpu_st)
@@ -839,23 +985,106 @@ def test_stochastic_rounding(emu, ws, opt):
     seed = torch.tensor(-123456789)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
     if opt == "sgd":  # lr a power of two: p - lr * g is exact in fp32, so only the rounding is compared
-        F.sgd_step_(cpu_p, grads, [], [], 2.0**-6, 0.0, 0.0, 0.0, False, False, torch.tensor(1.0), None,
+        F.sgd_step_(cpu_p, grads, [], [], 2.0**-6, 0.0, 0.0, 0.0, False, False, torch.tensor(1.0, dtype=F64), None,
                     torch.tensor(0.0), math.inf, [], sr_seed=seed)
         emu_sgd_step_(emu, ws, emu_p, [buf(g) for g in grads], [], [], 2.0**-6, 0.0, 0.0, 0.0, False, False,
-                      scalar(1.0), None, scalar(0.0), math.inf, [], sr_seed=seed)
+                      scalar(1.0, F64), None, scalar(0.0), math.inf, [], sr_seed=seed)
         for e, c in zip(emu_p, cpu_p):
             assert_equal_bits(e, c)
     else:
         st = [state_like(params0, torch.float32, seed=s) for s in (16, 17)]
         steps = [torch.ones(()) for _ in SHAPES]
-        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False, torch.tensor(1.0), None, torch.tensor(0.0), math.inf,
-                [])
+        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
+                math.inf, [])
         F.adam_step_(cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps], *args,
                      sr_seed=seed)
         emu_adam_step_(emu, ws, emu_p, [buf(g) for g in grads], *[[buf(t) for t in s] for s in st], [],
-                       [buf(t) for t in steps], *args[:8], scalar(1.0), None, scalar(0.0), math.inf, [], sr_seed=seed)
+                       [buf(t) for t in steps], *args[:8], scalar(1.0, F64), None, scalar(0.0), math.inf, [],
+                       sr_seed=seed)
         for e, c in zip(emu_p, cpu_p):
             assert_equal_bits(e, c)
+
+
+# ---------------------------------------------------------------- norm
+# (x dtype, residual stream dtype)
+NORM_DTYPES = [(torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.bfloat16),
+               (torch.bfloat16, torch.float32), (torch.float16, torch.float16)]
+
+
+def emu_norm_fwd(emu, x, residual, weight, bias, eps, rms, misalign=False):
+    """The launcher on guarded copies: (out, sum or None, mean or None, rstd)."""
+    rows, C = x.shape
+    math_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    stream = residual.dtype if residual is not None else x.dtype
+    outs = (out((rows, C), x.dtype), out((rows, C), stream) if residual is not None else None,
+            None if rms else out((rows,), math_dtype), out((rows,), math_dtype))
+    launch(emu.norm_fwd, code(x.dtype), code(stream), buf(x, misalign), buf(residual) if residual is not None else None,
+           buf(weight) if weight is not None else None, buf(bias) if bias is not None else None, *outs, rows, C, eps,
+           rms)
+    return outs
+
+
+def emu_norm_backward(emu, grad, grad_sum, h, mean, rstd, weight, rms, weight_grad, bias_grad):
+    rows, C = h.shape
+    math_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
+    ws = emu.norm_backward_workspace(rows, C)
+    grads = (out((rows, C), h.dtype), out((C,), math_dtype) if weight_grad else None,
+             out((C,), math_dtype) if bias_grad else None)
+    launch(emu.norm_backward, code(grad.dtype), code(h.dtype), buf(grad), buf(grad_sum) if grad_sum is not None else None,
+           buf(h), mean, rstd, buf(weight) if weight is not None else None, *grads,
+           out((ws,), math_dtype) if weight_grad else None, out((ws,), math_dtype) if bias_grad else None, rows, C, rms)
+    return grads
+
+
+@pytest.mark.parametrize("rms", [True, False])
+@pytest.mark.parametrize("dtype,stream", NORM_DTYPES)
+@pytest.mark.parametrize("rows,C,misalign", [(5, 37, False), (3, 300, True), (4, 1, False)])
+def test_norm_forward_and_backward(emu, rms, dtype, stream, rows, C, misalign):
+    """A block per row (C = 300: threads stride over the row), the sum rounded to the stream's dtype as the CPU
+    kernel rounds it (bit for bit), statistics and gradients against the CPU op; with and without residual,
+    weight, bias and grad_sum."""
+    math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    x, r = make((rows, C), dtype, seed=0), make((rows, C), stream, seed=1)
+    w, b = make((C,), math_dtype, low=0.5, high=1.5, seed=2), None if rms else make((C,), math_dtype, seed=3)
+    y, h, mean, rstd = emu_norm_fwd(emu, x, r, w, b, 1e-5, rms, misalign)
+    cpu = F.norm_fwd(x, r, [C], w, b, 1e-5, rms)
+    assert_close(y, cpu[0])
+    assert_equal_bits(h, cpu[1])
+    for e, c in zip((mean, rstd), cpu[2:]):
+        if e is not None:
+            assert_close(e, c, scale=4)
+    g, gs = make((rows, C), dtype, seed=4), make((rows, C), stream, seed=5)
+    grads = emu_norm_backward(emu, g, gs, h, mean, rstd, w, rms, True, not rms)
+    for e, c in zip(grads, F.norm_backward(g, gs, cpu[1], *cpu[2:], w, [C], rms, True, not rms)):
+        if e is not None:
+            assert_close(e, c, c.dtype, scale=8)
+    # no residual, no weight, no grad_sum
+    y, _, mean, rstd = emu_norm_fwd(emu, x, None, None, None, 1e-5, rms)
+    cpu = F.norm_fwd(x, None, [C], None, None, 1e-5, rms)
+    assert_close(y, cpu[0])
+    grad_h, _, _ = emu_norm_backward(emu, g, None, x, mean, rstd, None, rms, False, False)
+    assert_close(grad_h, F.norm_backward(g, None, x, *cpu[2:], None, [C], rms, False, False)[0], dtype, scale=8)
+
+
+def test_norm_weight_gradients_same_bits_in_any_schedule(emu, reschedule):
+    """700 rows: 350 chunks of 2 rows, partials summed in chunk order: the same bits under other block and thread
+    orders and SM counts; against float64."""
+    x, g = make((700, 40), seed=0), make((700, 40), seed=1)
+    w, b = make((40,), low=0.5, high=1.5, seed=2), make((40,), seed=3)
+    _, _, mean, rstd = emu_norm_fwd(emu, x, None, w, b, 1e-5, False)
+
+    def grads():
+        return emu_norm_backward(emu, g, None, x, mean, rstd, w, False, True, True)
+
+    first = grads()
+    for other in reschedule(grads):
+        for a, c in zip(first, other):
+            assert_equal_bits(a, c)
+    x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
+    expected = torch.autograd.grad(torch.nn.functional.layer_norm(x64, (40,), w64, b64, 1e-5), (x64, w64, b64),
+                                   g.double())
+    for a, e in zip(first, expected):
+        assert_close(a, e, torch.float32, scale=8)
 
 
 def test_every_launch_is_emulated():

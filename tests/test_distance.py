@@ -1,5 +1,6 @@
 """Parity, accuracy and edge cases of fused.pairwise_distances and fused.pairwise_topk (the definition of done in
-CONTRIBUTING.md, plus cases from torch.cdist's reported issues)."""
+CONTRIBUTING.md, plus cases from torch.cdist's reported issues), padded batches (lengths_a / lengths_b) included.
+The point-cloud ops built on them (radius_neighbors, chamfer_distance) are in test_geometry.py."""
 import math
 import os
 import subprocess
@@ -12,8 +13,8 @@ import fused
 from fused.distance import reference as ref
 from fused.distance.ops import MATMUL_MIN_D
 from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, device_backends, make, noncontiguous, raises, requires_cuda,
-                           requires_triton)
+                           check_compile, check_compile_grads, device_backends, make, noncontiguous, raises,
+                           requires_cuda, requires_triton)
 
 PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
 # D=3: the direct path for every p; D=131: the matmul path for p=2 (direct for the other p).
@@ -158,11 +159,19 @@ def test_max_norm_gradients_in_16_bit(dev, dtype):
     b = make((40, 5), dtype, dev, seed=71, requires_grad=True)
     g = make((2, 30, 40), dtype, dev, seed=72)
     ga, gb = torch.autograd.grad(fused.pairwise_distances(a, b, math.inf), (a, b), g)
+    for ours, exact in zip((ga, gb), max_norm_grads64(a, b, g)):
+        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dev", device_backends("pairwise_topk"), indirect=True)
+def test_max_norm_topk_gradients_in_16_bit(dev, dtype):
+    """As test_max_norm_gradients_in_16_bit, through pairwise_topk."""
+    a = make((2, 30, 5), dtype, dev, seed=70, requires_grad=True)
+    b = make((40, 5), dtype, dev, seed=71, requires_grad=True)
     v, i = fused.pairwise_topk(a, b, 6, math.inf)
     gv = make(v.shape, dtype, dev, seed=73)
     ta, tb = torch.autograd.grad(v, (a, b), gv)
-    for ours, exact in zip((ga, gb), max_norm_grads64(a, b, g)):
-        assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
     selected = torch.zeros(2, 30, 40, dtype=dtype, device=dev).scatter(-1, i, gv)  # the topk's grad on N x M
     for ours, exact in zip((ta, tb), max_norm_grads64(a, b, selected)):
         assert_close(ours.cpu(), exact.cpu(), dtype, scale=2)
@@ -267,7 +276,6 @@ def test_backward_is_deterministic_across_thread_counts():
 
 
 # ---- pairwise_topk ----
-@pytest.mark.parametrize("dev", device_backends("pairwise_topk"), indirect=True)  # Triton only on a GPU
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("D", DIMS)
 @pytest.mark.parametrize("p,largest", [(2.0, False), (2.0, True), (1.0, False), (math.inf, False), (0.5, True)])
@@ -340,6 +348,23 @@ if given is not None:
             torch.testing.assert_close(v.double(), rv, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_topk_nearest_only(dtype):
+    """k = 1 (chamfer_distance's search; on the CPU a branch-free running minimum per lane): exact ties across
+    lanes go to the lowest column, 101 columns end in a tail, and rows whose every distance is inf or NaN are
+    ranked as torch.topk ranks them; with padded batches too."""
+    g = torch.Generator().manual_seed(90)
+    a = torch.randint(-2, 3, (2, 70, 2), generator=g).to(dtype)
+    b = torch.randint(-2, 3, (2, 101, 2), generator=g).to(dtype)
+    a[0, 3], a[0, 4, 1], b[1, 5, 0] = math.inf, math.nan, math.nan
+    for lengths in ((None, None), (torch.tensor([70, 9]), torch.tensor([1, 100]))):
+        v, i = fused.pairwise_topk(a, b, 1, lengths_a=lengths[0], lengths_b=lengths[1])
+        rv, ri = ref.pairwise_topk(a, b, 1, lengths_a=lengths[0], lengths_b=lengths[1])
+        assert torch.equal(i, ri)
+        torch.testing.assert_close(v, rv, rtol=0, atol=0, equal_nan=True)
+    assert v[0, 3].isinf() and v[0, 4].isnan()
+
+
 def test_topk_k_bounds():
     a, b = make((4, 3), seed=43), make((6, 3), seed=44)
     v, i = fused.pairwise_topk(a, b, 0)
@@ -406,6 +431,113 @@ for d in (3, 32):
         assert grown_mb < 128, f"peak memory grew by {grown_mb} MB"
 
 
+# ---- padded batches: lengths_a / lengths_b ----
+def padded_clouds(dtype=torch.float32, device="cpu", D=3, seed=70):
+    """Three clouds of 9 and 13 padded rows: a full one, a short one, an empty one (lengths 0 and 1 included).
+    Returns (a, b, a with NaN in its padded rows, b likewise, lengths_a, lengths_b): the NaN rows must never be
+    read."""
+    a, b = make((3, 9, D), dtype, device, seed=seed), make((3, 13, D), dtype, device, seed=seed + 1)
+    la = torch.tensor([9, 4, 0], device=device)
+    lb = torch.tensor([13, 1, 6], device=device)
+    a_nan, b_nan = a.clone(), b.clone()
+    for t, lengths in ((a_nan, la), (b_nan, lb)):
+        for i, n in enumerate(lengths.tolist()):
+            t[i, n:] = math.nan
+    return a, b, a_nan, b_nan, la, lb
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("p", [2.0, 1.0, math.inf, 0.5])
+def test_distances_with_lengths(dev, dtype, D, p):
+    a, b, a_nan, b_nan, la, lb = padded_clouds(dtype, dev, D)
+    out = fused.pairwise_distances(a_nan, b_nan, p, lengths_a=la, lengths_b=lb)
+    expected = ref.pairwise_distances(a, b, p, lengths_a=la, lengths_b=lb)
+    assert_close(out, expected, scale=2.0 if dtype in (torch.float16, torch.bfloat16) else 1.0)
+    assert not out.isnan().any()
+    assert not out[1, 4:].any() and not out[1, :, 1:].any() and not out[2, 0:].any() and not out[2, :, 6:].any()
+
+
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0])
+def test_distances_with_lengths_gradients(dev, D, p):
+    """Padded pairs get no gradient: the gradients of the reference (on clean inputs) and exact zeros in padded
+    rows, though ours read NaN there if they read them at all."""
+    a, b, a_nan, b_nan, la, lb = padded_clouds(torch.float64, dev, D, seed=72)
+    g = make((3, 9, 13), torch.float64, dev, seed=74)
+    a_nan.requires_grad_(), b_nan.requires_grad_(), a.requires_grad_(), b.requires_grad_()
+    ours = torch.autograd.grad(fused.pairwise_distances(a_nan, b_nan, p, lengths_a=la, lengths_b=lb),
+                               (a_nan, b_nan), g)
+    theirs = torch.autograd.grad(ref.pairwise_distances(a, b, p, lengths_a=la, lengths_b=lb), (a, b), g)
+    for o, t in zip(ours, theirs):
+        assert_close(o, t, scale=10.0)
+    assert not ours[0][1, 4:].any() and not ours[0][2].any() and not ours[1][1, 1:].any()
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", DIMS)
+@pytest.mark.parametrize("k,p,largest", [(1, 2.0, False), (5, 2.0, False), (13, 1.0, False), (4, 2.0, True)])
+def test_topk_with_lengths(dev, dtype, D, k, p, largest):
+    """A row of a never picks a padded row of b; slots past the valid rows of b, and every slot of a padded row
+    of a, hold index -1 and value inf (-inf when largest)."""
+    a, b, a_nan, b_nan, la, lb = padded_clouds(dtype, dev, D, seed=76)
+    v, i = fused.pairwise_topk(a_nan, b_nan, k, p, largest=largest, lengths_a=la, lengths_b=lb)
+    rv, ri = ref.pairwise_topk(a, b, k, p, largest=largest, lengths_a=la, lengths_b=lb)
+    assert v.dtype == dtype and i.dtype == torch.int64 and v.shape == i.shape == (3, 9, k)
+    assert torch.equal(i == -1, ri == -1)
+    assert torch.equal(v == (-math.inf if largest else math.inf), i == -1)
+    assert (i[1, 4:] == -1).all() and (i[2] == -1).all() and (i[1, :4, 1:] == -1).all()
+    assert_close(v, rv, scale=2.0)
+    if dtype == torch.float64:
+        assert torch.equal(i, ri)
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0])
+def test_topk_with_lengths_gradients(dev, p):
+    a, b, a_nan, b_nan, la, lb = padded_clouds(torch.float64, dev, 3, seed=78)
+    a_nan.requires_grad_(), b_nan.requires_grad_(), a.requires_grad_(), b.requires_grad_()
+    v, i = fused.pairwise_topk(a_nan, b_nan, 5, p, lengths_a=la, lengths_b=lb)
+    g = make(v.shape, torch.float64, dev, seed=79)
+    ours = torch.autograd.grad(v, (a_nan, b_nan), g)
+    rv = ref.pairwise_distances(a, b, p).gather(-1, i.clamp(min=0))
+    theirs = torch.autograd.grad(rv, (a, b), torch.where(i >= 0, g, 0.0))
+    for o, t in zip(ours, theirs):
+        assert_close(o, t)
+    assert not ours[0][2].any() and not ours[1][1, 1:].any()
+
+
+def test_lengths_broadcast_with_the_batch():
+    """lengths have the batch shape of their own tensor: [1] for a cloud of a broadcast against 3 clouds of b."""
+    a, b = make((1, 6, 3), seed=80), make((3, 8, 3), seed=81)
+    la, lb = torch.tensor([4]), torch.tensor([8, 2, 5])
+    out = fused.pairwise_distances(a, b, lengths_a=la, lengths_b=lb)
+    assert out.shape == (3, 6, 8)
+    assert_close(out, ref.pairwise_distances(a, b, lengths_a=la, lengths_b=lb))
+    v, i = fused.pairwise_topk(a, b, 3, lengths_a=la, lengths_b=lb)
+    rv, ri = ref.pairwise_topk(a, b, 3, lengths_a=la, lengths_b=lb)
+    assert torch.equal(i, ri)
+    a2 = make((6, 3), seed=82)  # no batch dims: lengths of shape ()
+    assert_close(fused.pairwise_distances(a2, b, lengths_a=torch.tensor(2)),
+                 ref.pairwise_distances(a2, b, lengths_a=torch.tensor(2)))
+
+
+@pytest.mark.parametrize("op", ["pairwise_distances", "pairwise_topk"])
+def test_bad_lengths(op):
+    a, b = make((2, 4, 3)), make((2, 5, 3))
+    call = (lambda **kw: fused.pairwise_distances(a, b, **kw)) if op == "pairwise_distances" else \
+        (lambda **kw: fused.pairwise_topk(a, b, 2, **kw))
+    with raises(f"fused.{op}: lengths_a has a length 5 larger than the padded size 4"):
+        call(lengths_a=torch.tensor([4, 5]))
+    with raises(f"fused.{op}: lengths_b must not be negative, got -1"):
+        call(lengths_b=torch.tensor([-1, 5]))
+    with raises(f"fused.{op}: lengths_a must be an int64 tensor"):
+        call(lengths_a=torch.tensor([1, 2], dtype=torch.int32))
+    with raises(rf"fused.{op}: lengths_b must have the batch shape of b \[2\]"):
+        call(lengths_b=torch.tensor([1, 2, 3]))
+    with raises(f"fused.{op}: lengths_a is on meta but a is on cpu"):
+        call(lengths_a=torch.tensor([1, 2], device="meta"))
+
+
 # ---- errors ----
 def test_bad_inputs():
     a, b = make((4, 3)), make((5, 3))
@@ -430,18 +562,13 @@ def test_bad_inputs():
 # ---- torch.compile (opcheck: tests/test_op_coverage.py) ----
 def test_compile():
     a, b = make((2, 6, 3), seed=54), make((2, 8, 3), seed=55)
+    la, lb = torch.tensor([6, 2]), torch.tensor([1, 8])
     check_compile(lambda x, y: fused.pairwise_distances(x, y, 1.0), a, b)
     check_compile(lambda x, y: fused.pairwise_topk(x, y, 3), a, b)
+    check_compile(lambda x, y, u, w: fused.pairwise_topk(x, y, 3, lengths_a=u, lengths_b=w), a, b, la, lb)
 
-    # The backward traced by compile (aot autograd) equals eager's.
-    def loss(x, y):
-        return (fused.pairwise_distances(x, y) * y.sum()).sum() + fused.pairwise_topk(x, y, 2)[0].sum()
-    grads = []
-    for fn in (loss, torch.compile(loss, fullgraph=True)):
-        x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
-        fn(x, y).backward()
-        grads.append((x.grad, y.grad))
-    torch.testing.assert_close(grads[1], grads[0])
+    check_compile_grads(lambda x, y: (fused.pairwise_distances(x, y) * y.sum()).sum()
+                        + fused.pairwise_topk(x, y, 2)[0].sum(), a, b)
 
 
 # ---- Triton launchers (under TRITON_INTERPRET=1 on CPU where there is no GPU) ----
@@ -519,6 +646,36 @@ def test_triton_topk_backward_sums_grad_b_in_a_fixed_order(p):
         assert torch.equal(first[1].cpu(), cpu[1])
     assert_close(first[1].cpu(), cpu[1])
     assert first[1].abs().sum() > 0
+
+
+@requires_triton
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("D", [3, 40])
+def test_triton_with_lengths(dtype, D):
+    """The Triton launchers with padded batches (NaN in the padded rows): distances, topk (nearest and farthest),
+    and both backwards, against the references and the CPU kernels."""
+    tk = triton_kernels()
+    a, b, a_nan, b_nan, la, lb = (t.to(TRITON_DEVICE) for t in padded_clouds(dtype, "cpu", D, seed=84))
+    out = tk.pairwise_distances(a_nan, b_nan, 2.0, False, la, lb)
+    assert_close(out.cpu(), ref.pairwise_distances(a.cpu(), b.cpu(), lengths_a=la.cpu(), lengths_b=lb.cpu()))
+    for k, largest in ((1, False), (5, False), (4, True)):
+        v, i = tk.pairwise_topk(a_nan, b_nan, k, 2.0, False, largest, la, lb)
+        rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), k, largest=largest, lengths_a=la.cpu(), lengths_b=lb.cpu())
+        assert torch.equal(i.cpu(), ri)
+        assert_close(v.cpu(), rv)
+    g = make(out.shape, dtype, TRITON_DEVICE, seed=86)
+    ours = tk.pairwise_distances_backward(g, a_nan, b_nan, out, 2.0, False, la, lb)
+    cpu = torch.ops.fused.pairwise_distances_backward(g.cpu(), a_nan.cpu(), b_nan.cpu(), out.cpu(), 2.0, False,
+                                                      la.cpu(), lb.cpu())
+    for o, c in zip(ours, cpu):
+        assert_close(o.cpu(), c)
+    v, i = tk.pairwise_topk(a_nan, b_nan, 5, 2.0, False, False, la, lb)
+    gv = make(v.shape, dtype, TRITON_DEVICE, seed=87)
+    ours = tk.pairwise_topk_backward(gv, a_nan, b_nan, v, i, 2.0, False)
+    cpu = torch.ops.fused.pairwise_topk_backward(gv.cpu(), a_nan.cpu(), b_nan.cpu(), v.cpu(), i.cpu(), 2.0, False)
+    for o, c in zip(ours, cpu):
+        assert_close(o.cpu(), c)
+        assert not o.isnan().any()
 
 
 @requires_triton

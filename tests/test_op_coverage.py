@@ -11,9 +11,6 @@ from fused.elementwise.reference import ACT_FNS, UNARY_FNS
 from tests.op_registry import OPS, Op, reference_of
 
 has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
-# Twins still defined in csrc/optim/optim_cuda.cpp, so only in CUDA builds; def_with_cuda_twin in optim_schema.cpp
-# would define them in every build, as the other families' are.
-TWINS_IN_CUDA_BUILDS_ONLY = ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_")
 
 
 def registered(namespace="fused"):
@@ -95,7 +92,7 @@ def test_cuda_twins_match_their_ops():
         assert str(schema(f"fused::{twin}")) == str(schema(f"fused::{op}")).replace(f"fused::{op}(", f"fused::{twin}(")
     for op, kernels in GPU_KERNELS.items():
         assert kernels["cuda"] in (None, f"cuda_{op}"), op
-        if kernels["cuda"] and op not in TWINS_IN_CUDA_BUILDS_ONLY:
+        if kernels["cuda"]:
             assert kernels["cuda"] in twins, f"{op}: define it with def_with_cuda_twin in its schema file"
 
 

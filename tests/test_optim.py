@@ -392,30 +392,6 @@ def test_ops_reject_bad_arguments():
         torch.ops.fused.grad_norm([torch.ones(4, 4)[:, :2]], found, None, 2.0, math.inf, math.inf, True)
 
 
-def test_opcheck():
-    g = torch.Generator().manual_seed(0)
-    grads = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    params = [torch.randn(5, 3, generator=g), torch.randn(40, generator=g)]
-    found, coef, inv = torch.zeros(()), torch.tensor(0.5, dtype=torch.float64), torch.tensor(4.0)
-    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, found, inv, 2.0, 1.0, math.inf, True))
-    torch.library.opcheck(torch.ops.fused.grad_norm.default, (grads, None, None, 3.0, 1.0, 0.5, False))
-    torch.library.opcheck(torch.ops.fused.scale_grads_.default, ([g.clone() for g in grads], coef))
-    torch.library.opcheck(torch.ops.fused.sgd_step_.default,
-                          ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
-                           [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found,
-                           math.inf, []))
-    torch.library.opcheck(torch.ops.fused.adam_step_.default,
-                          ([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
-                           [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
-                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, []))
-    bf16 = [g.bfloat16() for g in grads]
-    torch.library.opcheck(torch.ops.fused.adam_step_.default,
-                          ([p.clone() for p in params], bf16, [torch.zeros_like(p) for p in params],
-                           [torch.zeros_like(p) for p in params], [], [torch.zeros(()) for _ in params], 1e-3,
-                           0.9, 0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf,
-                           [p.bfloat16() for p in params]))
-
-
 @pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
 def test_two_fused_ops_per_step_whatever_the_number_of_tensors(name):
     """The CPU step is the same two passes as the GPU's two launches: the norm (with the finite check) and one

@@ -85,8 +85,10 @@ def elementwise():
 
 
 def distance():
-    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest."""
+    """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest; for
+    p = 1 and 2, padded batches (lengths) and radius_neighbors (the radius bound)."""
     import fused.distance.triton_kernels as tk
+    la, lb = torch.tensor([40, 7]), torch.tensor([65])
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         for p in (0.0, 1.0, 2.0, math.inf, 0.5):
             for d in (3, 40) if p == 2 and dt != torch.float64 else (3,):
@@ -95,6 +97,11 @@ def distance():
                 for largest in (False, True):
                     tk.pairwise_topk(a, b, 5, p, largest=largest)
                 tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False)
+                if p in (1.0, 2.0):
+                    tk.pairwise_distances(a, b, p, False, la, lb)
+                    tk.pairwise_topk(a, b, 5, p, False, False, la, lb)
+                    tk.radius_neighbors(a, b, 1.0, 5, la, lb, p)
+                    tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False, la, lb)
 
 
 @contextlib.contextmanager
@@ -135,6 +142,19 @@ def linear():
     tk.linear_act_grad_pre(g.half(), saved.half(), "gelu_tanh", True)
 
 
+def norm():
+    import fused.norm.triton_kernels as tk
+    for dt, res_dt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                       (torch.bfloat16, torch.float32), (torch.float64, torch.float64)):
+        x, g = torch.randn(6, 200, dtype=dt), torch.randn(6, 200, dtype=dt)
+        r, w, b = torch.randn(6, 200, dtype=res_dt), torch.randn(200, dtype=dt), torch.randn(200, dtype=dt)
+        for rms in (True, False):
+            _, h, mean, rstd = tk.norm_fwd(x, r, [200], w, None if rms else b, 1e-5, rms)
+            tk.norm_fwd(x, None, [200], None, None, 1e-5, rms)
+            tk.norm_backward(g, h, h, mean, rstd, w, [200], rms, True, not rms)
+            tk.norm_backward(g, None, x, mean, rstd, None, [200], rms, False, False)
+
+
 def loss():
     import fused.loss.triton_kernels as tk
     for dt in (torch.float32, torch.bfloat16, torch.float64):
@@ -150,7 +170,7 @@ def count(ptxs, *needles):
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "loss"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

@@ -54,5 +54,6 @@ constexpr int kFirstScalarOp = 0 FUSED_UNARY_OPS(FUSED_COUNT);
 #undef FUSED_COUNT
 
 constexpr int kMaxChain = 64;  // ops per unary_chain call handled by one CUDA launch
+constexpr int kMaxSelect = 256;  // neighbours per row the CUDA C++ select kernel (pairwise_topk) keeps
 
 }  // namespace fused

@@ -17,6 +17,11 @@ inline void check_p(const char* op, double p, bool squared) {
   TORCH_CHECK(!squared || p == 2, "fused.", op, ": squared=True needs p=2, got p=", p);
 }
 
+inline void check_radius(const char* op, double radius, int64_t max_neighbors) {
+  TORCH_CHECK(radius >= 0, "fused.", op, ": radius must be in [0, inf], got ", radius);
+  TORCH_CHECK(max_neighbors >= 1, "fused.", op, ": max_neighbors must be >= 1, got ", max_neighbors);
+}
+
 // a [*Ba, N, D] and b [*Bb, M, D] broadcast over the batch dims, flattened to [B, N, D], [B, M, D] (contiguous,
 // in the math type when to_math), with the broadcast batch shape kept for the outputs.
 struct Batched {
@@ -58,6 +63,39 @@ inline Batched batched(const char* op, const at::Tensor& a, const at::Tensor& b,
   r.b = flat(b, r.M);
   return r;
 }
+
+// A padded batch's valid row counts: `lengths` (int64, the shape of t's batch dims, on t's device) broadcast to the
+// batch and flattened to [B]; every count in [0, rows]. Undefined when not given (every row valid). Reading the
+// counts syncs a CUDA device.
+inline at::Tensor batch_lengths(const char* op, const char* name, const c10::optional<at::Tensor>& lengths,
+                                const char* t_name, const at::Tensor& t, const Batched& x, int64_t rows) {
+  if (!lengths.has_value()) return at::Tensor();
+  const at::Tensor& l = *lengths;
+  TORCH_CHECK(l.scalar_type() == at::kLong, "fused.", op, ": ", name, " must be an int64 tensor, got ",
+              dtype_name(l.scalar_type()));
+  TORCH_CHECK(l.device() == t.device(), "fused.", op, ": ", name, " is on ", l.device(), " but ", t_name, " is on ",
+              t.device());
+  const auto batch_dims = t.sizes().slice(0, t.dim() - 2);
+  TORCH_CHECK(l.sizes() == batch_dims, "fused.", op, ": ", name, " must have the batch shape of ", t_name, " ",
+              batch_dims, ", got ", l.sizes());
+  at::Tensor flat = l.expand(x.batch).reshape({x.B}).contiguous();
+  if (flat.numel()) {
+    const int64_t lo = flat.min().item<int64_t>(), hi = flat.max().item<int64_t>();
+    TORCH_CHECK(lo >= 0, "fused.", op, ": ", name, " must not be negative, got ", lo);
+    TORCH_CHECK(hi <= rows, "fused.", op, ": ", name, " has a length ", hi, " larger than the padded size ", rows,
+                " of ", t_name);
+  }
+  return flat;
+}
+
+// The valid rows of batch bi: lengths[bi], or all `rows` without lengths (CPU lengths from batch_lengths).
+struct Lengths {
+  const int64_t* counts;
+  int64_t rows;
+  Lengths(const at::Tensor& flat, int64_t rows_)
+      : counts(flat.defined() ? flat.data_ptr<int64_t>() : nullptr), rows(rows_) {}
+  int64_t operator()(int64_t bi) const { return counts ? counts[bi] : rows; }
+};
 
 inline std::vector<int64_t> out_shape(const Batched& x, int64_t last) {
   std::vector<int64_t> s(x.batch);

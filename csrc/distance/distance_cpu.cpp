@@ -1,10 +1,13 @@
-// CPU kernels of the distance family: pairwise_distances (forward, backward) and pairwise_topk (forward,
-// backward on the selected pairs). Math in float (double for double); the path follows (p, D) only.
+// CPU kernels of the distance family: pairwise_distances (forward, backward), pairwise_topk and radius_neighbors
+// (one running k-best; backward on the selected pairs). Math in float (double for double); the path follows (p, D)
+// only. Padded batches: rows past lengths_a / lengths_b take no part (distances 0, no neighbour, no gradient).
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "distance/distance_args.h"
@@ -23,13 +26,22 @@ template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
   return panels;
 }
 
-// Runs body(batch, row0, row1) over every (batch, row range) piece of [0, B * N), in parallel.
+// Runs body(batch, row0, row1) over every (batch, row range) piece of [0, B * N), in parallel. The threads take
+// pieces (at least `grain` rows, about 16 per thread) one at a time from a shared counter: on a shared machine a
+// thread slowed by another process on its core then holds the others up for one piece, not for half the work as a
+// static split would. Rows are independent, so the result does not depend on which thread runs which piece.
 template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t grain, const F& body) {
-  at::parallel_for(0, B * N, grain, [&](int64_t begin, int64_t end) {
-    while (begin < end) {
-      const int64_t bi = begin / N, r0 = begin % N, r1 = std::min(N, r0 + end - begin);
-      body(bi, r0, r1);
-      begin += r1 - r0;
+  const int64_t total = B * N, threads = at::get_num_threads();
+  const int64_t piece = std::max(grain, (total + 16 * threads - 1) / (16 * threads));
+  const int64_t pieces = (total + piece - 1) / piece;
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min(pieces, threads), 1, [&](int64_t, int64_t) {
+    for (int64_t p = next++; p < pieces; p = next++) {
+      for (int64_t begin = p * piece, end = std::min(total, begin + piece); begin < end;) {
+        const int64_t bi = begin / N, r0 = begin % N, r1 = std::min(N, r0 + end - begin);
+        body(bi, r0, r1);
+        begin += r1 - r0;
+      }
     }
   });
 }
@@ -38,9 +50,10 @@ template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t gra
 int64_t row_grain(int64_t M, int64_t D) { return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4))); }
 
 // The direct path (differences, b packed in panels), shared by the distances and topk: body(bi, r0, r1, rows) per
-// parallel block of rows [r0, r1) of batch bi, where rows(s, nr, emit) runs direct_rows over rows [s, s + nr).
+// parallel block of rows [r0, r1) of batch bi, where rows(s, nr, emit) runs direct_rows over rows [s, s + nr)
+// against the lb(bi) valid rows of b.
 template <typename T, typename F>
-void for_direct_rows(const Batched& x, Metric metric, double p, bool squared, const F& body) {
+void for_direct_rows(const Batched& x, const Lengths& lb, Metric metric, double p, bool squared, const F& body) {
   at::Tensor panels = pack_batches<T>(x.b);
   const int64_t plen = panels.size(1);
   const T *ap = x.a.data_ptr<T>(), *pp = panels.data_ptr<T>();
@@ -49,18 +62,19 @@ void for_direct_rows(const Batched& x, Metric metric, double p, bool squared, co
     constexpr Metric Mt = decltype(tag)::value;
     parallel_batch_rows(x.B, x.N, row_grain(x.M, x.D), [&](int64_t bi, int64_t r0, int64_t r1) {
       auto rows = [&](int64_t s, int64_t nr, const auto& emit) {
-        direct_rows<Mt>(ap + (bi * x.N + s) * x.D, nr, x.D, pp + bi * plen, x.M, prm, emit);
+        direct_rows<Mt>(ap + (bi * x.N + s) * x.D, nr, x.D, pp + bi * plen, lb(bi), prm, emit);
       };
       body(bi, r0, r1, rows);
     });
   });
 }
 
-// The p=2 matmul path's operands, per batch.
-template <typename T> std::vector<MatmulOperands<T>> matmul_operands(const Batched& x) {
+// The p=2 matmul path's operands, per batch: its valid rows.
+template <typename T>
+std::vector<MatmulOperands<T>> matmul_operands(const Batched& x, const Lengths& la, const Lengths& lb) {
   std::vector<MatmulOperands<T>> ops;
   ops.reserve(x.B);
-  for (int64_t bi = 0; bi < x.B; ++bi) ops.emplace_back(x.a[bi], x.b[bi]);
+  for (int64_t bi = 0; bi < x.B; ++bi) ops.emplace_back(x.a[bi].narrow(0, 0, la(bi)), x.b[bi].narrow(0, 0, lb(bi)));
   return ops;
 }
 
@@ -79,11 +93,19 @@ template <typename T, typename F> void for_row_chunks(int64_t B, int64_t N, int6
 }
 
 // ---- pairwise_distances ----
-at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared) {
+using OptTensor = c10::optional<at::Tensor>;
+
+at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared,
+                                  const OptTensor& lengths_a, const OptTensor& lengths_b) {
   const char* op = "pairwise_distances";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
-  at::Tensor out = at::empty(out_shape(x, x.M), a_in.options());
+  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
+  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
+  const Lengths la(la_t, x.N), lb(lb_t, x.M);
+  // Padded pairs are 0: only the valid block of each batch is computed.
+  at::Tensor out = la_t.defined() || lb_t.defined() ? at::zeros(out_shape(x, x.M), a_in.options())
+                                                    : at::empty(out_shape(x, x.M), a_in.options());
   if (out.numel() == 0) return out;
   const Metric metric = metric_of(p);
   FUSED_DISPATCH_FLOATING(out.scalar_type(), "pairwise_distances", [&] {
@@ -91,7 +113,7 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     scalar_t* outp = out.data_ptr<scalar_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
-      const auto operands = matmul_operands<T>(x);
+      const auto operands = matmul_operands<T>(x, la, lb);
       // Tiles of about 2^17 outputs (512 KB in float): each is written by BLAS and finished while in L2.
       const int64_t cols = std::min<int64_t>(M, 1024), rows = std::min<int64_t>(N, std::max<int64_t>(8, (1 << 17) / cols));
       const int64_t row_tiles = (N + rows - 1) / rows, col_tiles = (M + cols - 1) / cols;
@@ -99,7 +121,8 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
         std::vector<T> buf(std::is_same_v<T, scalar_t> ? 0 : rows * cols);
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t bi = t / (row_tiles * col_tiles), r0 = (t / col_tiles % row_tiles) * rows,
-                        c0 = t % col_tiles * cols, nr = std::min(rows, N - r0), nc = std::min(cols, M - c0);
+                        c0 = t % col_tiles * cols, nr = std::min(rows, la(bi) - r0), nc = std::min(cols, lb(bi) - c0);
+          if (nr <= 0 || nc <= 0) continue;
           scalar_t* dst = outp + (bi * N + r0) * M + c0;
           if constexpr (std::is_same_v<T, scalar_t>) {
             matmul_tile(operands[bi], r0, nr, c0, nc, squared, reinterpret_cast<T*>(dst), M);
@@ -111,21 +134,22 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
       });
       return;
     }
-    for_direct_rows<T>(x, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
+    for_direct_rows<T>(x, lb, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
       scalar_t* dst = outp + (bi * N + r0) * M;
-      rows(r0, r1 - r0, [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
+      rows(r0, std::clamp(la(bi), r0, r1) - r0,
+           [&](int64_t r, int64_t j0, int64_t len, const T* v) { store_block(v, dst + r * M + j0, len); });
     });
   });
   return out;
 }
 
-// One pass over grad and dist for rows [0, rows) of a against all of b (packed in panels): grad_a of those rows,
-// and their contribution to grad_b added into gb_part (panel layout [P][D][W]). Every pair's term phi is computed
-// once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes at the end of the row block)
-// and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
+// One pass over grad and dist (row stride ld) for rows [0, rows) of a against the first M rows of b (packed in
+// panels): grad_a of those rows, and their contribution to grad_b added into gb_part (panel layout [P][D][W]).
+// Every pair's term phi is computed once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes
+// at the end of the row block) and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
 template <Metric Mt, typename T>
 void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist,
-               const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {
+               int64_t ld, const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {
   using V = Vec<T>;
   constexpr int64_t L = V::size(), W = kPanel<T>;
   constexpr int R = 4;
@@ -142,7 +166,7 @@ void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, 
       const V m0 = lane0 < V(T(len)), m1 = lane1 < V(T(len));
       V wv[R][2], dv[R][2];
       for (int r = 0; r < nr; ++r) {
-        const int64_t off = (r0 + r) * M + j0;
+        const int64_t off = (r0 + r) * ld + j0;
         dv[r][0] = load(dist + off, len);
         dv[r][1] = load(dist + off + L, len - L);
         wv[r][0] = pair_weight<Mt>(load(g + off, len), dv[r][0], prm);
@@ -183,15 +207,17 @@ void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, 
   }
 }
 
-// Both gradients for a [B, N, D], b [B, M, D], grad and dist [B, N, M] (math type, contiguous). Rows are cut
-// into chunks fixed by N alone; each chunk adds into its own grad_b partial, summed in chunk order: the result
-// does not depend on the thread count.
+// Both gradients for a [B, N, D], b [B, M, D], grad and dist [B, N, M] (math type, contiguous), over the valid
+// pairs (rows of a below la, of b below lb; the other rows' gradients are 0). Rows are cut into chunks fixed by N
+// alone; each chunk adds into its own grad_b partial, summed in chunk order: the result does not depend on the
+// thread count.
 template <Metric Mt, typename T>
 std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tensor& b, const at::Tensor& g,
-                                            const at::Tensor& dist, const MetricParams<Vec<T>>& prm) {
+                                            const at::Tensor& dist, const Lengths& la, const Lengths& lb,
+                                            const MetricParams<Vec<T>>& prm) {
   const int64_t B = a.size(0), N = a.size(1), D = a.size(2), M = b.size(1);
   constexpr int64_t W = kPanel<T>;
-  at::Tensor ga = at::empty_like(a), gb = at::empty_like(b);
+  at::Tensor ga = at::zeros_like(a), gb = at::zeros_like(b);
   at::Tensor panels = pack_batches<T>(b);
   const int64_t plen = panels.size(1);
   const int64_t rows_per_chunk = std::max<int64_t>(64, (N + 15) / 16), chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
@@ -201,10 +227,11 @@ std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tenso
   const int64_t grain = B * N * M * (D + 4) < (1 << 18) ? B * chunks : 1;
   at::parallel_for(0, B * chunks, grain, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t bi = t / chunks, r0 = (t % chunks) * rows_per_chunk, nr = std::min(rows_per_chunk, N - r0);
-      const int64_t row = bi * N + r0;
-      grad_rows<Mt>(ap + row * D, nr, D, pp + bi * plen, M, gp + row * M, dp + row * M, prm, gap + row * D,
-                    partp + t * plen);
+      const int64_t bi = t / chunks, r0 = (t % chunks) * rows_per_chunk;
+      const int64_t nr = std::min(rows_per_chunk, la(bi) - r0), row = bi * N + r0;
+      if (nr > 0)
+        grad_rows<Mt>(ap + row * D, nr, D, pp + bi * plen, lb(bi), gp + row * M, dp + row * M, M, prm,
+                      gap + row * D, partp + t * plen);
     }
   });
   T* gbp = gb.data_ptr<T>();
@@ -212,7 +239,7 @@ std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tenso
     for (int64_t q = q0; q < q1; ++q) {
       const int64_t bi = q / num_panels<T>(M), pj = q % num_panels<T>(M);
       for (int64_t d = 0; d < D; ++d)
-        for (int64_t l = 0; l < W && pj * W + l < M; ++l) {
+        for (int64_t l = 0; l < W && pj * W + l < lb(bi); ++l) {
           T s = 0;
           for (int64_t c = 0; c < chunks; ++c) s += partp[(bi * chunks + c) * plen + (pj * D + d) * W + l];
           gbp[(bi * M + pj * W + l) * D + d] = s;
@@ -224,10 +251,13 @@ std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Tensor& grad_in, const at::Tensor& a_in,
                                                                    const at::Tensor& b_in, const at::Tensor& dist_in,
-                                                                   double p, bool squared) {
+                                                                   double p, bool squared, const OptTensor& lengths_a,
+                                                                   const OptTensor& lengths_b) {
   const char* op = "pairwise_distances_backward";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
+  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
+  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
   check_like(op, "grad", grad_in, "a", a_in);
   check_like(op, "dist", dist_in, "a", a_in);
   const auto expected = out_shape(x, x.M);
@@ -246,13 +276,14 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
     at::Tensor dist = dist_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
     const auto prm = metric_params<T>(p, squared);
     visit_metric(metric, [&](auto tag) {
-      std::tie(ga, gb) = grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, prm);
+      std::tie(ga, gb) = grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, Lengths(la_t, x.N),
+                                                            Lengths(lb_t, x.M), prm);
     });
   });
   return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
 }
 
-// ---- pairwise_topk: distances and a running k-best per row, never the N x M matrix ----
+// ---- pairwise_topk and radius_neighbors: distances and a running k-best per row, never the N x M matrix ----
 
 // The selection order as one integer per candidate: the value's rank key in the high 64 bits (smallest first,
 // or largest first; NaN last, or first, as torch.topk ranks it; -0 == +0) and the column in the low 64 bits, so
@@ -282,20 +313,63 @@ struct Order {
   Key key(double v, int64_t j) const { return Key(rank(v)) << 64 | Key(static_cast<uint64_t>(j)); }
 };
 
-// The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if
-// it ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in
-// increasing order, so a newcomer with an equal value loses the tie). When the buffer fills up, it is cut back
-// to its k best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
+// Slots without a neighbour: index -1, value inf (-inf when largest, so that the values stay sorted).
+template <typename scalar_t> void write_missing(scalar_t* values, int64_t* indices, int64_t n, bool largest) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::fill(values, values + n, static_cast<scalar_t>(largest ? -inf : inf));
+  std::fill(indices, indices + n, int64_t(-1));
+}
+
+// radius_neighbors' bound in the output dtype S, whose values the selection compares: `floor`, the largest S
+// value not above the radius (a candidate is in when its rounded value is <= floor), and `next`, the S value
+// after it (a candidate not yet rounded can only be in when it is below next: KBest::may_beat's prefilter).
+struct RadiusBound {
+  double floor, next;
+};
+template <typename S> S step(S v, bool up) {  // the neighbouring S value of a positive v
+  if constexpr (std::is_floating_point_v<S>) {
+    return std::nextafter(v, up ? std::numeric_limits<S>::infinity() : -std::numeric_limits<S>::infinity());
+  } else {  // at::Half, at::BFloat16: positive values are ordered as their bits
+    S r = v;
+    r.x = static_cast<uint16_t>(up ? v.x + 1 : v.x - 1);
+    return r;
+  }
+}
+template <typename S> RadiusBound radius_bound(double radius) {
+  S floor = static_cast<S>(radius);  // the nearest value, or (16-bit: rounded via float) its neighbour
+  if (static_cast<double>(floor) > radius) floor = step(floor, false);
+  const double f = static_cast<double>(floor);
+  return {f, std::isinf(f) ? f : static_cast<double>(step(floor, true))};
+}
+
+// The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if it
+// ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in increasing
+// order, so a newcomer with an equal value loses the tie), or, until k candidates are in, the radius bound when
+// there is one (a key that every value <= floor beats, NaN not). When the buffer fills up, it is cut back to its k
+// best (nth_element), which tightens the threshold. Most candidates cost one vector compare.
 template <typename T> struct KBest {
   std::vector<Key> cand;
-  Key worst = 0;
-  T worst_value = 0;
-  bool bounded = false;  // worst is set (at least k candidates seen)
+  Key worst = 0, limit = 0;
+  T worst_value = 0, limit_value = 0;
+  bool bounded = false, limited = false;  // worst is set; there is a radius bound (limit, limit_value)
   int64_t k = 0, capacity = 0;
   Order order{false};
 
-  KBest(int64_t k_, const Order& o) : k(k_), capacity(std::max<int64_t>(4 * k_, 64)), order(o) {
+  KBest(int64_t k_, const Order& o, const c10::optional<RadiusBound>& radius)
+      : k(k_), capacity(std::max<int64_t>(4 * k_, 64)), order(o) {
     cand.reserve(capacity);
+    if (radius.has_value()) {
+      limit = Key(order.rank(radius->floor)) << 64 | Key(~uint64_t(0));
+      limit_value = static_cast<T>(radius->next);
+      limited = true;
+    }
+    reset();
+  }
+  void reset() {
+    cand.clear();
+    worst = limit;
+    worst_value = limit_value;
+    bounded = limited;
   }
   void set_worst(Key w) {
     worst = w;
@@ -311,28 +385,31 @@ template <typename T> struct KBest {
       std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
       cand.resize(k);
       set_worst(cand[k - 1]);
-    } else if (!bounded && n == k) {  // the first k: the worst of them is a valid threshold
+    } else if (n == k) {  // the first k: the worst of them is a valid threshold
       set_worst(*std::max_element(cand.begin(), cand.end()));
     }
   }
   // Lanes of x that may rank before worst (a superset: x is not yet rounded to the output dtype, and rounding
-  // is monotone).
+  // is monotone; an equal value is left to add's exact compare; the radius bound's worst_value is the value after
+  // its floor).
   int may_beat(const Vec<T>& x) const {
     using V = Vec<T>;
     constexpr int all = (1 << V::size()) - 1;
     if (std::isnan(worst_value)) return order.largest ? 0 : (x != x).zero_mask() & all;  // smallest: any number
-    const V w(worst_value), m = order.largest ? (x > w) | (x != x) : x < w;
+    const V w(worst_value), m = order.largest ? (x >= w) | (x != x) : x <= w;
     return all & ~m.zero_mask();
   }
-  template <typename scalar_t> void write(scalar_t* values, int64_t* indices) {
+  // The best candidates, sorted, into `width` slots (width >= k), the rest missing; then ready for the next row.
+  template <typename scalar_t> void write(scalar_t* values, int64_t* indices, int64_t width) {
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(cand.size()), k);
     if (static_cast<int64_t>(cand.size()) > k) std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end());
-    std::sort(cand.begin(), cand.begin() + k);
-    for (int64_t t = 0; t < k; ++t) {
+    std::sort(cand.begin(), cand.begin() + n);
+    for (int64_t t = 0; t < n; ++t) {
       values[t] = static_cast<scalar_t>(order.value(cand[t]));
       indices[t] = static_cast<int64_t>(static_cast<uint64_t>(cand[t]));
     }
-    cand.clear();
-    bounded = false;
+    write_missing(values + n, indices + n, width - n, order.largest);
+    reset();
   }
 };
 
@@ -349,54 +426,137 @@ template <typename scalar_t, typename T> inline void offer_all(KBest<T>& best, c
   for (; l < len; ++l) add(l);
 }
 
-std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
-                                                     double p, bool squared, bool largest) {
-  const char* op = "pairwise_topk";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in);
-  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
-  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
-  at::Tensor values = at::empty(out_shape(x, k), a_in.options());
-  at::Tensor indices = at::empty(out_shape(x, k), a_in.options().dtype(at::kLong));
+// The nearest column of one row (pairwise_topk with k = 1, as chamfer_distance runs it) by a running minimum per
+// lane over the direct tiles' rows of two vectors (kPanel), branch-free where KBest's prefilter branches on every
+// vector: a strict < keeps the lower column of a lane's ties, and the lanes' minimum takes the lowest column among
+// equal values. Columns are tracked in T (exact below 2^24 in float). Only finite values are taken: a row without
+// one (inf, NaN) is left to KBest.
+template <typename T> struct Nearest {
+  using V = Vec<T>;
+  static constexpr int64_t L = V::size();
+  V best[2], col[2];
+  void reset() {
+    best[0] = best[1] = V(std::numeric_limits<T>::infinity());
+    col[0] = col[1] = V(T(-1));
+  }
+  void offer(const T* v, int64_t j0, int64_t len) {
+    for (int h = 0; h < 2; ++h) {
+      V x = V::loadu(v + h * L);
+      if (len < 2 * L)  // lanes past the row's end never win
+        x = V::blendv(x, V(std::numeric_limits<T>::infinity()), V::arange(T(h * L), T(1)) >= V(T(len)));
+      const V better = x < best[h];
+      best[h] = V::blendv(best[h], x, better);
+      col[h] = V::blendv(col[h], V::arange(T(j0 + h * L), T(1)), better);
+    }
+  }
+  // The row's nearest (value, column); false when it has no finite value.
+  bool result(T& value, int64_t& index) const {
+    T v[2 * L], c[2 * L];
+    best[0].store(v), best[1].store(v + L), col[0].store(c), col[1].store(c + L);
+    T bv = std::numeric_limits<T>::infinity(), bc = -1;
+    for (int64_t l = 0; l < 2 * L; ++l)
+      if (v[l] < bv || (v[l] == bv && c[l] < bc)) bv = v[l], bc = c[l];
+    value = bv, index = static_cast<int64_t>(bc);
+    return bc >= 0;
+  }
+};
+
+// The running k-best of pairwise_topk and radius_neighbors: for each valid row of a, the best (nearest, or farthest
+// when largest) valid rows of b, within the radius when given (nearest only), sorted, in `width` slots; missing
+// neighbours and padded rows of a get index -1 (write_missing).
+std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& a_in, const at::Tensor& b_in,
+                                              const Batched& x, int64_t width, double p, bool squared, bool largest,
+                                              const c10::optional<double>& radius_in, const OptTensor& lengths_a,
+                                              const OptTensor& lengths_b) {
+  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
+  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
+  const Lengths la(la_t, x.N), lb(lb_t, x.M);
+  at::Tensor values = at::empty(out_shape(x, width), a_in.options());
+  at::Tensor indices = at::empty(out_shape(x, width), a_in.options().dtype(at::kLong));
   if (values.numel() == 0) return {values, indices};
+  const int64_t k = std::max<int64_t>(1, std::min(width, x.M));  // candidates kept per row
   const Metric metric = metric_of(p);
-  FUSED_DISPATCH_FLOATING(values.scalar_type(), "pairwise_topk", [&] {
+  FUSED_DISPATCH_FLOATING(values.scalar_type(), "select_cpu", [&] {
     using T = at::opmath_type<scalar_t>;
     const Order order{largest};
+    c10::optional<RadiusBound> radius;
+    if (radius_in.has_value()) radius = radius_bound<scalar_t>(*radius_in);
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
     if (use_matmul(metric, D)) {
-      const auto operands = matmul_operands<T>(x);
+      const auto operands = matmul_operands<T>(x, la, lb);
       for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        matmul_tile(operands[bi], r0, nr, 0, M, squared, buf, M);
-        KBest<T> best(k, order);
+        const int64_t valid = std::clamp<int64_t>(la(bi) - r0, 0, nr), cols = lb(bi);
+        if (valid > 0 && cols > 0) matmul_tile(operands[bi], r0, valid, 0, cols, squared, buf, cols);
+        KBest<T> best(k, order, radius);
         for (int64_t i = 0; i < nr; ++i) {
-          offer_all<scalar_t>(best, buf + i * M, 0, M);
-          const int64_t row = bi * N + r0 + i;
-          best.write(vp + row * k, ip + row * k);
+          const int64_t row = (bi * N + r0 + i) * width;
+          if (i < valid) offer_all<scalar_t>(best, buf + i * cols, 0, cols);
+          best.write(vp + row, ip + row, width);  // no candidates (a padded row): all missing
         }
       });
       return;
     }
-    for_direct_rows<T>(x, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
+    // The nearest only, in float32 / float64 (no rounding to a 16-bit output first): Nearest, else KBest.
+    const bool nearest = width == 1 && !largest && !radius && std::is_same_v<T, scalar_t> && M <= (int64_t(1) << 24);
+    for_direct_rows<T>(x, lb, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {
       constexpr int64_t R = 4;  // rows per direct_rows call: R heaps live at once
-      std::vector<KBest<T>> best(R, KBest<T>(k, order));
-      for (int64_t s = r0; s < r1; s += R) {
-        const int64_t nr = std::min(R, r1 - s);
-        rows(s, nr, [&](int64_t r, int64_t j0, int64_t len, const T* v) { offer_all<scalar_t>(best[r], v, j0, len); });
+      std::vector<KBest<T>> best(R, KBest<T>(k, order, radius));
+      Nearest<T> near[R];
+      const int64_t valid = std::clamp(la(bi), r0, r1);
+      for (int64_t s = r0; s < valid; s += R) {
+        const int64_t nr = std::min(R, valid - s);
+        auto offer = [&](int64_t r, int64_t j0, int64_t len, const T* v) { offer_all<scalar_t>(best[r], v, j0, len); };
+        if (nearest) {
+          for (int64_t r = 0; r < nr; ++r) near[r].reset();
+          rows(s, nr, [&](int64_t r, int64_t j0, int64_t len, const T* v) { near[r].offer(v, j0, len); });
+        } else {
+          rows(s, nr, offer);
+        }
         for (int64_t r = 0; r < nr; ++r) {
-          const int64_t row = bi * N + s + r;
-          best[r].write(vp + row * k, ip + row * k);
+          const int64_t row = (bi * N + s + r) * width;
+          T value;
+          if (nearest && near[r].result(value, ip[row])) {
+            vp[row] = static_cast<scalar_t>(value);
+            continue;
+          }
+          if (nearest)  // no finite distance in the row: KBest ranks inf and NaN
+            rows(s + r, 1, [&](int64_t, int64_t j0, int64_t len, const T* v) { offer(r, j0, len, v); });
+          best[r].write(vp + row, ip + row, width);
         }
       }
+      for (int64_t i = valid; i < r1; ++i) write_missing(vp + (bi * N + i) * width, ip + (bi * N + i) * width, width,
+                                                         largest);
     });
   });
   return {values, indices};
 }
 
-// Gradient through the selected pairs only: O(N k D) work, no N x M buffer. grad_b is accumulated per batch in
-// row order (deterministic).
+std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
+                                                     double p, bool squared, bool largest,
+                                                     const OptTensor& lengths_a, const OptTensor& lengths_b) {
+  const char* op = "pairwise_topk";
+  check_p(op, p, squared);
+  Batched x = batched(op, a_in, b_in);
+  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
+  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+  return select_cpu(op, a_in, b_in, x, k, p, squared, largest, c10::nullopt, lengths_a, lengths_b);
+}
+
+std::tuple<at::Tensor, at::Tensor> radius_neighbors_cpu(const at::Tensor& a_in, const at::Tensor& b_in,
+                                                        double radius, int64_t max_neighbors,
+                                                        const OptTensor& lengths_a, const OptTensor& lengths_b,
+                                                        double p) {
+  const char* op = "radius_neighbors";
+  check_p(op, p, false);
+  check_radius(op, radius, max_neighbors);
+  Batched x = batched(op, a_in, b_in);
+  return select_cpu(op, a_in, b_in, x, max_neighbors, p, false, false, radius, lengths_a, lengths_b);
+}
+
+// Gradient through the selected pairs only (index -1: no pair): O(N k D) work, no N x M buffer. grad_b is
+// accumulated per batch in row order (deterministic).
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& grad_in, const at::Tensor& a_in,
                                                               const at::Tensor& b_in, const at::Tensor& values_in,
                                                               const at::Tensor& indices_in, double p, bool squared) {
@@ -429,25 +589,27 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
     const auto prm = metric_params<T, T>(p, squared);
     visit_metric(metric, [&](auto tag) {
       constexpr Metric Mt = decltype(tag)::value;
-      // One selected pair: add its gradient for a (sign +1) or for b (sign -1) into dst.
-      auto pair = [&](int64_t bi, int64_t i, int64_t t, T sign, T* dst) {
+      // One selected pair: add its gradient into the row of a (or, negated, into the row of b it selected).
+      auto pair = [&](int64_t bi, int64_t i, int64_t t, bool into_b) {
         const int64_t e = (bi * N + i) * k + t, j = ip[e];
+        if (j == -1) return;  // a missing neighbour
         TORCH_CHECK(0 <= j && j < M, "fused.", op, ": index ", j, " out of range for b with ", M, " points");
         const T w = pair_weight<Mt>(gp[e], vp[e], prm);
         const T *ar = ap + (bi * N + i) * D, *br = bp + (bi * M + j) * D;
+        T* dst = into_b ? gbp + (bi * M + j) * D : gap + (bi * N + i) * D;
+        const T sign = into_b ? T(-1) : T(1);
         for (int64_t d = 0; d < D; ++d) dst[d] += sign * grad_term<Mt>(ar[d] - br[d], w, vp[e], prm);
       };
       parallel_batch_rows(x.B, N, 64, [&](int64_t bi, int64_t r0, int64_t r1) {
         for (int64_t i = r0; i < r1; ++i) {
-          T* dst = gap + (bi * N + i) * D;
-          std::fill(dst, dst + D, T(0));
-          for (int64_t t = 0; t < k; ++t) pair(bi, i, t, T(1), dst);
+          std::fill(gap + (bi * N + i) * D, gap + (bi * N + i + 1) * D, T(0));
+          for (int64_t t = 0; t < k; ++t) pair(bi, i, t, false);
         }
       });
       at::parallel_for(0, x.B, 1, [&](int64_t b0, int64_t b1) {
         for (int64_t bi = b0; bi < b1; ++bi)
           for (int64_t i = 0; i < N; ++i)
-            for (int64_t t = 0; t < k; ++t) pair(bi, i, t, T(-1), gbp + (bi * M + ip[(bi * N + i) * k + t]) * D);
+            for (int64_t t = 0; t < k; ++t) pair(bi, i, t, true);
       });
     });
   });
@@ -461,6 +623,7 @@ TORCH_LIBRARY_IMPL(fused, CPU, m) {
   m.impl("pairwise_distances_backward", &pairwise_distances_backward_cpu);
   m.impl("pairwise_topk", &pairwise_topk_cpu);
   m.impl("pairwise_topk_backward", &pairwise_topk_backward_cpu);
+  m.impl("radius_neighbors", &radius_neighbors_cpu);
 }
 
 }  // namespace distance

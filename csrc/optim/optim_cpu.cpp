@@ -4,9 +4,8 @@
 #include <torch/library.h>
 
 #include <cmath>
-#include <limits>
-
 #include <cstring>
+#include <limits>
 
 #include "common/cpu_convert.h"
 #include "common/cpu_utils.h"
@@ -18,9 +17,6 @@ namespace {
 
 // max that keeps NaN, like torch's inf-norm (std::max(r, NaN) returns r)
 inline double nan_max(double a, double b) { return std::isnan(b) || b > a ? b : a; }
-
-#define FUSED_DISPATCH_FLOATING(dtype, name, ...) \
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, name, __VA_ARGS__)
 
 constexpr int64_t kChunk = 32768;  // elements per parallel work item
 

@@ -50,16 +50,8 @@ oc::Workspace workspace(const at::Device& device) {
   return oc::workspace_at(it->second.data_ptr());
 }
 
-uint8_t dtype_code(const char* op, const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return oc::kF32;
-    case at::kHalf: return oc::kF16;
-    case at::kBFloat16: return oc::kBF16;
-    case at::kDouble: return oc::kF64;
-    default: TORCH_CHECK(false, "fused.", op, ": tensors must be float32, float16, bfloat16 or float64, got ",
-                         t.scalar_type());
-  }
-}
+// The kernels' dtype code of t (optim_kernels.h), flags unset.
+uint8_t dtype_code(const char* op, const at::Tensor& t) { return uint8_t(dtype_of(op, "tensors", t)); }
 
 struct CachedLists {
   std::vector<int64_t> key;
@@ -313,22 +305,6 @@ void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overw
 }
 
 }  // namespace
-
-TORCH_LIBRARY_FRAGMENT(fused, m) {
-  m.def("cuda_grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, float max_norm, "
-        "float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, Tensor found_inf_out)");
-  m.def("cuda_scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
-  m.def("cuda_sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, Tensor(c!)[] steps, "
-        "float lr, float momentum, float dampening, float weight_decay, bool nesterov, bool maximize, "
-        "Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, Tensor(d!)[] model_params, "
-        "Tensor? sr_seed=None, Tensor? hyper=None, bool write_grads=False) -> ()");
-  m.def("cuda_adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, Tensor(c!)[] exp_avg_sqs, "
-        "Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, float beta1, float beta2, float eps, "
-        "float weight_decay, bool amsgrad, bool decoupled, bool maximize, Tensor clip_coef, Tensor? grad_scale, "
-        "Tensor found_inf, float clip_value, Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
-        "bool write_grads=False) -> ()");
-  m.def("cuda_accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
-}
 
 TORCH_LIBRARY_IMPL(fused, CUDA, m) {
   m.impl("cuda_grad_norm", &grad_norm_cuda);

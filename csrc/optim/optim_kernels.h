@@ -9,10 +9,15 @@
 #include <cstring>
 #include <vector>
 
+#include "common/dtype.h"
+
 namespace fused {
 namespace optim_cuda {
 
-enum DType : uint8_t { kF32 = 0, kF16 = 1, kBF16 = 2, kF64 = 3 };
+// A tensor's dtype code, one byte packed into the device metadata: common/dtype.h's DType in the low bits, the
+// flags below or'ed in.
+constexpr uint8_t kF32 = uint8_t(DType::f32), kF16 = uint8_t(DType::f16), kBF16 = uint8_t(DType::bf16),
+                  kF64 = uint8_t(DType::f64);
 constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the tensor is 16-byte aligned
 // or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
 // parameter (list 0, the fp32 master) and the state are float32.

@@ -5,8 +5,11 @@ tensors under TRITON_INTERPRET=1).
 - p = 2 with D >= 32 (not float64): a tensor-core tile (tl.dot, tf32x3 for float32) with the squared norms added
   in the epilogue, clamped at 0, and any tile holding a small (cancellation-prone), inf or NaN entry recomputed
   directly;
-- pairwise_topk: one program per BN rows sweeps all of b keeping a running k-best per row in registers
-  (ties to the lower index, NaN ranked as torch.topk ranks it): memory O(N k), never the N x M matrix;
+- pairwise_topk and radius_neighbors: one program per BN rows sweeps all of b keeping a running k-best per row
+  in registers (ties to the lower index, NaN ranked as torch.topk ranks it; radius_neighbors takes only
+  candidates within the radius): memory O(N k), never the N x M matrix;
+- padded batches: each batch's valid row counts bound the loops and masks; padded pairs give 0 (distances) or no
+  candidate (selection);
 - backward: a direct [BR, BC, BD] tile kernel, called once for grad_a and once (with grad and dist read
   transposed through their strides) for grad_b; pairwise_topk's backward sums grad_b over the selected pairs
   sorted by index (a segment sum); fixed-order sums, no atomics.
@@ -18,7 +21,9 @@ import triton
 import triton.language as tl
 
 from fused._codes import METRIC_CODES, metric_of
-from fused.distance.ops import MATMUL_MIN_D, batch_shape, check_k, check_p
+from fused.distance.ops import (MATMUL_MIN_D, batch_shape, check_k, check_length_values, check_lengths, check_p,
+                                check_radius)
+from fused.distance.reference import select_sorted
 from fused import triton_math as tm
 from fused.triton_utils import on_device_of, program_2d
 
@@ -55,13 +60,41 @@ def _flatten(a, b, batch):
     return a3, b3, bsz, n, m, d
 
 
-def _center(b3, dtype):
-    """The mean of b per batch (float32) for float32 inputs: distances are translation invariant, and centered
-    points keep |a|^2 + |b|^2 - 2 a.b small. 16-bit inputs stay uncentered (centering would round them)."""
+def _lengths(op, name, lengths, t_name, t, batch, rows, placeholder):
+    """(lengths broadcast to the batch and flattened [B], True) for the kernels, checked; (placeholder, False)
+    when not given."""
+    if lengths is None:
+        return placeholder, False
+    check_lengths(op, name, lengths, t_name, t)
+    check_length_values(op, name, lengths, rows)
+    return lengths.expand(batch).reshape(-1).contiguous(), True
+
+
+def _both_lengths(op, a, b, batch, lengths_a, lengths_b, placeholder):
+    return (*_lengths(op, "lengths_a", lengths_a, "a", a, batch, a.shape[-2], placeholder),
+            *_lengths(op, "lengths_b", lengths_b, "b", b, batch, b.shape[-2], placeholder))
+
+
+def _center(b3, dtype, lb=None):
+    """The mean of b's valid rows per batch (float32) for float32 inputs: distances are translation invariant,
+    and centered points keep |a|^2 + |b|^2 - 2 a.b small. 16-bit inputs stay uncentered (centering would round
+    them)."""
     if dtype != torch.float32 or b3.shape[1] == 0:
         return torch.zeros(b3.shape[0], b3.shape[2], device=b3.device, dtype=torch.float32), False
-    c = b3.float().mean(1)
+    if lb is None:
+        c = b3.float().mean(1)
+    else:
+        valid = torch.arange(b3.shape[1], device=b3.device) < lb[:, None]
+        c = torch.where(valid[..., None], b3.float(), 0.0).sum(1) / lb.clamp(min=1)[:, None]
     return torch.where(torch.isfinite(c), c, torch.zeros_like(c)), True
+
+
+@triton.jit
+def _valid_rows(lengths_ptr, bi, rows, GIVEN: tl.constexpr):
+    """The valid row count of batch bi: lengths[bi], or every row."""
+    if GIVEN:
+        rows = tl.load(lengths_ptr + bi).to(tl.int32)
+    return rows
 
 
 # ---- shared tile code ----
@@ -143,24 +176,26 @@ def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr
 
 # ---- pairwise_distances ----
 @triton.jit
-def _distances_kernel(a_ptr, b_ptr, c_ptr, out_ptr, N, M, D, P: tl.constexpr, METRIC: tl.constexpr,
-                      SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr,
-                      ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+def _distances_kernel(a_ptr, b_ptr, c_ptr, la_ptr, lb_ptr, out_ptr, N, M, D, P: tl.constexpr,
+                      METRIC: tl.constexpr, SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
+                      PREC: tl.constexpr, ACC: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr,
+                      BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
     n_tiles, m_tiles = tl.cdiv(N, BN), tl.cdiv(M, BM)
     bi, tile = program_2d(n_tiles * m_tiles)
     bi = bi.to(tl.int64)
     rn = (tile // m_tiles) * BN + tl.arange(0, BN)
     rm = (tile % m_tiles) * BM + tl.arange(0, BM)
-    mask_n, mask_m = rn < N, rm < M
+    mask_n = rn < _valid_rows(la_ptr, bi, N, HAS_LA)
+    mask_m = rm < _valid_rows(lb_ptr, bi, M, HAS_LB)
     a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
     b_rows = b_ptr + bi * M * D + rm.to(tl.int64) * D
     if MATMUL:
         acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
     else:
         acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
-    out = _finish(acc, 1.0 / P, METRIC, SQUARED)
+    out = tl.where(mask_n[:, None] & mask_m[None, :], _finish(acc, 1.0 / P, METRIC, SQUARED), 0.0)  # padded: 0
     offs = bi * N * M + rn.to(tl.int64)[:, None] * M + rm[None, :]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=(rn < N)[:, None] & (rm < M)[None, :])
 
 
 DIRECT_TILE = (32, 64, 16)  # BN, BM, BK of the distances kernel on the direct path
@@ -168,20 +203,22 @@ MATMUL_TILE = (64, 64, 32)  # and on the tensor-core path
 
 
 @on_device_of
-def pairwise_distances(a, b, p=2.0, squared=False):
-    batch = _check("pairwise_distances", a, b, p, squared)
+def pairwise_distances(a, b, p=2.0, squared=False, lengths_a=None, lengths_b=None):
+    op = "pairwise_distances"
+    batch = _check(op, a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    la, has_la, lb, has_lb = _both_lengths(op, a, b, batch, lengths_a, lengths_b, a3)
     out = torch.empty(*batch, n, m, device=a.device, dtype=a.dtype)
     if out.numel() == 0:
         return out
     metric = metric_of(p)
     matmul = use_matmul(metric, d, a.dtype)
-    center, centered = _center(b3, a.dtype)
+    center, centered = _center(b3, a.dtype, lb if has_lb else None)
     bn, bm, bk = MATMUL_TILE if matmul else DIRECT_TILE
     grid = (bsz * triton.cdiv(n, bn) * triton.cdiv(m, bm),)
-    _distances_kernel[grid](a3, b3, center, out, n, m, d, _p_const(metric, p), metric, squared,
+    _distances_kernel[grid](a3, b3, center, la, lb, out, n, m, d, _p_const(metric, p), metric, squared,
                             matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
-                            _acc_type(a.dtype), bn, bm, bk)
+                            _acc_type(a.dtype), has_la, has_lb, bn, bm, bk)
     return out
 
 
@@ -204,27 +241,33 @@ def _lex_max(n, k, i):
 
 
 @triton.jit
-def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.constexpr, METRIC: tl.constexpr,
-                 SQUARED: tl.constexpr, LARGEST: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
-                 PREC: tl.constexpr, ACC: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr,
-                 KP: tl.constexpr):
+def _topk_kernel(a_ptr, b_ptr, c_ptr, la_ptr, lb_ptr, bound_ptr, val_ptr, idx_ptr, N, M, D, K, WIDTH,
+                 P: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr, LARGEST: tl.constexpr,
+                 MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
+                 HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, WITHIN: tl.constexpr, BN: tl.constexpr,
+                 BM: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr):
+    """The K best valid rows of b for each row of a, written sorted into WIDTH >= K slots per row; slots without
+    a candidate (and padded rows of a) get index -1 and value inf (-inf when largest). WITHIN: only candidates
+    with a value <= bound_ptr[0] (in the math type), NaN never."""
     # Selection keys, smaller is better: (flag, +-value, index), flag 0 or 1 for numbers and NaN. Slots at or
-    # past K hold flag -1 (never the worst, never taken out); empty slots hold flag 2 (worse than any candidate).
+    # past K hold flag -1 (never the worst, never taken out); empty slots hold flag 2 (worse than any candidate);
+    # flag 3 marks a candidate that is out (masked, taken, or outside the radius).
     BIG_I: tl.constexpr = 2**31 - 1
     NAN_FLAG: tl.constexpr = 0 if LARGEST else 1  # torch.topk: NaN is the largest value
     bi, tile = program_2d(tl.cdiv(N, BN))
     bi = bi.to(tl.int64)
     rn = tile * BN + tl.arange(0, BN)
-    mask_n = rn < N
+    mask_n = rn < _valid_rows(la_ptr, bi, N, HAS_LA)
+    m_valid = _valid_rows(lb_ptr, bi, M, HAS_LB)
     a_rows = a_ptr + bi * N * D + rn.to(tl.int64) * D
     slot = tl.arange(0, KP)
     zero = tl.zeros((BN, KP), dtype=tl.int32)
     best_n = tl.where(slot[None, :] < K, 2, -1) + zero
     best_k = tl.zeros((BN, KP), dtype=ACC)
     best_i = zero + BIG_I
-    for m0 in range(0, M, BM):
+    for m0 in range(0, m_valid, BM):
         rm = m0 + tl.arange(0, BM)
-        mask_m = rm < M
+        mask_m = rm < m_valid
         b_rows = b_ptr + bi * M * D + rm.to(tl.int64) * D
         if MATMUL:
             acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
@@ -232,7 +275,10 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.conste
             acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
         v = _finish(acc, 1.0 / P, METRIC, SQUARED).to(val_ptr.dtype.element_ty).to(ACC)  # output's ties
         cand_n = tl.where(v != v, NAN_FLAG, 1 - NAN_FLAG)
-        cand_n = tl.where(mask_m[None, :], cand_n, 3)
+        live = mask_n[:, None] & mask_m[None, :]
+        if WITHIN:
+            live = live & (v <= tl.load(bound_ptr))
+        cand_n = tl.where(live, cand_n, 3)
         if LARGEST:
             cand_k = tl.where(v != v, 0.0, -v)
         else:
@@ -253,55 +299,89 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, val_ptr, idx_ptr, N, M, D, K, P: tl.conste
             gone = (better[:, None] & (cand_i == ci[:, None])) | (~better[:, None])
             cand_n = tl.where(gone, 3, cand_n)
             more = tl.sum(better.to(tl.int32))
-    # Sorted output: take the best remaining slot K times.
+    # Sorted output: take the best remaining slot WIDTH times; an empty (2) or used-up (4) slot is missing.
     best_n = tl.where(slot[None, :] < K, best_n, 4)
-    out_rows = bi * N * K + rn.to(tl.int64) * K
-    for t in range(0, K):
+    out_rows = bi * N * WIDTH + rn.to(tl.int64) * WIDTH
+    for t in range(0, WIDTH):
         n, k, i = _lex_min(best_n, best_k, best_i, BIG_I)
         if LARGEST:
-            val = tl.where(n == NAN_FLAG, float("nan"), -k)
+            val = tl.where(n == NAN_FLAG, float("nan"), tl.where(n >= 2, -float("inf"), -k))
         else:
-            val = tl.where(n == NAN_FLAG, float("nan"), k)
-        tl.store(val_ptr + out_rows + t, val.to(val_ptr.dtype.element_ty), mask=mask_n)
-        tl.store(idx_ptr + out_rows + t, i.to(tl.int64), mask=mask_n)
+            val = tl.where(n == NAN_FLAG, float("nan"), tl.where(n >= 2, float("inf"), k))
+        idx = tl.where(n >= 2, -1, i.to(tl.int64))
+        tl.store(val_ptr + out_rows + t, val.to(val_ptr.dtype.element_ty), mask=rn < N)
+        tl.store(idx_ptr + out_rows + t, idx, mask=rn < N)
         best_n = tl.where((best_n == n[:, None]) & (best_k == k[:, None]) & (best_i == i[:, None]), 4, best_n)
 
 
-@on_device_of
-def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False):
-    batch = _check("pairwise_topk", a, b, p, squared)
-    check_k("pairwise_topk", k, b.shape[-2])
+def _select(op, a, b, width, p, squared, largest, radius, lengths_a, lengths_b):
+    """pairwise_topk and radius_neighbors (radius: not None): the running k-best kernel, or for more than
+    MAX_TOPK_REGISTERS candidates per row, _select_by_chunks."""
+    batch = batch_shape(op, a, b)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
-    values = torch.empty(*batch, n, k, device=a.device, dtype=a.dtype)
-    indices = torch.empty(*batch, n, k, device=a.device, dtype=torch.int64)
+    la, has_la, lb, has_lb = _both_lengths(op, a, b, batch, lengths_a, lengths_b, a3)
+    values = torch.empty(*batch, n, width, device=a.device, dtype=a.dtype)
+    indices = torch.empty(*batch, n, width, device=a.device, dtype=torch.int64)
     if values.numel() == 0:
         return values, indices
-    kp = triton.next_power_of_2(k)
-    if kp > MAX_TOPK_REGISTERS:
-        return _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices)
+    keep = max(1, min(width, m))  # candidates per row
+    bound = None if radius is None else _radius_bound(radius, a.dtype, a.device)
+    if triton.next_power_of_2(keep) > MAX_TOPK_REGISTERS:
+        return _select_by_chunks(a3, b3, width, p, squared, largest, bound, la if has_la else None,
+                                 lb if has_lb else None, values, indices)
     metric = metric_of(p)
     matmul = use_matmul(metric, d, a.dtype)
-    center, centered = _center(b3, a.dtype)
+    center, centered = _center(b3, a.dtype, lb if has_lb else None)
     bn, bm, bk = (32, 64, 32) if matmul else (32, 64, 16)
     grid = (bsz * triton.cdiv(n, bn),)
-    _topk_kernel[grid](a3, b3, center, values, indices, n, m, d, k, _p_const(metric, p), metric,
-                       squared, largest, matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
-                       _acc_type(a.dtype), bn, bm, bk, kp)
+    _topk_kernel[grid](a3, b3, center, la, lb, a3 if bound is None else bound, values, indices, n, m, d, keep,
+                       width, _p_const(metric, p), metric, squared, largest, matmul, centered,
+                       "tf32x3" if a.dtype == torch.float32 else "tf32", _acc_type(a.dtype), has_la, has_lb,
+                       bound is not None, bn, bm, bk, triton.next_power_of_2(keep))
     return values, indices
 
 
-def _topk_by_chunks(a3, b3, k, p, squared, largest, values, indices):
-    """Large k: distances for a few rows at a time (O(rows x M) memory), then a stable sort."""
+def _radius_bound(radius, dtype, device):
+    """The radius in the math type, rounded down (values are compared in it: v <= radius exactly)."""
+    math_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+    r = torch.tensor(radius, dtype=math_dtype)
+    if r.double() > radius:
+        r = torch.nextafter(r, torch.tensor(-math.inf, dtype=math_dtype))
+    return r.reshape(1).to(device)
+
+
+@on_device_of
+def pairwise_topk(a, b, k, p=2.0, squared=False, largest=False, lengths_a=None, lengths_b=None):
+    check_p("pairwise_topk", p, squared)
+    batch_shape("pairwise_topk", a, b)
+    check_k("pairwise_topk", k, b.shape[-2])
+    return _select("pairwise_topk", a, b, k, p, squared, largest, None, lengths_a, lengths_b)
+
+
+@on_device_of
+def radius_neighbors(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None, p=2.0):
+    check_p("radius_neighbors", p, False)
+    check_radius("radius_neighbors", radius, max_neighbors)
+    return _select("radius_neighbors", a, b, max_neighbors, p, False, False, radius, lengths_a, lengths_b)
+
+
+def _select_by_chunks(a3, b3, width, p, squared, largest, bound, la, lb, values, indices):
+    """Many candidates per row: distances for a few rows at a time (O(rows x M) memory), then a stable sort
+    (select_sorted: torch.topk's order, ties to the lower index)."""
     bsz, n, m = a3.shape[0], a3.shape[1], b3.shape[1]
     rows = max(1, 2**24 // max(m, 1))
-    v3, i3 = values.view(bsz, n, k), indices.view(bsz, n, k)
+    v3, i3 = values.view(bsz, n, width), indices.view(bsz, n, width)
+    cols = torch.arange(m, device=a3.device)
     for r0 in range(0, n, rows):
         d = pairwise_distances(a3[:, r0:r0 + rows], b3, p, squared)
-        # torch.topk's order: NaN is the largest value, ties go to the lower index; 16-bit sorted in fp32
-        key = d.float() if d.dtype in (torch.float16, torch.bfloat16) else d
-        order = torch.sort(key, dim=-1, descending=largest, stable=True).indices[..., :k]
-        i3[:, r0:r0 + rows] = order
-        v3[:, r0:r0 + rows] = d.gather(-1, order)
+        valid = torch.ones_like(d, dtype=torch.bool)
+        if la is not None:
+            valid &= (torch.arange(r0, r0 + d.shape[1], device=a3.device) < la[:, None])[..., None]
+        if lb is not None:
+            valid &= (cols < lb[:, None])[:, None, :]
+        if bound is not None:
+            valid &= d.to(bound.dtype) <= bound
+        v3[:, r0:r0 + rows], i3[:, r0:r0 + rows] = select_sorted(d, valid, width, largest)
     return values, indices
 
 
@@ -335,21 +415,24 @@ def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
 
 
 @triton.jit
-def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr, METRIC: tl.constexpr,
-                 SQUARED: tl.constexpr, ACC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
-    """out[r] = sum_c w[r, c] phi(x[r] - y[c]); grad and dist of pair (r, c) at r * s_r + c * s_c."""
+def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, lr_ptr, lc_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr,
+                 METRIC: tl.constexpr, SQUARED: tl.constexpr, ACC: tl.constexpr, HAS_LR: tl.constexpr,
+                 HAS_LC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+    """out[r] = sum_c w[r, c] phi(x[r] - y[c]) over the valid pairs (0 for a padded row r); grad and dist of pair
+    (r, c) at r * s_r + c * s_c."""
     r_tiles, d_tiles = tl.cdiv(R, BR), tl.cdiv(D, BD)
     bi, tile = program_2d(r_tiles * d_tiles)
     bi = bi.to(tl.int64)
     rr = (tile // d_tiles) * BR + tl.arange(0, BR)
     rd = (tile % d_tiles) * BD + tl.arange(0, BD)
-    mask_r, mask_d = rr < R, rd < D
+    mask_r, mask_d = rr < _valid_rows(lr_ptr, bi, R, HAS_LR), rd < D
+    c_valid = _valid_rows(lc_ptr, bi, C, HAS_LC)
     x = tl.load(x_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :],
                 mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(ACC)
     acc = tl.zeros((BR, BD), dtype=ACC)
-    for c0 in range(0, C, BC):
+    for c0 in range(0, c_valid, BC):
         rc = c0 + tl.arange(0, BC)
-        mask_c = rc < C
+        mask_c = rc < c_valid
         pair = mask_r[:, None] & mask_c[None, :]
         offs = bi * R * C + rr.to(tl.int64)[:, None] * s_r + rc.to(tl.int64)[None, :] * s_c
         g = tl.load(g_ptr + offs, mask=pair, other=0.0).to(ACC)
@@ -361,7 +444,7 @@ def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, out_ptr, R, C, D, s_r, s_c, P: t
         t = _grad_term(diff, w[:, :, None], dist[:, :, None], P, METRIC)
         acc += tl.sum(tl.where(pair[:, :, None], t, 0.0), 1)
     tl.store(out_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :], acc,
-             mask=mask_r[:, None] & mask_d[None, :])
+             mask=(rr < R)[:, None] & mask_d[None, :])
 
 
 def _reduce_to(g, batch, rows, like):
@@ -369,9 +452,11 @@ def _reduce_to(g, batch, rows, like):
 
 
 @on_device_of
-def pairwise_distances_backward(grad, a, b, dist, p, squared):
-    batch = _check("pairwise_distances_backward", a, b, p, squared)
+def pairwise_distances_backward(grad, a, b, dist, p, squared, lengths_a=None, lengths_b=None):
+    op = "pairwise_distances_backward"
+    batch = _check(op, a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
+    la, has_la, lb, has_lb = _both_lengths(op, a, b, batch, lengths_a, lengths_b, a3)
     metric = metric_of(p)
     if metric == P0 or bsz * n * m * d == 0:
         return torch.zeros_like(a, memory_format=torch.contiguous_format), \
@@ -382,18 +467,21 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared):
     ga = torch.empty(bsz, n, d, device=a.device, dtype=acc)
     gb = torch.empty(bsz, m, d, device=a.device, dtype=acc)
     br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
-    args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype), br, bc, bd)
-    _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](a3, b3, g3, dist3, ga, n, m, d, m, 1, *args)
+    args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype))
+    _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](a3, b3, g3, dist3, la, lb, ga, n, m, d, m, 1,
+                                                                   *args, has_la, has_lb, br, bc, bd)
     # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
-    _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](b3, a3, g3, dist3, gb, m, n, d, 1, m, *args)
+    _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](b3, a3, g3, dist3, lb, la, gb, m, n, d, 1, m,
+                                                                   *args, has_lb, has_la, br, bc, bd)
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
 
 @on_device_of
 def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
-    """Gradient through the k selected pairs only (O(N k D) memory): gather the selected rows of b, form each
-    pair's term (torch ops), sum it over k into grad_a, and into grad_b with _segment_sum_kernel over the pairs
-    stably sorted by their point of b: a fixed order, no atomics, so the result is deterministic."""
+    """Gradient through the k selected pairs only (O(N k D) memory; index -1: no pair): gather the selected rows
+    of b, form each pair's term (torch ops), sum it over k into grad_a, and into grad_b with _segment_sum_kernel
+    over the pairs stably sorted by their point of b: a fixed order, no atomics, so the result is
+    deterministic."""
     batch = _check("pairwise_topk_backward", a, b, p, squared)
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
     metric = metric_of(p)
@@ -404,7 +492,9 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
     a3, b3 = a3.to(acc), b3.to(acc)
     idx = indices.reshape(bsz, n, k)
-    g = grad.reshape(bsz, n, k).to(acc)
+    missing = idx < 0
+    idx = torch.where(missing, 0, idx)
+    g = torch.where(missing, 0.0, grad.reshape(bsz, n, k).to(acc))
     v = values.reshape(bsz, n, k).to(acc)
     chosen = torch.gather(b3, 1, idx.reshape(bsz, n * k, 1).expand(-1, -1, d)).view(bsz, n, k, d)
     diff = a3[:, :, None, :] - chosen
@@ -419,15 +509,16 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     else:
         w = torch.where(v == 0, zero, g / v.pow(p - 1))
         term = torch.where(diff == 0, zero, w[..., None] * diff.sign() * diff.abs().pow(p - 1))
+    term = torch.where(missing[..., None], zero, term)
     ga = term.sum(2)
-    gb = torch.zeros_like(b3)
-    flat = (idx + torch.arange(bsz, device=a.device).view(bsz, 1, 1) * m).reshape(-1)
+    gb = torch.zeros(bsz * m + 1, d, device=a.device, dtype=acc)  # row bsz * m: where missing pairs go
+    flat = torch.where(missing, bsz * m, idx + torch.arange(bsz, device=a.device).view(bsz, 1, 1) * m).reshape(-1)
     keys, order = torch.sort(flat, stable=True)
     keys = torch.cat([keys, keys.new_full((1,), -1)])  # a sentinel ends the last run
     pairs, bd = flat.numel(), min(64, triton.next_power_of_2(d))
     _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](term.reshape(pairs, d).contiguous(), order, keys, gb, d,
                                                      _acc_type(a.dtype), bd)
-    return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
+    return _reduce_to(ga, batch, n, a), _reduce_to(gb[:-1], batch, m, b)
 
 
 @triton.jit

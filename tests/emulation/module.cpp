@@ -12,6 +12,7 @@
 #include "distance/distance_kernels.h"
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
+#include "norm/norm_kernels.h"
 #include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "selftest_kernels.h"
@@ -104,17 +105,49 @@ void def_linear(py::module_& m) {
 
 void def_distance(py::module_& m) {
   namespace kd = cuda::distance;
-  m.def("pairwise_distances_direct", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr out,
-                                        int64_t B, int64_t N, int64_t M, int64_t D) {
-    check("pairwise_distances_direct", kd::pairwise_distances_direct(Code{dtype}, Code{metric}, p, squared,
-                                                                     ptr(a), ptr(b), ptr(out), B, N, M, D, nullptr));
+  m.def("pairwise_distances_direct", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr la, Ptr lb,
+                                        Ptr out, int64_t B, int64_t N, int64_t M, int64_t D) {
+    check("pairwise_distances_direct",
+          kd::pairwise_distances_direct(Code{dtype}, Code{metric}, p, squared, ptr(a), ptr(b), ptr<int64_t>(la),
+                                        ptr<int64_t>(lb), ptr(out), B, N, M, D, nullptr));
   });
   m.def("pairwise_distances_grad", [](int dtype, int metric, double p, bool squared, Ptr x, Ptr y, Ptr grad,
-                                      Ptr dist, Ptr grad_x, int64_t B, int64_t R, int64_t C, int64_t D, int64_t s_r,
-                                      int64_t s_c) {
+                                      Ptr dist, Ptr lr, Ptr lc, Ptr grad_x, int64_t B, int64_t R, int64_t C, int64_t D,
+                                      int64_t s_r, int64_t s_c) {
     check("pairwise_distances_grad",
-          kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad),
-                                      ptr(dist), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
+          kd::pairwise_distances_grad(Code{dtype}, Code{metric}, p, squared, ptr(x), ptr(y), ptr(grad), ptr(dist),
+                                      ptr<int64_t>(lr), ptr<int64_t>(lc), ptr(grad_x), B, R, C, D, s_r, s_c, nullptr));
+  });
+  m.def("select_direct", [](int dtype, int metric, double p, bool squared, bool largest, bool within, double radius,
+                            Ptr a, Ptr b, Ptr la, Ptr lb, Ptr values, Ptr indices, int64_t B, int64_t N, int64_t M,
+                            int64_t D, int64_t k, int64_t width) {
+    check("select_direct", kd::select_direct(Code{dtype}, Code{metric}, p, squared, largest, within, radius, ptr(a),
+                                             ptr(b), ptr<int64_t>(la), ptr<int64_t>(lb), ptr(values),
+                                             ptr<int64_t>(indices), B, N, M, D, k, width, nullptr));
+  });
+  m.def("select_grad", [](int dtype, int metric, double p, bool squared, Ptr a, Ptr b, Ptr grad, Ptr values,
+                          Ptr indices, Ptr keys, Ptr order, Ptr grad_a, Ptr grad_b, int64_t B, int64_t N, int64_t M,
+                          int64_t D, int64_t k) {
+    check("select_grad", kd::select_grad(Code{dtype}, Code{metric}, p, squared, ptr(a), ptr(b), ptr(grad), ptr(values),
+                                         ptr<int64_t>(indices), ptr<int64_t>(keys), ptr<int64_t>(order), ptr(grad_a),
+                                         ptr(grad_b), B, N, M, D, k, nullptr));
+  });
+}
+
+void def_norm(py::module_& m) {
+  namespace kn = cuda::norm;
+  m.def("norm_backward_workspace", &kn::norm_backward_workspace);
+  m.def("norm_fwd", [](int x_dtype, int stream, Ptr x, Ptr residual, Ptr weight, Ptr bias, Ptr out, Ptr sum, Ptr mean,
+                       Ptr rstd, int64_t rows, int64_t C, double eps, bool rms) {
+    check("norm_fwd", kn::norm_fwd(Code{x_dtype}, Code{stream}, ptr(x), ptr(residual), ptr(weight), ptr(bias),
+                                   ptr(out), ptr(sum), ptr(mean), ptr(rstd), rows, C, eps, rms, nullptr));
+  });
+  m.def("norm_backward", [](int grad_dtype, int stream, Ptr grad, Ptr grad_sum, Ptr h, Ptr mean, Ptr rstd, Ptr weight,
+                            Ptr grad_h, Ptr grad_weight, Ptr grad_bias, Ptr ws_weight, Ptr ws_bias, int64_t rows,
+                            int64_t C, bool rms) {
+    check("norm_backward", kn::norm_backward(Code{grad_dtype}, Code{stream}, ptr(grad), ptr(grad_sum), ptr(h),
+                                             ptr(mean), ptr(rstd), ptr(weight), ptr(grad_h), ptr(grad_weight),
+                                             ptr(grad_bias), ptr(ws_weight), ptr(ws_bias), rows, C, rms, nullptr));
   });
 }
 
@@ -243,6 +276,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   fused::emu::def_elementwise(m);
   fused::emu::def_linear(m);
   fused::emu::def_distance(m);
+  fused::emu::def_norm(m);
   fused::emu::def_optim(m);
   fused::emu::def_loss(m);
   auto selftest = m.def_submodule("selftest", "kernels that check the emulation itself");

@@ -1,0 +1,267 @@
+// CPU kernels of the norm family: residual add + RMSNorm / LayerNorm, one row per step, rows in parallel.
+// A row comes from memory once; every later pass over it (the statistics, then the outputs) reads it from L1/L2,
+// in blocks of kBlock elements converted to the math type (float, double for double) on the fly. RMSNorm takes the
+// mean square; LayerNorm the mean, then the mean squared deviation (two passes over the cached row: no
+// cancellation, unlike E[h^2] - E[h]^2, and simpler than a vectorised Welford merge). Sums run in four vector
+// accumulators per block, the block sums added in double. The weight / bias gradients are per-chunk column sums in
+// fixed slots, chunks fixed by (rows, C) alone, added in a fixed order: the same bits for any number of threads.
+#include <torch/library.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/cpu_utils.h"
+#include "norm/norm_args.h"
+
+namespace fused {
+namespace norm {
+namespace {
+
+// Sum over [0, len) of f(i, m), the Vec<T> of elements i .. i + m (m < V::size() only at the tail, whose lanes
+// past m are dropped here), in four vector accumulators.
+template <typename T, typename F> double block_sum(int64_t len, const F& f) {
+  using V = Vec<T>;
+  constexpr int64_t W = V::size();
+  V a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  int64_t i = 0;
+  for (; i + 4 * W <= len; i += 4 * W) {
+    a0 += f(i, W);
+    a1 += f(i + W, W);
+    a2 += f(i + 2 * W, W);
+    a3 += f(i + 3 * W, W);
+  }
+  for (; i < len; i += W) {
+    const int64_t m = std::min<int64_t>(W, len - i);
+    a0 += m == W ? f(i, W) : V::set(V(T(0)), f(i, m), m);
+  }
+  return static_cast<double>(at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, (a0 + a1) + (a2 + a3)));
+}
+
+// f(block, offset, len) over a row of n elements in blocks of kBlock, each block in the math type T (the row
+// itself when it holds T, else converted into a stack buffer): no per-row allocation, whatever the row length.
+template <typename T, typename U, typename F> void for_blocks(const U* row, int64_t n, const F& f) {
+  T buf[kBlock];
+  for (int64_t c = 0; c < n; c += kBlock) {
+    const int64_t len = std::min(kBlock, n - c);
+    f(math_view(row + c, buf, len), c, len);
+  }
+}
+
+// The weight and bias as the math type (any floating dtype), or empty.
+template <typename T> at::Tensor param_in_math(const std::optional<at::Tensor>& p, const at::Tensor& like) {
+  if (!p) return at::Tensor();
+  return p->to(like.options().dtype(c10::CppTypeToScalarType<T>::value)).contiguous();
+}
+template <typename T> T* ptr_or_null(const at::Tensor& t) { return t.defined() ? t.data_ptr<T>() : nullptr; }
+
+// Dispatch over the x dtype S and the residual-stream dtype R (S, or float for 16-bit S).
+template <typename F> void dispatch_norm(at::ScalarType x, at::ScalarType r, const F& f) {
+  FUSED_DISPATCH_FLOATING(x, "norm", [&] {
+    if constexpr (!std::is_same_v<scalar_t, float> && !std::is_same_v<scalar_t, double>) {
+      if (r == at::kFloat) return f(scalar_t(), float());
+    }
+    return f(scalar_t(), scalar_t());
+  });
+}
+
+// ---- forward ----
+
+// out = norm(h) * w (+ b) for one row h (storage type U) of C elements; returns (mean, rstd). The row is read
+// once per pass, from cache after the first.
+template <typename T, typename U, typename S>
+std::pair<T, T> norm_row(const U* h, S* out, const T* w, const T* b, int64_t C, double eps, bool rms) {
+  using V = Vec<T>;
+  T mean = T(0);
+  double ms = 0;
+  if (rms) {
+    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
+      ms += block_sum<T>(len, [&](int64_t i, int64_t m) {
+        const V v = V::loadu(hb + i, m);
+        return v * v;
+      });
+    });
+  } else {
+    double sum = 0;
+    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
+      sum += block_sum<T>(len, [&](int64_t i, int64_t m) { return V::loadu(hb + i, m); });
+    });
+    mean = static_cast<T>(sum / C);
+    const V mv(mean);
+    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
+      ms += block_sum<T>(len, [&](int64_t i, int64_t m) {
+        const V d = V::loadu(hb + i, m) - mv;
+        return d * d;
+      });
+    });
+  }
+  const T rstd = static_cast<T>(1.0 / std::sqrt(ms / C + eps));
+  const V mv(mean), rv(rstd);
+  for_blocks<T>(h, C, [&](const T* hb, int64_t c, int64_t len) {
+    T local[kBlock];
+    T* y = work_buffer(out + c, local);
+    for (int64_t i = 0; i < len; i += V::size()) {
+      const int64_t m = std::min<int64_t>(V::size(), len - i);
+      V v = (V::loadu(hb + i, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
+      if (w) v = v * V::loadu(w + c + i, m);
+      if (b) v = v + V::loadu(b + c + i, m);
+      v.store(y + i, m);
+    }
+    store_block(y, out + c, len);
+  });
+  return {mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
+    const at::Tensor& x_in, const std::optional<at::Tensor>& residual_in, at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias, double eps, bool rms) {
+  const char* op = op_name(rms, residual_in.has_value());
+  const RowsShape s = check_fwd(op, x_in, residual_in, normalized_shape, weight, bias);
+  Forward f = prepare_fwd(x_in, residual_in, s, rms);
+  if (s.rows == 0 || s.C == 0) return {f.out, f.sum, f.mean, f.rstd};
+  const int64_t C = s.C;
+  const at::Tensor &x = f.x, &residual = f.residual;
+  dispatch_norm(
+      x.scalar_type(), residual.defined() ? residual.scalar_type() : x.scalar_type(), [&](auto s_tag, auto r_tag) {
+        using S = decltype(s_tag);
+        using R = decltype(r_tag);
+        using T = at::opmath_type<S>;
+        const at::Tensor w_t = param_in_math<T>(weight, x), b_t = param_in_math<T>(bias, x);
+        const T *w = ptr_or_null<T>(w_t), *b = ptr_or_null<T>(b_t);
+        const S* xp = x.data_ptr<S>();
+        const R* rp = residual.defined() ? residual.data_ptr<R>() : nullptr;
+        R* sp = residual.defined() ? f.sum.data_ptr<R>() : nullptr;
+        S* outp = f.out.data_ptr<S>();
+        T* mp = rms ? nullptr : f.mean.data_ptr<T>();
+        T* rs = f.rstd.data_ptr<T>();
+        at::parallel_for(0, s.rows, std::max<int64_t>(1, 16 * kBlock / C), [&](int64_t r0, int64_t r1) {
+          for (int64_t r = r0; r < r1; ++r) {
+            std::pair<T, T> stats;
+            if (rp) {  // h = x + residual, rounded to the residual stream's dtype; the norm reads what is returned
+              R* h_row = sp + r * C;
+              for_blocks<T>(xp + r * C, C, [&](const T* xb, int64_t c, int64_t len) {
+                T rb[kBlock], local[kBlock];
+                T* hb = work_buffer(h_row + c, local);
+                vec_map2_to(hb, xb, math_view(rp + r * C + c, rb, len), len, [](auto a, auto v) { return a + v; });
+                store_block(hb, h_row + c, len);
+              });
+              stats = norm_row(static_cast<const R*>(h_row), outp + r * C, w, b, C, eps, rms);
+            } else {
+              stats = norm_row(xp + r * C, outp + r * C, w, b, C, eps, rms);
+            }
+            if (mp) mp[r] = stats.first;
+            rs[r] = stats.second;
+          }
+        });
+      });
+  return {f.out, f.sum, f.mean, f.rstd};
+}
+
+// ---- backward ----
+
+// Rows per chunk of the weight / bias gradient sums: at most kMaxChunks chunks and at least about 8K elements
+// each, from (rows, C) alone so that the sums do not depend on the thread count.
+constexpr int64_t kMaxChunks = 128;
+int64_t rows_per_chunk(int64_t rows, int64_t C) {
+  return std::max<int64_t>((rows + kMaxChunks - 1) / kMaxChunks, (8 * kBlock + C - 1) / std::max<int64_t>(C, 1));
+}
+
+// out[j] = sum over chunks of partial[chunk * C + j], in chunk order, accumulated in double.
+template <typename T> void sum_chunks(const T* partial, int64_t chunks, int64_t C, T* out) {
+  at::parallel_for(0, C, kBlock, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += kBlock) {
+      const int64_t len = std::min(kBlock, j1 - j);
+      double acc[kBlock] = {};
+      for (int64_t c = 0; c < chunks; ++c) {
+        const T* p = partial + c * C + j;
+        for (int64_t k = 0; k < len; ++k) acc[k] += static_cast<double>(p[k]);
+      }
+      for (int64_t k = 0; k < len; ++k) out[j + k] = static_cast<T>(acc[k]);
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
+    const at::Tensor& grad_in, const std::optional<at::Tensor>& grad_sum_in, const at::Tensor& h_in,
+    const at::Tensor& mean_in, const at::Tensor& rstd_in, const std::optional<at::Tensor>& weight,
+    at::IntArrayRef normalized_shape, bool rms, bool weight_grad, bool bias_grad) {
+  const char* op = "norm_backward";
+  const RowsShape s = check_backward(op, grad_in, grad_sum_in, h_in, mean_in, rstd_in, weight, normalized_shape, rms);
+  Backward bw =
+      prepare_backward(grad_in, grad_sum_in, h_in, mean_in, rstd_in, normalized_shape, weight_grad, bias_grad);
+  if (s.rows == 0 || s.C == 0) return {bw.grad_h, bw.grad_w, bw.grad_b};
+  const int64_t C = s.C, rows = s.rows;
+  const int64_t per_chunk = rows_per_chunk(rows, C), chunks = (rows + per_chunk - 1) / per_chunk;
+  at::Tensor partial_w = weight_grad ? at::empty({chunks, C}, bw.grad_w.options()) : at::Tensor();
+  at::Tensor partial_b = bias_grad ? at::empty({chunks, C}, bw.grad_b.options()) : at::Tensor();
+  dispatch_norm(bw.grad.scalar_type(), bw.h.scalar_type(), [&](auto s_tag, auto r_tag) {
+    using S = decltype(s_tag);
+    using R = decltype(r_tag);
+    using T = at::opmath_type<S>;
+    using V = Vec<T>;
+    const at::Tensor w_t = param_in_math<T>(weight, bw.h);
+    const T* w = ptr_or_null<T>(w_t);
+    const S* gp = bw.grad.data_ptr<S>();
+    const R* hp = bw.h.data_ptr<R>();
+    const R* gsp = ptr_or_null<R>(bw.grad_sum);
+    R* dhp = bw.grad_h.data_ptr<R>();
+    const T* mp = rms ? nullptr : bw.mean.data_ptr<T>();
+    const T* rs = bw.rstd.data_ptr<T>();
+    T* pw = ptr_or_null<T>(partial_w);
+    T* pb = ptr_or_null<T>(partial_b);
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        T* acc_w = pw ? pw + c * C : nullptr;
+        T* acc_b = pb ? pb + c * C : nullptr;
+        if (acc_w) std::fill(acc_w, acc_w + C, T(0));
+        if (acc_b) std::fill(acc_b, acc_b + C, T(0));
+        for (int64_t r = c * per_chunk; r < std::min(rows, (c + 1) * per_chunk); ++r) {
+          const R* h_row = hp + r * C;
+          const S* g_row = gp + r * C;
+          const V mv(mp ? mp[r] : T(0)), rv(rs[r]);
+          // xhat = (h - mean) * rstd, gw = grad * weight; dh = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
+          double sum_gw_xhat = 0, sum_gw = 0;
+          for_blocks<T>(h_row, C, [&](const T* hb, int64_t j, int64_t len) {
+            T local[kBlock];
+            const T* gb = math_view(g_row + j, local, len);
+            auto gw = [&](int64_t i, int64_t m) {
+              return w ? V::loadu(gb + i, m) * V::loadu(w + j + i, m) : V::loadu(gb + i, m);
+            };
+            sum_gw_xhat +=
+                block_sum<T>(len, [&](int64_t i, int64_t m) { return gw(i, m) * ((V::loadu(hb + i, m) - mv) * rv); });
+            if (!rms) sum_gw += block_sum<T>(len, gw);
+          });
+          const V a(static_cast<T>(sum_gw_xhat / C)), b(static_cast<T>(sum_gw / C));
+          for_blocks<T>(h_row, C, [&](const T* hb, int64_t j, int64_t len) {
+            T g_local[kBlock], gs_local[kBlock], out_local[kBlock];
+            const T* gb = math_view(g_row + j, g_local, len);
+            const T* gs = gsp ? math_view(gsp + r * C + j, gs_local, len) : nullptr;
+            T* dh = work_buffer(dhp + r * C + j, out_local);
+            for (int64_t i = 0; i < len; i += V::size()) {
+              const int64_t m = std::min<int64_t>(V::size(), len - i);
+              const V gv = V::loadu(gb + i, m), xh = (V::loadu(hb + i, m) - mv) * rv;
+              V d = rv * (((w ? gv * V::loadu(w + j + i, m) : gv) - b) - xh * a);
+              if (gs) d = d + V::loadu(gs + i, m);
+              d.store(dh + i, m);
+              if (acc_w) (V::loadu(acc_w + j + i, m) + gv * xh).store(acc_w + j + i, m);
+              if (acc_b) (V::loadu(acc_b + j + i, m) + gv).store(acc_b + j + i, m);
+            }
+            store_block(dh, dhp + r * C + j, len);
+          });
+        }
+      }
+    });
+    if (pw) sum_chunks(pw, chunks, C, bw.grad_w.data_ptr<T>());
+    if (pb) sum_chunks(pb, chunks, C, bw.grad_b.data_ptr<T>());
+  });
+  return {bw.grad_h, bw.grad_w, bw.grad_b};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(fused, CPU, m) {
+  m.impl("norm_fwd", &norm_fwd_cpu);
+  m.impl("norm_backward", &norm_backward_cpu);
+}
+
+}  // namespace norm
+}  // namespace fused

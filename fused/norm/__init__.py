@@ -1,0 +1,71 @@
+"""The norm family: RMSNorm and LayerNorm, alone or fused with the residual add before them. One read of each
+input and one write of each output per row, statistics in float32 (float64 for float64), and weight / bias
+gradients summed in a fixed order (the same bits every run, whatever the thread count)."""
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from fused.norm import ops as _ops  # noqa: F401  registers the composites, fake kernels, autograd, GPU routing
+
+Shape = Union[int, Sequence[int]]
+
+
+def _shape(normalized_shape: Shape) -> list:
+    return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+
+
+def rms_norm(
+    x: torch.Tensor, normalized_shape: Shape, weight: Optional[torch.Tensor] = None, eps: Optional[float] = None
+) -> torch.Tensor:
+    """F.rms_norm: x / sqrt(mean(x^2) + eps) * weight over the trailing normalized_shape dims. eps=None: the
+    machine epsilon of float32 (float64 for float64 x), as torch. Returns x's dtype; weight may be any float dtype."""
+    return torch.ops.fused.rms_norm(x, _shape(normalized_shape), weight, eps)
+
+
+def layer_norm(
+    x: torch.Tensor,
+    normalized_shape: Shape,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
+    """F.layer_norm: (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape dims."""
+    return torch.ops.fused.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
+
+
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: Shape,
+    weight: Optional[torch.Tensor] = None,
+    eps: Optional[float] = None,
+    *,
+    residual_dtype: Optional[torch.dtype] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(rms_norm(h), h) with h = x + residual, in one pass: the sum (the next block's residual) is rounded to the
+    residual stream's dtype and normalised as rounded, as `h = x + residual; rms_norm(h)` does. The norm has x's
+    dtype; the sum has residual_dtype, default residual's dtype, which may be x's or float32 for 16-bit x (a
+    float32 residual stream with bf16 / fp16 activations)."""
+    return torch.ops.fused.add_rms_norm(
+        x, residual, _shape(normalized_shape), weight, eps, residual_dtype=residual_dtype
+    )
+
+
+def add_layer_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    normalized_shape: Shape,
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+    *,
+    residual_dtype: Optional[torch.dtype] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(layer_norm(h), h) with h = x + residual, in one pass; dtypes as add_rms_norm."""
+    return torch.ops.fused.add_layer_norm(
+        x, residual, _shape(normalized_shape), weight, bias, eps, residual_dtype=residual_dtype
+    )
+
+
+__all__ = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
