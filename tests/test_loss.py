@@ -41,8 +41,7 @@ from tests.harness import (
     rel_error,
     requires_triton,
 )
-from tests.test_cuda_emulation import buf, launch, out
-from tests.test_cuda_emulation import emu as emu_fixture  # noqa: F401  (the fixture `emu`)
+from tests.test_cuda_emulation import buf, emu, launch, out  # noqa: F401  (emu: the emulation's fixture)
 
 GEMM_SCALE = {torch.float64: 10.0, torch.float32: 10.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 # Every option at once: class weights, label smoothing, z-loss, softcap (and ignored rows, from `targets`).
