@@ -1,32 +1,41 @@
 # make test: the parity suite;  make bench: the benchmark suite (CPU by default, the GPU when one is present).
-# Both install what they need on a fresh machine that has only Python. make lint: the style checks (ruff for
-# Python, clang-format for csrc/; configs in pyproject.toml and .clang-format), seconds.
+# Both install what they need on a fresh machine that has only Python. make lint (part of make test): the style
+# checks, ruff for Python and clang-format for csrc/ (configs in pyproject.toml and .clang-format), seconds.
 PYTHON ?= python3
 PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
+RUFF_VERSION = 0.17.6
+CLANG_FORMAT_VERSION = 23.1.5
 
 .PHONY: setup test bench lint cuda-check clean
 
 setup:
 	@# Never an unpinned torch: on a CPU machine it pulls gigabytes of CUDA packages.
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
-	@$(PYTHON) -c "import triton, pytest, hypothesis, matplotlib, numpy, ninja, rich, wheel, ruff, clang_format" \
-		2>/dev/null || $(PIP) triton pytest hypothesis matplotlib numpy ninja rich wheel ruff clang-format
+	@$(PYTHON) -c "import triton, pytest, hypothesis, matplotlib, numpy, ninja, rich, wheel" \
+		2>/dev/null || $(PIP) triton pytest hypothesis matplotlib numpy ninja rich wheel
+	@# The formatters pinned: another version formats differently and would fail make lint on unchanged code.
+	@$(PYTHON) -c "from importlib.metadata import version as v; assert (v('ruff'), v('clang-format')) == \
+		('$(RUFF_VERSION)', '$(CLANG_FORMAT_VERSION)')" 2>/dev/null || \
+		$(PIP) ruff==$(RUFF_VERSION) clang-format==$(CLANG_FORMAT_VERSION)
 	$(PIP) --no-build-isolation --no-deps -e .
 
-test: setup cuda-check
+test: setup lint cuda-check
 	$(PYTHON) -m pytest -q tests
 
 bench: setup
 	$(PYTHON) -m benchmarks.run
 
+# The pinned clang-format (the pip package's binary), whatever else is on PATH.
+CLANG_FORMAT = $(shell $(PYTHON) -c "import clang_format; print(clang_format.get_executable('clang-format'))" 2>/dev/null)
 CSRC = $(shell git ls-files 'csrc/*.h' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh')
 
 lint:
-	@command -v clang-format >/dev/null && $(PYTHON) -m ruff --version >/dev/null || \
+	@$(PYTHON) -m ruff --version >/dev/null && [ -x "$(CLANG_FORMAT)" ] || \
 		{ echo "lint: ruff or clang-format missing; make setup installs them"; exit 1; }
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	clang-format --dry-run --Werror $(CSRC)
+	@echo "clang-format --dry-run --Werror (csrc/: $(words $(CSRC)) files)"
+	@$(CLANG_FORMAT) --dry-run --Werror $(CSRC)
 
 # Compiles every CUDA source with nvcc (sm_90, compile only) when nvcc is present, GPU or not.
 cuda-check:

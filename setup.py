@@ -6,6 +6,7 @@ Environment:
   TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0")
   FUSED_CPU_ARCH         -march value for the CPU kernels (default: AVX-512 or AVX2 when the build machine has it)
 """
+
 import glob
 import importlib.util
 import os
@@ -32,8 +33,8 @@ if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
     if _home:
         os.environ["CUDA_HOME"] = _home
 
-from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension, CUDA_HOME  # noqa: E402
 import torch  # noqa: E402
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
 
@@ -58,8 +59,16 @@ def cpu_arch_flags():
     # machine that runs the kernels, so the widest ISA it has is the one torch's own kernels use too.
     flags = set(info.split())
     if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
-        return ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c",
-                "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"]
+        return [
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512dq",
+            "-mfma",
+            "-mf16c",
+            "-DCPU_CAPABILITY_AVX512",
+            "-DCPU_CAPABILITY=AVX512",
+        ]
     if {"avx2", "fma"} <= flags:
         return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
     return []

@@ -1,6 +1,7 @@
 """Benchmark cases of the fused distance family: all-pairs distances (forward, forward+backward) and k nearest
 neighbours, against the broadcasting formula (eager, and compiled), torch.cdist in both compute modes, and
 cdist + topk."""
+
 import torch
 
 import fused
@@ -36,12 +37,20 @@ def shapes(device, quick):
         return [(100, 200, 2), (256, 512, 64)]
     if device == "cpu":
         return [(100, 200, 2), (2048, 4096, 3), (2048, 4096, 64)]
-    return [(100, 200, 2), (2048, 4096, 3), (2048, 4096, 64), (16384, 16384, 3), (16384, 16384, 64),
-            (16384, 16384, 256)]
+    return [
+        (100, 200, 2),
+        (2048, 4096, 3),
+        (2048, 4096, 64),
+        (16384, 16384, 3),
+        (16384, 16384, 64),
+        (16384, 16384, 256),
+    ]
 
 
 def ours(device):
-    return our_labels(device, lambda: fused.pairwise_distances(torch.ones(2, 3, device=device), torch.ones(2, 3, device=device)))
+    return our_labels(
+        device, lambda: fused.pairwise_distances(torch.ones(2, 3, device=device), torch.ones(2, 3, device=device))
+    )
 
 
 def cases(device: str, quick: bool) -> list:
@@ -65,8 +74,14 @@ def cases(device: str, quick: bool) -> list:
         impls["torch.cdist[direct]"] = lambda a=a, b=b: cdist_direct(a, b)
         for label, backend in ours(device).items():
             impls[label] = with_backend(backend, lambda a=a, b=b: fused.pairwise_distances(a, b))
-        out.append({"name": f"pairwise_distances {shape} fwd", "bytes": io_bytes + n * m * size, "flops": flops,
-                    "impls": impls})
+        out.append(
+            {
+                "name": f"pairwise_distances {shape} fwd",
+                "bytes": io_bytes + n * m * size,
+                "flops": flops,
+                "impls": impls,
+            }
+        )
 
         ag, bg = a.clone().requires_grad_(), b.clone().requires_grad_()
         grad = torch.randn(n, m, device=device, generator=g)
@@ -78,8 +93,14 @@ def cases(device: str, quick: bool) -> list:
         for label, backend in ours(device).items():
             impls[label] = with_backend(backend, forward_and_backward(fused.pairwise_distances, (ag, bg), grad))
         # fwd + bwd: inputs read twice, grad read, distances written then read, gradients written.
-        out.append({"name": f"pairwise_distances {shape} fwd+bwd", "bytes": 3 * io_bytes + 3 * n * m * size,
-                    "flops": 3 * flops, "impls": impls})
+        out.append(
+            {
+                "name": f"pairwise_distances {shape} fwd+bwd",
+                "bytes": 3 * io_bytes + 3 * n * m * size,
+                "flops": 3 * flops,
+                "impls": impls,
+            }
+        )
 
         impls = {}
         if small:
@@ -87,6 +108,12 @@ def cases(device: str, quick: bool) -> list:
         impls["torch.cdist+topk"] = lambda a=a, b=b: cdist_topk(a, b)
         for label, backend in ours(device).items():
             impls[label] = with_backend(backend, lambda a=a, b=b: fused.pairwise_topk(a, b, K))
-        out.append({"name": f"pairwise_topk k={K} {shape} fwd", "bytes": io_bytes + n * K * (size + 8),
-                    "flops": flops, "impls": impls})
+        out.append(
+            {
+                "name": f"pairwise_topk k={K} {shape} fwd",
+                "bytes": io_bytes + n * K * (size + 8),
+                "flops": flops,
+                "impls": impls,
+            }
+        )
     return out

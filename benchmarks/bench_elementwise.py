@@ -1,5 +1,6 @@
 """Benchmark cases of the fused elementwise family: bias+GELU, SwiGLU, ten x*x, cos(cos(x)), on 8M elements,
 forward and forward+backward, against eager, torch.compile and each of our backends."""
+
 import torch
 
 import fused
@@ -21,8 +22,10 @@ def make_cases(device, quick, name, fn_ref, fn_ours, inputs, out_numel, fwd_byte
     cases.append({"name": f"{name} fwd", "bytes": fwd_bytes, "impls": impls})
     grad_inputs = [t.detach().requires_grad_() for t in inputs]
     grad = torch.randn(out_numel, device=device, dtype=inputs[0].dtype).view(fn_ref(*inputs).shape)
-    impls = {"eager": forward_and_backward(fn_ref, grad_inputs, grad),
-             "torch.compile": forward_and_backward(compiled, grad_inputs, grad)}
+    impls = {
+        "eager": forward_and_backward(fn_ref, grad_inputs, grad),
+        "torch.compile": forward_and_backward(compiled, grad_inputs, grad),
+    }
     for label, backend in ours(device).items():
         impls[label] = with_backend(backend, forward_and_backward(fn_ours, grad_inputs, grad))
     cases.append({"name": f"{name} fwd+bwd", "bytes": fwd_bytes + bwd_bytes, "impls": impls})
@@ -39,14 +42,40 @@ def cases(device, quick):
         tag = f"{rows}x{cols} {str(dtype)[6:]}"
         x = torch.randn(rows, cols, device=device, dtype=dtype)
         b = torch.randn(cols, device=device, dtype=dtype)
-        out += make_cases(device, quick, f"bias+gelu {tag}", lambda x, b: ref.bias_act(x, b, "gelu"),
-                          lambda x, b: fused.bias_act(x, b, "gelu"), [x, b], n,
-                          2 * n * size, 3 * n * size)
+        out += make_cases(
+            device,
+            quick,
+            f"bias+gelu {tag}",
+            lambda x, b: ref.bias_act(x, b, "gelu"),
+            lambda x, b: fused.bias_act(x, b, "gelu"),
+            [x, b],
+            n,
+            2 * n * size,
+            3 * n * size,
+        )
         h = torch.randn(rows, 2 * cols, device=device, dtype=dtype)
         gate, up = h[:, :cols], h[:, cols:]
-        out += make_cases(device, quick, f"swiglu {tag}", lambda g, u: ref.glu(g, u, "silu"),
-                          lambda g, u: fused.glu(g, u, "silu"), [gate, up], n, 3 * n * size, 5 * n * size)
+        out += make_cases(
+            device,
+            quick,
+            f"swiglu {tag}",
+            lambda g, u: ref.glu(g, u, "silu"),
+            lambda g, u: fused.glu(g, u, "silu"),
+            [gate, up],
+            n,
+            3 * n * size,
+            5 * n * size,
+        )
         for chain, label in ((["square"] * 10, "ten x*x"), (["cos", "cos"], "cos(cos(x))")):
-            out += make_cases(device, quick, f"{label} {tag}", lambda x, c=chain: ref.unary_chain(x, c),
-                              lambda x, c=chain: fused.unary_chain(x, c), [x], n, 2 * n * size, 3 * n * size)
+            out += make_cases(
+                device,
+                quick,
+                f"{label} {tag}",
+                lambda x, c=chain: ref.unary_chain(x, c),
+                lambda x, c=chain: fused.unary_chain(x, c),
+                [x],
+                n,
+                2 * n * size,
+                3 * n * size,
+            )
     return out

@@ -1,6 +1,7 @@
 """Benchmark cases of the point-cloud ops built on the distance kernels: fused.chamfer_distance (forward, and
 forward + backward) and fused.radius_neighbors, against what users write without them: cdist + min for the chamfer
 distance, cdist + mask + topk for radius neighbours (eager, and compiled). Points uniform in the unit cube."""
+
 import math
 
 import torch
@@ -35,8 +36,9 @@ def shapes(device, quick):
 
 
 def ours(device):
-    return our_labels(device, lambda: fused.chamfer_distance(torch.ones(1, 2, 3, device=device),
-                                                             torch.ones(1, 2, 3, device=device)))
+    return our_labels(
+        device, lambda: fused.chamfer_distance(torch.ones(1, 2, 3, device=device), torch.ones(1, 2, 3, device=device))
+    )
 
 
 def cases(device: str, quick: bool) -> list:
@@ -60,17 +62,20 @@ def cases(device: str, quick: bool) -> list:
     impls = {"eager": forward_and_backward(eager_chamfer, (ag, bg), grad)}
     for label, backend in ours(device).items():
         impls[label] = with_backend(backend, forward_and_backward(fused.chamfer_distance, (ag, bg), grad))
-    out.append({"name": f"chamfer_distance {shape} fwd+bwd", "bytes": 2 * io_bytes, "flops": flops,
-                "impls": impls})
+    out.append({"name": f"chamfer_distance {shape} fwd+bwd", "bytes": 2 * io_bytes, "flops": flops, "impls": impls})
 
     p = torch.rand(n_radius, 3, device=device, generator=g)
     q = torch.rand(n_radius, 3, device=device, generator=g)
     compiled = torch.compile(eager_radius_neighbors)
-    impls = {"eager": lambda: eager_radius_neighbors(p, q, radius),
-             "torch.compile": lambda c=compiled: c(p, q, radius)}
+    impls = {"eager": lambda: eager_radius_neighbors(p, q, radius), "torch.compile": lambda c=compiled: c(p, q, radius)}
     for label, backend in ours(device).items():
         impls[label] = with_backend(backend, lambda: fused.radius_neighbors(p, q, radius, MAX_NEIGHBORS))
-    out.append({"name": f"radius_neighbors {n_radius}x{n_radius} D=3 r={radius} max {MAX_NEIGHBORS} float32",
-                "bytes": 2 * n_radius * 3 * 4 + n_radius * MAX_NEIGHBORS * 12, "flops": 3 * n_radius * n_radius * 3,
-                "impls": impls})
+    out.append(
+        {
+            "name": f"radius_neighbors {n_radius}x{n_radius} D=3 r={radius} max {MAX_NEIGHBORS} float32",
+            "bytes": 2 * n_radius * 3 * 4 + n_radius * MAX_NEIGHBORS * 12,
+            "flops": 3 * n_radius * n_radius * 3,
+            "impls": impls,
+        }
+    )
     return out

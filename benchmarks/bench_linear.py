@@ -1,5 +1,6 @@
 """Benchmarks of the fused linear family: linear_act and FusedMLP against nn.Linear + activation (eager),
 torch.compile of the reference, and on GPU the cuBLAS GEMM alone (torch.mm: the floor for the forward)."""
+
 import torch
 
 import fused
@@ -12,6 +13,7 @@ def _fwd_bwd(fn, inputs):
     def run():
         out = fn()
         torch.autograd.grad(out, inputs, torch.ones_like(out))
+
     return run
 
 
@@ -33,12 +35,23 @@ def _linear_cases(device, M, K, N, dtype, act):
     size = torch.finfo(dtype).bits // 8
     name = f"linear_act {act} {M}x{K}x{N} {str(dtype).replace('torch.', '')}"
     io_bytes = (M * K + N * K + N + M * N) * size
-    fwd = {"name": f"{name} fwd", "bytes": io_bytes, "flops": 2 * M * N * K,
-           "impls": {label: (lambda f: lambda: f(x, w, b))(f) for label, f in impls.items()}}
+    fwd = {
+        "name": f"{name} fwd",
+        "bytes": io_bytes,
+        "flops": 2 * M * N * K,
+        "impls": {label: (lambda f: lambda: f(x, w, b))(f) for label, f in impls.items()},
+    }
     xg, wg, bg = (t.clone().requires_grad_(True) for t in (x, w, b))
-    bwd = {"name": f"{name} fwd+bwd", "bytes": 2 * io_bytes, "flops": 6 * M * N * K,
-           "impls": {label: _fwd_bwd((lambda f: lambda: f(xg, wg, bg))(f), (xg, wg, bg))
-                     for label, f in impls.items() if "floor" not in label}}
+    bwd = {
+        "name": f"{name} fwd+bwd",
+        "bytes": 2 * io_bytes,
+        "flops": 6 * M * N * K,
+        "impls": {
+            label: _fwd_bwd((lambda f: lambda: f(xg, wg, bg))(f), (xg, wg, bg))
+            for label, f in impls.items()
+            if "floor" not in label
+        },
+    }
     return [fwd, bwd]
 
 
@@ -62,21 +75,32 @@ def _mlp_cases(device, sizes, M, dtype, act):
     params.update({k: list(mlp.parameters()) for k in models if k.startswith("fused")})
     flops = 2 * M * sum(a * b for a, b in zip(sizes, sizes[1:]))
     name = f"FusedMLP {'-'.join(map(str, sizes))} {act} M={M} {str(dtype).replace('torch.', '')}"
-    fwd = {"name": f"{name} fwd", "bytes": None, "flops": flops,
-           "impls": {k: (lambda m: lambda: m(x.detach()))(m) for k, m in models.items()}}
-    bwd = {"name": f"{name} fwd+bwd", "bytes": None, "flops": 3 * flops,
-           "impls": {k: _fwd_bwd((lambda m: lambda: m(x))(m), [x] + params[k]) for k, m in models.items()}}
+    fwd = {
+        "name": f"{name} fwd",
+        "bytes": None,
+        "flops": flops,
+        "impls": {k: (lambda m: lambda: m(x.detach()))(m) for k, m in models.items()},
+    }
+    bwd = {
+        "name": f"{name} fwd+bwd",
+        "bytes": None,
+        "flops": 3 * flops,
+        "impls": {k: _fwd_bwd((lambda m: lambda: m(x))(m), [x] + params[k]) for k, m in models.items()},
+    }
     return [fwd, bwd]
 
 
 def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         if quick:
-            return _linear_cases(device, 64, 96, 80, torch.float32, "gelu") + \
-                _mlp_cases(device, [64, 128, 64], 32, torch.float32, "gelu")
-        return (_linear_cases(device, 2048, 1024, 1024, torch.float32, "gelu")
-                + _linear_cases(device, 2048, 1024, 1024, torch.float32, "relu")
-                + _mlp_cases(device, [1024, 4096, 1024], 2048, torch.float32, "gelu"))
+            return _linear_cases(device, 64, 96, 80, torch.float32, "gelu") + _mlp_cases(
+                device, [64, 128, 64], 32, torch.float32, "gelu"
+            )
+        return (
+            _linear_cases(device, 2048, 1024, 1024, torch.float32, "gelu")
+            + _linear_cases(device, 2048, 1024, 1024, torch.float32, "relu")
+            + _mlp_cases(device, [1024, 4096, 1024], 2048, torch.float32, "gelu")
+        )
     if quick:
         return _linear_cases(device, 256, 512, 384, torch.bfloat16, "gelu")
     shapes = [(4096, 4096, 4096), (8192, 4096, 1024), (8192, 1024, 4096)]

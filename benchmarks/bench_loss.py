@@ -3,6 +3,7 @@ against eager F.cross_entropy(F.linear(x, W, b), t), torch's F.linear_cross_entr
 those two ops) and its chunked path (options=LinearCrossEntropyOptions(), sizes picked by torch), forward
 (under no_grad: inference) and forward+backward, time and peak memory. The cases are GEMM-bound: 3 GEMMs of
 N x D x V for forward+backward, whoever runs them; the question is the memory and what the loss adds."""
+
 import torch
 import torch.nn.functional as F
 
@@ -11,8 +12,10 @@ from benchmarks.common import our_labels, with_backend
 
 
 def ours(device):
-    return our_labels(device, lambda: fused.cross_entropy(torch.zeros(2, 3, device=device),
-                                                          torch.zeros(2, dtype=torch.long, device=device)))
+    return our_labels(
+        device,
+        lambda: fused.cross_entropy(torch.zeros(2, 3, device=device), torch.zeros(2, dtype=torch.long, device=device)),
+    )
 
 
 def _linear_cross_entropy_cases(device, N, D, V, dtype):
@@ -25,8 +28,7 @@ def _linear_cross_entropy_cases(device, N, D, V, dtype):
     fns = {
         "eager": lambda: F.cross_entropy(F.linear(x, w, b), t),
         "torch linear_cross_entropy": lambda: F.linear_cross_entropy(x, w, t, linear_bias=b),
-        "torch linear_cross_entropy chunked": lambda: F.linear_cross_entropy(x, w, t, linear_bias=b,
-                                                                              options=chunked),
+        "torch linear_cross_entropy chunked": lambda: F.linear_cross_entropy(x, w, t, linear_bias=b, options=chunked),
     }
     for label, backend in ours(device).items():
         fns[label] = with_backend(backend, lambda: fused.linear_cross_entropy(x, w, t, linear_bias=b))
@@ -35,6 +37,7 @@ def _linear_cross_entropy_cases(device, N, D, V, dtype):
         def run():
             with torch.no_grad():
                 return fn()
+
         return run
 
     def forward_backward(fn):
@@ -42,13 +45,19 @@ def _linear_cross_entropy_cases(device, N, D, V, dtype):
 
     name = f"linear_cross_entropy {N}x{D}x{V} {str(dtype).replace('torch.', '')}"
     flops = 2 * N * D * V
-    return [{"name": f"{name} fwd", "flops": flops, "impls": {k: forward(f) for k, f in fns.items()}},
-            {"name": f"{name} fwd+bwd", "flops": 3 * flops, "impls": {k: forward_backward(f) for k, f in fns.items()}}]
+    return [
+        {"name": f"{name} fwd", "flops": flops, "impls": {k: forward(f) for k, f in fns.items()}},
+        {"name": f"{name} fwd+bwd", "flops": 3 * flops, "impls": {k: forward_backward(f) for k, f in fns.items()}},
+    ]
 
 
 def cases(device: str, quick: bool) -> list:
     if quick:
         return _linear_cross_entropy_cases(device, 64, 32, 256, torch.float32)
     dtypes = [torch.float32, torch.bfloat16] if device == "cpu" else [torch.bfloat16]  # CPU: AVX-512 bf16 GEMMs
-    return [c for dtype in dtypes for V in (32768, 131072) for c in _linear_cross_entropy_cases(device, 4096, 1024, V,
-                                                                                                  dtype)]
+    return [
+        c
+        for dtype in dtypes
+        for V in (32768, 131072)
+        for c in _linear_cross_entropy_cases(device, 4096, 1024, V, dtype)
+    ]

@@ -8,6 +8,7 @@ left out: it compiles for minutes at this size.
 
 python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
 """
+
 import sys
 
 import torch
@@ -33,6 +34,7 @@ def torch_step(params, opt, foreach):
     def step():
         torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=foreach)
         opt.step()
+
     return step
 
 
@@ -80,8 +82,9 @@ def master_impls(shapes, device):
             opt.step()
             with torch.no_grad():
                 torch._foreach_copy_(model, master)
+
         out[label] = step
-        resident[label] = (lambda model=model, master=master, opt=opt: resident_mb(model + master, [opt]))
+        resident[label] = lambda model=model, master=master, opt=opt: resident_mb(model + master, [opt])
     model = make_params(shapes, torch.bfloat16, device)
     opt = fused.optim.AdamW(model, lr=1e-3, master_weights=True, max_grad_norm=1.0)
     label = "fused" if device == "cpu" else "fused[cuda]"
@@ -94,8 +97,11 @@ def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
     else:  # about 1B parameters in 224 tensors
-        shapes, dtypes = (model_shapes(64, 4), [torch.float32]) if quick else (
-            model_shapes(1976, 32), [torch.float32, torch.bfloat16])
+        shapes, dtypes = (
+            (model_shapes(64, 4), [torch.float32])
+            if quick
+            else (model_shapes(1976, 32), [torch.float32, torch.bfloat16])
+        )
     n = sum(torch.Size(s).numel() for s in shapes)
     out = []
     for dtype in dtypes:
@@ -103,28 +109,33 @@ def cases(device: str, quick: bool) -> list:
         for name, hyper, state_tensors in [("AdamW", dict(lr=1e-3), 2), ("SGD", dict(lr=1e-2, momentum=0.9), 1)]:
             # norm: read g; step: read p, g, each state tensor; write p, g (clipped) and each state tensor
             floor = n * size * (1 + (2 + state_tensors) + (2 + state_tensors))
-            out.append({
-                "name": f"clip+{name} {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
-                "bytes": floor,
-                "flops": None,
-                "impls": impls(name, shapes, dtype, device, hyper),
-            })
+            out.append(
+                {
+                    "name": f"clip+{name} {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
+                    "bytes": floor,
+                    "flops": None,
+                    "impls": impls(name, shapes, dtype, device, hyper),
+                }
+            )
     # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
     # master, m, v, the bf16 param and the clipped bf16 g (16 B): 32 B per parameter.
     master, resident = master_impls(shapes, device)
-    out.append({
-        "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
-        "bytes": 32 * n,
-        "flops": None,
-        "impls": master,
-        "resident_mb": resident,
-    })
+    out.append(
+        {
+            "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
+            "bytes": 32 * n,
+            "flops": None,
+            "impls": master,
+            "resident_mb": resident,
+        }
+    )
     return out
 
 
 def kernel_launches(fn, device):
     """Kernel launches of one call of fn, from torch.profiler (GPU only)."""
     from torch.profiler import ProfilerActivity, profile
+
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -135,6 +146,7 @@ def kernel_launches(fn, device):
 
 def main():
     from torch.utils import benchmark
+
     device = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "cpu"
     quick = "--quick" in sys.argv
     for case in cases(device, quick):

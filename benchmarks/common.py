@@ -1,4 +1,5 @@
 """Helpers shared by the benchmark cases: which of our GPU backends run here, and wrappers that select one."""
+
 import torch
 
 import fused
@@ -31,11 +32,14 @@ def with_backend(backend, fn):
             return fn(*args)
         finally:
             fused.set_backend(old)
+
     return run
 
 
 def forward_and_backward(fn, inputs, grad):
     """A zero-argument call of fn(*inputs) and its backward with `grad`."""
+
     def run():
         return torch.autograd.grad(fn(*inputs), inputs, grad)
+
     return run

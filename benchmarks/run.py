@@ -8,6 +8,7 @@ pages). On Linux with THP in madvise mode, a fresh 32 MB output otherwise costs 
 4 KB in the kernel: that is most of the time of every memory-bound op here (eager, compiled and ours alike), and
 --thp shows what the kernels themselves cost. The default run measures the default environment.
 """
+
 import argparse
 import datetime
 import importlib
@@ -27,7 +28,7 @@ OURS = ("fused", "fused[cuda]", "fused[triton]")
 
 def discover(only):
     names = sorted(m.name for m in pkgutil.iter_modules([os.path.dirname(__file__)]) if m.name.startswith("bench_"))
-    return [importlib.import_module(f"benchmarks.{n}") for n in names if not only or n[len("bench_"):] in only]
+    return [importlib.import_module(f"benchmarks.{n}") for n in names if not only or n[len("bench_") :] in only]
 
 
 def measure(case, device, min_run_time, rounds):
@@ -48,8 +49,14 @@ def measure(case, device, min_run_time, rounds):
         if label in errors:
             rows.append({"impl": label, "ms": None, "peak_mb": None, "error": errors[label]})
         else:
-            rows.append({"impl": label, "ms": statistics.median(times[label]),
-                         "peak_mb": peak_memory_mb(fn, device), "error": None})
+            rows.append(
+                {
+                    "impl": label,
+                    "ms": statistics.median(times[label]),
+                    "peak_mb": peak_memory_mb(fn, device),
+                    "error": None,
+                }
+            )
             if label in case.get("resident_mb", {}):  # memory held between steps (model, grads, state)
                 rows[-1]["resident_mb"] = case["resident_mb"][label]()
     eager = next((r["ms"] for r in rows if r["impl"] == "eager" and r["ms"]), None)
@@ -71,8 +78,12 @@ def fmt(v, spec):
 
 
 def markdown(results, header):
-    lines = [header, "", "| case | impl | median ms | GB/s | TFLOP/s | peak MB | vs eager | vs best alternative |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        header,
+        "",
+        "| case | impl | median ms | GB/s | TFLOP/s | peak MB | vs eager | vs best alternative |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for case in results:
         for r in case["rows"]:
             if r["error"]:
@@ -81,9 +92,14 @@ def markdown(results, header):
             lines.append(
                 f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r.get('GB/s'), '.1f')} | "
                 f"{fmt(r.get('TFLOP/s'), '.2f')} | {fmt(r['peak_mb'], '.1f')} | {fmt(r.get('vs_eager'), '.2f')}x | "
-                f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |")
-    held = [f"{c['name']} [{r['impl']}]: {r['resident_mb']:.1f} MB" for c in results for r in c["rows"]
-            if r.get("resident_mb") is not None]
+                f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |"
+            )
+    held = [
+        f"{c['name']} [{r['impl']}]: {r['resident_mb']:.1f} MB"
+        for c in results
+        for r in c["rows"]
+        if r.get("resident_mb") is not None
+    ]
     if held:
         lines += ["", "Memory held between steps (model, gradients, master copies, optimizer state):", ""]
         lines += [f"- {h}" for h in held]
@@ -97,8 +113,12 @@ def chart(results, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    bars = [(f"{c['name']} [{r['impl']}]" if r["impl"] != "fused" else c["name"], r.get("vs_eager"),
-             r.get("vs_best_alt")) for c in results for r in c["rows"] if r["impl"] in OURS and r["ms"]]
+    bars = [
+        (f"{c['name']} [{r['impl']}]" if r["impl"] != "fused" else c["name"], r.get("vs_eager"), r.get("vs_best_alt"))
+        for c in results
+        for r in c["rows"]
+        if r["impl"] in OURS and r["ms"]
+    ]
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(bars) + 1.5))
     y = range(len(bars))
     ax.barh([i - 0.2 for i in y], [b[1] or 0 for b in bars], 0.4, label="vs eager")
@@ -117,8 +137,11 @@ def chart(results, path, title):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
-    p.add_argument("--only", default="",
-                   help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim)")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim)",
+    )
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (median kept)")
@@ -131,9 +154,9 @@ def main(argv=None):
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)])
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
-    import fused  # noqa: F401
-
     from rich.progress import Progress
+
+    import fused  # noqa: F401
 
     modules = discover([s for s in args.only.split(",") if s])
     results = []
@@ -142,18 +165,28 @@ def main(argv=None):
         task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
         for case in cases:
             progress.update(task, description=case["name"])
-            results.append({"name": case["name"], "bytes": case.get("bytes"), "flops": case.get("flops"),
-                            "rows": measure(case, args.device, 0.05 if args.quick else 0.3,
-                                            1 if args.quick else args.rounds)})
+            results.append(
+                {
+                    "name": case["name"],
+                    "bytes": case.get("bytes"),
+                    "flops": case.get("flops"),
+                    "rows": measure(case, args.device, 0.05 if args.quick else 0.3, 1 if args.quick else args.rounds),
+                }
+            )
             progress.advance(task)
             del case["impls"]
     date = datetime.date.today().isoformat()
     name = device_name(args.device)
-    header = (f"## Benchmarks on {name} ({date}; torch {torch.__version__}, fused backend "
-              f"{fused.get_backend()}{', THP_MEM_ALLOC_ENABLE=1' if args.thp else ''}"
-              f"{', quick' if args.quick else ''})")
-    slug = (re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower() + ("-thp" if args.thp else "")
-            + ("-quick" if args.quick else ""))
+    header = (
+        f"## Benchmarks on {name} ({date}; torch {torch.__version__}, fused backend "
+        f"{fused.get_backend()}{', THP_MEM_ALLOC_ENABLE=1' if args.thp else ''}"
+        f"{', quick' if args.quick else ''})"
+    )
+    slug = (
+        re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+        + ("-thp" if args.thp else "")
+        + ("-quick" if args.quick else "")
+    )
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"{slug}")
     table = markdown(results, header)

@@ -3,6 +3,7 @@ time, eager's, the best alternative's, the two speedups, and the peak memory of 
 
     python -m benchmarks.summary benchmarks/results/<device>.json
 """
+
 import json
 import sys
 
@@ -10,9 +11,11 @@ from benchmarks.run import OURS, fmt
 
 
 def summary(results):
-    lines = ["| case | fused ms | eager ms | best alternative (ms) | vs eager | vs best alternative | "
-             "peak MB: fused / best alt. |",
-             "|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        "| case | fused ms | eager ms | best alternative (ms) | vs eager | vs best alternative | "
+        "peak MB: fused / best alt. |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
     for case in results:
         rows = [r for r in case["rows"] if r["ms"]]
         eager = next((r["ms"] for r in rows if r["impl"] == "eager"), None)
@@ -23,10 +26,12 @@ def summary(results):
             if r["impl"] not in OURS:
                 continue
             name = case["name"] if r["impl"] == "fused" else f"{case['name']} [{r['impl']}]"
-            lines.append(f"| {name} | {r['ms']:.3f} | {fmt(eager, '.3f')} | {best_text} | "
-                         f"{fmt(r.get('vs_eager'), '.2f')}{'x' if r.get('vs_eager') else ''} | "
-                         f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} | "
-                         f"{fmt(r.get('peak_mb'), '.1f')} / {fmt(best and best.get('peak_mb'), '.1f')} |")
+            lines.append(
+                f"| {name} | {r['ms']:.3f} | {fmt(eager, '.3f')} | {best_text} | "
+                f"{fmt(r.get('vs_eager'), '.2f')}{'x' if r.get('vs_eager') else ''} | "
+                f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} | "
+                f"{fmt(r.get('peak_mb'), '.1f')} / {fmt(best and best.get('peak_mb'), '.1f')} |"
+            )
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """Timing and memory measurement: torch.utils.benchmark on CPU, triton.testing.do_bench (CUDA events, L2
 flushed between runs) on GPU; medians everywhere."""
+
 import contextlib
 import gc
 import os
@@ -57,8 +58,9 @@ def _cpu_peak_mb(fn):
     gc.collect()
     with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    records = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]")  # + for an allocation, - for a free
+    records = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )  # + for an allocation, - for a free
     live = peak = 0
     for _, nbytes in records:
         live += nbytes

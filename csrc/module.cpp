@@ -32,8 +32,8 @@ int add_names(PyObject* module, const char* attr, const char* const* names, int 
 }  // namespace
 
 extern "C" PyObject* PyInit__C(void) {
-  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C",
-                                   "fused kernels (ops register as torch.ops.fused.*)", -1, nullptr};
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fused kernels (ops register as torch.ops.fused.*)", -1,
+                                   nullptr};
   PyObject* module = PyModule_Create(&module_def);
   if (!module) return nullptr;
   using namespace fused;

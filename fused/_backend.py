@@ -4,6 +4,7 @@
 per op, the implementation listed in AUTO_PREFERENCE (filled from GPU benchmarks), else the CUDA C++ kernel
 when it was compiled, else Triton. CPU tensors always run the C++ CPU kernels.
 """
+
 import functools
 import importlib
 import os
@@ -56,7 +57,7 @@ def cuda_kernel_compiled(internal_op: str) -> bool:
 
 
 def choose(op: str) -> str:
-    """"cuda" or "triton": the implementation that runs `op` on a CUDA tensor now."""
+    """ "cuda" or "triton": the implementation that runs `op` on a CUDA tensor now."""
     kernels = GPU_KERNELS.get(op, {})
     has_cuda = kernels.get("cuda") is not None and cuda_kernel_compiled(kernels["cuda"])
     has_triton = kernels.get("triton") is not None and triton_available()
@@ -67,8 +68,10 @@ def choose(op: str) -> str:
             return preferred
         backend = "cuda" if has_cuda else "triton"
     if backend == "cuda" and not has_cuda:
-        raise RuntimeError(f"fused.{op}: backend 'cuda' was asked for, but fused._C has no CUDA kernel for it "
-                           "(built without CUDA?); use set_backend('triton') or 'auto'")
+        raise RuntimeError(
+            f"fused.{op}: backend 'cuda' was asked for, but fused._C has no CUDA kernel for it "
+            "(built without CUDA?); use set_backend('triton') or 'auto'"
+        )
     if backend == "triton" and not has_triton:
         raise RuntimeError(f"fused.{op}: backend 'triton' was asked for, but triton is not installed")
     return backend
@@ -86,10 +89,12 @@ def gpu_router(op: str, cuda_op: str = None, triton: str = None, cuda_call=None,
     in one launch) or to the Triton launcher at `triton` ("module:function"), per `choose(op)`; where
     `triton_when(*args)` holds and triton is installed, to Triton whatever the backend (a path only Triton
     implements). All take the op's own arguments."""
+
     def cuda_kernel(*args):
         if triton_when is not None and triton_when(*args) and triton_available() or choose(op) == "triton":
             return triton_launcher(triton)(*args)
         return cuda_call(*args) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args)
+
     return cuda_kernel
 
 

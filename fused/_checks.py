@@ -1,5 +1,6 @@
 """Argument checks in Python, for the fake kernels and the Triton path (the C++ kernels check the same in C++).
 Every message names the op and the argument."""
+
 import torch
 
 from fused._codes import ACT_CODES
@@ -31,15 +32,18 @@ def check_like(op, name, t, ref_name, ref):
 
 def check_same_shape(op, name, t, ref_name, ref):
     if t.shape != ref.shape:
-        raise RuntimeError(f"fused.{op}: {name} shape {tuple(t.shape)} does not match {ref_name} shape "
-                           f"{tuple(ref.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: {name} shape {tuple(t.shape)} does not match {ref_name} shape {tuple(ref.shape)}"
+        )
 
 
 def check_bias(op, x, bias):
     check_like(op, "bias", bias, "x", x)
     if bias.dim() != 1 or x.dim() < 1 or bias.shape[0] != x.shape[-1]:
-        raise RuntimeError(f"fused.{op}: bias must be 1-D with x.size(-1) entries, got bias of shape "
-                           f"{tuple(bias.shape)} for x of shape {tuple(x.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: bias must be 1-D with x.size(-1) entries, got bias of shape "
+            f"{tuple(bias.shape)} for x of shape {tuple(x.shape)}"
+        )
 
 
 def check_act(op, act):

@@ -1,5 +1,6 @@
 """The codes of csrc/common/op_codes.h (activations, unary_chain ops, distance metrics), built from the name tables
 that fused._C carries, so the C++, CUDA and Triton kernels and Python agree by construction."""
+
 import math
 
 from fused._ext import _C

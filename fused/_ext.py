@@ -1,4 +1,5 @@
 """Loads the compiled extension fused._C, which registers the schemas and C++ kernels of every op."""
+
 import torch  # noqa: F401  (libtorch must be loaded first)
 
 try:

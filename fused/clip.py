@@ -1,5 +1,6 @@
 """fused.clip_grad_norm_: a drop-in for torch.nn.utils.clip_grad_norm_ in two passes (the norm with the finite
 check, then grads *= clip coefficient), whatever the number of tensors, with no host sync."""
+
 import math
 import types
 import warnings
@@ -20,9 +21,11 @@ def _check_args(max_norm, norm_type):
 
 
 def _nonfinite_error(norm_type):
-    return RuntimeError(f"fused.clip_grad_norm_: The total norm of order {norm_type} for gradients from `parameters` "
-                        "is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the "
-                        "non-finite norm anyway, set `error_if_nonfinite=False`")
+    return RuntimeError(
+        f"fused.clip_grad_norm_: The total norm of order {norm_type} for gradients from `parameters` "
+        "is non-finite, so it cannot be clipped. To disable this error and scale the gradients by the "
+        "non-finite norm anyway, set `error_if_nonfinite=False`"
+    )
 
 
 def _torch_clip(grads, max_norm, norm_type, error_if_nonfinite, foreach):

@@ -1,4 +1,5 @@
 """python -m fused.info: version, device, compiled backends, and every op with the kernels it has."""
+
 import platform
 
 import torch
@@ -8,7 +9,7 @@ from fused._backend import GPU_KERNELS, cuda_kernel_compiled, triton_available
 
 
 def op_names():
-    names = sorted(n[len("fused::"):] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused::"))
+    names = sorted(n[len("fused::") :] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused::"))
     return [n for n in names if not n.startswith("cuda_")]
 
 

@@ -8,6 +8,7 @@ the approximate PTX instructions). Triton's interpreter cannot call libdevice, s
 same functions come from tl.math, with tanh and pow (absent from tl.math) computed in float64. Divide with div and
 take roots with sqrt: correctly rounded, as in eager (Triton's float32 `/` and tl.sqrt are not).
 """
+
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
@@ -272,7 +273,7 @@ def keep_scale_block(start, BLOCK: tl.constexpr, seed, threshold, scale):
     elements, its words interleaved so element i takes word i % 4."""
     group = start // 4 + tl.arange(0, BLOCK // 4)
     r0, r1, r2, r3 = _philox_words(group, seed)
-    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK, ))
+    words = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (BLOCK,))
     return tl.where(words.to(tl.int64) >= threshold, scale, 0.0)
 
 

@@ -1,6 +1,7 @@
 """Launch and indexing helpers shared by the Triton kernels: math dtypes, [rows, cols] tiles, program ids folded
 into grid axis 0, 64-bit offsets where a tensor needs them, float64 scalars as kernel arguments, rounding to the
 output dtype, and running a launcher on its tensors' device."""
+
 import functools
 import os
 
@@ -71,10 +72,12 @@ def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.con
 
 def on_device_of(launcher):
     """Runs the launcher with its first tensor's CUDA device current (a no-op for CPU tensors)."""
+
     @functools.wraps(launcher)
     def wrapper(first, *args, **kwargs):
         with torch.cuda.device_of(first):
             return launcher(first, *args, **kwargs)
+
     return wrapper
 
 

@@ -31,3 +31,15 @@ def dev(request):
     device, name = request.param
     with backend(name):
         yield device
+
+
+@pytest.fixture(scope="module")
+def emu():
+    """The host emulation of the CUDA kernels (tests/cuda_emulation.py), one simulated SM, a fixed schedule."""
+    from tests import cuda_emulation
+
+    m = cuda_emulation.module()
+    m.set_sm_count(1)
+    m.set_schedule_seed(1)
+    yield m
+    m.set_sm_count(2)

@@ -2,6 +2,7 @@
 compiler, with the launchers of tests/emulation/module.cpp, into a module for the tests only (the production fused._C
 never contains it). Built on first use with torch.utils.cpp_extension.load (ninja), cached under build/; it needs
 the CUDA toolkit's headers (cuda_fp16.h, cuda_bf16.h, cuda_runtime.h), found as setup.py finds them."""
+
 import functools
 import glob
 import importlib.util
@@ -58,12 +59,18 @@ def module():
     flags = ["-O2", "-std=c++17", "-fno-strict-aliasing", "-isystem", cuda_include()]
     flags += ["-mfma"] if fma else []  # with it, g++ contracts a * b + c into FMAs as nvcc does by default
     flags += [f for f in COMMON_NVCC_FLAGS if f.startswith("-D")]  # no implicit half/bf16 operators, as in real builds
-    sources = [os.path.join(ROOT, "tests", "emulation", f) for f in (
-        "cuda_host.cpp", "module.cpp", "selftest_kernels.cpp")] + kernel_wrappers()
-    return load(name="fused_cuda_emulation", sources=sources, extra_cflags=flags,
-                extra_include_paths=[os.path.join(ROOT, "csrc")],
-                extra_ldflags=["-Wl,-T," + os.path.join(ROOT, "tests", "emulation", "shared_memory.ld")],
-                build_directory=BUILD, verbose=False)
+    sources = [
+        os.path.join(ROOT, "tests", "emulation", f) for f in ("cuda_host.cpp", "module.cpp", "selftest_kernels.cpp")
+    ] + kernel_wrappers()
+    return load(
+        name="fused_cuda_emulation",
+        sources=sources,
+        extra_cflags=flags,
+        extra_include_paths=[os.path.join(ROOT, "csrc")],
+        extra_ldflags=["-Wl,-T," + os.path.join(ROOT, "tests", "emulation", "shared_memory.ld")],
+        build_directory=BUILD,
+        verbose=False,
+    )
 
 
 def ptr(t):

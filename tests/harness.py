@@ -1,6 +1,7 @@
 """The shared test harness: devices, dtypes and backends to parametrise over, float64 accuracy checks that
 compare our error with eager PyTorch's, and helpers for opcheck, torch.compile and bad-input checks.
 Every op family's tests use it."""
+
 import contextlib
 
 import pytest
@@ -62,8 +63,7 @@ def assert_close(actual, expected, dtype=None, scale=1.0):
         finite = expected[torch.isfinite(expected)]
         if finite.numel():
             atol = max(atol, 2 * torch.finfo(dtype).eps * finite.abs().max().item())
-    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol * scale, atol=atol * scale,
-                               equal_nan=True)
+    torch.testing.assert_close(actual, expected.to(actual.dtype), rtol=rtol * scale, atol=atol * scale, equal_nan=True)
 
 
 def rel_error(out, ref64):
@@ -84,7 +84,8 @@ def assert_accuracy(ours, eager, ref64, slack=2.0, floor=None):
         floor = 4 * torch.finfo(ours.dtype).eps if ours.dtype != torch.float64 else 1e-14
     ours_err, eager_err = rel_error(ours, ref64), rel_error(eager, ref64)
     assert ours_err <= slack * eager_err + floor, (
-        f"error vs float64 {ours_err:.3e} exceeds {slack} x eager's {eager_err:.3e} (+{floor:.1e})")
+        f"error vs float64 {ours_err:.3e} exceeds {slack} x eager's {eager_err:.3e} (+{floor:.1e})"
+    )
 
 
 def make(shape, dtype=torch.float32, device="cpu", low=-3.0, high=3.0, requires_grad=False, seed=None):
@@ -111,8 +112,9 @@ def check_compile(fn, *args):
     torch._dynamo.reset()
     expected = fn(*args)
     got = torch.compile(fn, fullgraph=True)(*args)
-    for e, g in zip(expected if isinstance(expected, tuple) else (expected,),
-                    got if isinstance(got, tuple) else (got,)):
+    for e, g in zip(
+        expected if isinstance(expected, tuple) else (expected,), got if isinstance(got, tuple) else (got,)
+    ):
         torch.testing.assert_close(g, e, equal_nan=True)
 
 

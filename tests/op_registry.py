@@ -1,6 +1,7 @@
 """Every fused:: op, with what tests/test_op_coverage.py holds it to: its reference (the plain-PyTorch spec), how
 it differentiates, and the arguments torch.library.opcheck runs it on. A new op goes here, or the coverage test
 fails; CUDA twins (cuda_<op>) do not: they are checked against their op."""
+
 import math
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -22,6 +23,7 @@ class Op:
     .reference function that is the op's spec (a backward op's is its forward's). backward_of: the op whose
     backward this is (autograd calls it; it has no autograd of its own). differentiable=False: no autograd, on
     purpose (in-place optimizer ops)."""
+
     samples: Callable[[], list]
     reference: Optional[Callable] = None
     backward_of: Optional[str] = None
@@ -41,8 +43,12 @@ def _points():
 
 
 def _norm(dtype=torch.float32):  # x, residual, weight, bias of a norm, requiring grad
-    return (_x(3, 5, 16, seed=60, dtype=dtype, requires_grad=True), _x(3, 5, 16, seed=61, requires_grad=True),
-            _x(16, seed=62, low=0.5, high=1.5, requires_grad=True), _x(16, seed=63, requires_grad=True))
+    return (
+        _x(3, 5, 16, seed=60, dtype=dtype, requires_grad=True),
+        _x(3, 5, 16, seed=61, requires_grad=True),
+        _x(16, seed=62, low=0.5, high=1.5, requires_grad=True),
+        _x(16, seed=63, requires_grad=True),
+    )
 
 
 def _norm_backward_samples():
@@ -50,8 +56,10 @@ def _norm_backward_samples():
     samples = []
     for rms in (True, False):
         _, h, mean, rstd = torch.ops.fused.norm_fwd(x, r, [16], w, None if rms else b, 1e-5, rms)
-        samples += [(_x(3, 5, 16, seed=64), _x(3, 5, 16, seed=65), h, mean, rstd, w, [16], rms, True, not rms),
-                    (_x(3, 5, 16, seed=64), None, x, mean, rstd, None, [16], rms, False, False)]
+        samples += [
+            (_x(3, 5, 16, seed=64), _x(3, 5, 16, seed=65), h, mean, rstd, w, [16], rms, True, not rms),
+            (_x(3, 5, 16, seed=64), None, x, mean, rstd, None, [16], rms, False, False),
+        ]
     return samples
 
 
@@ -68,9 +76,28 @@ def _optim_lists():
 
 def _sgd_samples():
     grads, params, found, coef, inv = _optim_lists()
-    return [([p.clone() for p in params], grads, [torch.zeros_like(p) for p in params],
-             [torch.zeros(()) for _ in params], 0.1, 0.9, 0.0, 0.01, True, False, coef, inv, found, math.inf, [],
-             None, None, True)]  # write_grads
+    return [
+        (
+            [p.clone() for p in params],
+            grads,
+            [torch.zeros_like(p) for p in params],
+            [torch.zeros(()) for _ in params],
+            0.1,
+            0.9,
+            0.0,
+            0.01,
+            True,
+            False,
+            coef,
+            inv,
+            found,
+            math.inf,
+            [],
+            None,
+            None,
+            True,
+        )
+    ]  # write_grads
 
 
 def _adam_samples():
@@ -78,12 +105,55 @@ def _adam_samples():
 
     def state():
         return [torch.zeros_like(p) for p in params]
+
     steps = [torch.zeros(()) for _ in params]
-    return [([p.clone() for p in params], grads, state(), state(), [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False,
-             True, False, coef, inv, found, math.inf, []),
-            ([p.clone() for p in params], [g.bfloat16() for g in grads], state(), state(), [], steps, 1e-3, 0.9,
-             0.999, 1e-8, 0.01, False, True, False, coef, inv, found, math.inf, [p.bfloat16() for p in params],
-             None, None, True)]  # write_grads
+    return [
+        (
+            [p.clone() for p in params],
+            grads,
+            state(),
+            state(),
+            [],
+            steps,
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            0.01,
+            False,
+            True,
+            False,
+            coef,
+            inv,
+            found,
+            math.inf,
+            [],
+        ),
+        (
+            [p.clone() for p in params],
+            [g.bfloat16() for g in grads],
+            state(),
+            state(),
+            [],
+            steps,
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            0.01,
+            False,
+            True,
+            False,
+            coef,
+            inv,
+            found,
+            math.inf,
+            [p.bfloat16() for p in params],
+            None,
+            None,
+            True,
+        ),
+    ]  # write_grads
 
 
 def _grad_norm_samples():
@@ -94,8 +164,13 @@ def _grad_norm_samples():
 def _lce():  # input, linear_weight, target (two ignored), linear_bias, class weight of a linear_cross_entropy
     target = torch.randint(0, 20, (12,), generator=torch.Generator().manual_seed(0))
     target[::5] = -100
-    return (_x(12, 8, requires_grad=True), _x(20, 8, seed=1, requires_grad=True), target,
-            _x(20, seed=2, requires_grad=True), _x(20, seed=3, low=0.2, high=2.0))
+    return (
+        _x(12, 8, requires_grad=True),
+        _x(20, 8, seed=1, requires_grad=True),
+        target,
+        _x(20, seed=2, requires_grad=True),
+        _x(20, seed=3, low=0.2, high=2.0),
+    )
 
 
 def _lce_bwd(grad_loss, reduction):
@@ -111,91 +186,163 @@ def _ce_logits(requires_grad=True):
 _SEED = torch.tensor(1234)
 OPS = {
     # elementwise
-    "bias_act": Op(lambda: [(_x(3, 5, 11), _x(11, seed=1), "silu"), (_x(3, 5, 11), None, "gelu")],
-                   elementwise_ref.bias_act),
-    "bias_act_backward": Op(lambda: [(_x(3, 5, 11, seed=2), _x(3, 5, 11), _x(11, seed=1), "gelu")],
-                            backward_of="bias_act"),
+    "bias_act": Op(
+        lambda: [(_x(3, 5, 11), _x(11, seed=1), "silu"), (_x(3, 5, 11), None, "gelu")], elementwise_ref.bias_act
+    ),
+    "bias_act_backward": Op(
+        lambda: [(_x(3, 5, 11, seed=2), _x(3, 5, 11), _x(11, seed=1), "gelu")], backward_of="bias_act"
+    ),
     "glu": Op(lambda: [(_x(4, 6), _x(4, 6, seed=5), "gelu")], elementwise_ref.glu),
     "glu_backward": Op(lambda: [(_x(4, 6, seed=2), _x(4, 6), _x(4, 6, seed=5), "silu")], backward_of="glu"),
     # the composite draws a seed: opcheck's repeated calls agree only without dropout
-    "bias_dropout_add": Op(lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, False)],
-                           elementwise_ref.bias_dropout_add),
-    "bias_dropout_add_seeded": Op(lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, _SEED)],
-                                  elementwise_ref.bias_dropout_add),
-    "dropout_backward": Op(lambda: [(_x(4, 6), 0.4, _SEED, True), (_x(4, 6), 0.4, _SEED, False)],
-                           backward_of="bias_dropout_add_seeded"),
+    "bias_dropout_add": Op(
+        lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, False)], elementwise_ref.bias_dropout_add
+    ),
+    "bias_dropout_add_seeded": Op(
+        lambda: [(_x(4, 6), _x(6, seed=1), _x(4, 6, seed=2), 0.4, _SEED)], elementwise_ref.bias_dropout_add
+    ),
+    "dropout_backward": Op(
+        lambda: [(_x(4, 6), 0.4, _SEED, True), (_x(4, 6), 0.4, _SEED, False)], backward_of="bias_dropout_add_seeded"
+    ),
     "unary_chain": Op(lambda: [(_x(4, 7), ["cos", "mul:0.5"])], elementwise_ref.unary_chain),
-    "unary_chain_backward": Op(lambda: [(_x(4, 7, seed=1), _x(4, 7, low=1.5, high=3.0), ["log", "pow:1.5"])],
-                               backward_of="unary_chain"),
+    "unary_chain_backward": Op(
+        lambda: [(_x(4, 7, seed=1), _x(4, 7, low=1.5, high=3.0), ["log", "pow:1.5"])], backward_of="unary_chain"
+    ),
     # linear
     "linear_act": Op(lambda: [(*_linear(), act) for act in ("relu", "gelu")], linear_ref.linear_act),
-    "linear_act_fwd": Op(lambda: [(*_linear(), act, True) for act in ("relu", "gelu")]
-                         + [(*_linear()[:2], None, "gelu", False)], linear_ref.linear_act),
-    "linear_act_grad_pre": Op(lambda: [(_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "gelu", True),
-                                       (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "tanh", False)],
-                              backward_of="linear_act_fwd"),
+    "linear_act_fwd": Op(
+        lambda: [(*_linear(), act, True) for act in ("relu", "gelu")] + [(*_linear()[:2], None, "gelu", False)],
+        linear_ref.linear_act,
+    ),
+    "linear_act_grad_pre": Op(
+        lambda: [
+            (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "gelu", True),
+            (_x(3, 5, 12, seed=1), _x(3, 5, 12, seed=2), "tanh", False),
+        ],
+        backward_of="linear_act_fwd",
+    ),
     # distance
-    "pairwise_distances": Op(lambda: [(*_points(), p, False) for p in (2.0, 1.0)]
-                             + [(*_points(), 2.0, False, *_lengths())], distance_ref.pairwise_distances),
+    "pairwise_distances": Op(
+        lambda: [(*_points(), p, False) for p in (2.0, 1.0)] + [(*_points(), 2.0, False, *_lengths())],
+        distance_ref.pairwise_distances,
+    ),
     "pairwise_distances_backward": Op(
-        lambda: [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
-                  distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p), p, False) for p in (2.0, 3.0)]
-        + [(_x(2, 4, 5, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
-            distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), 2.0, False, *_lengths()), 2.0, False,
-            *_lengths())],
-        backward_of="pairwise_distances"),
-    "pairwise_topk": Op(lambda: [(*_points(), 3, 2.0, False, False), (*_points(), 3, 2.0, False, False, *_lengths())],
-                        distance_ref.pairwise_topk),
-    "radius_neighbors": Op(lambda: [(*_points(), 1.5, 4), (*_points(), 1.5, 9, *_lengths(), 1.0)],
-                           distance_ref.radius_neighbors),
-    "chamfer_distance": Op(lambda: [_points(), (*_points(), *_lengths(), 2.0, False, "sum", True)],
-                           distance_ref.chamfer_distance),
+        lambda: (
+            [
+                (
+                    _x(2, 4, 5, seed=2),
+                    _x(2, 4, 3),
+                    _x(2, 5, 3, seed=1),
+                    distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), p),
+                    p,
+                    False,
+                )
+                for p in (2.0, 3.0)
+            ]
+            + [
+                (
+                    _x(2, 4, 5, seed=2),
+                    _x(2, 4, 3),
+                    _x(2, 5, 3, seed=1),
+                    distance_ref.pairwise_distances(_x(2, 4, 3), _x(2, 5, 3, seed=1), 2.0, False, *_lengths()),
+                    2.0,
+                    False,
+                    *_lengths(),
+                )
+            ]
+        ),
+        backward_of="pairwise_distances",
+    ),
+    "pairwise_topk": Op(
+        lambda: [(*_points(), 3, 2.0, False, False), (*_points(), 3, 2.0, False, False, *_lengths())],
+        distance_ref.pairwise_topk,
+    ),
+    "radius_neighbors": Op(
+        lambda: [(*_points(), 1.5, 4), (*_points(), 1.5, 9, *_lengths(), 1.0)], distance_ref.radius_neighbors
+    ),
+    "chamfer_distance": Op(
+        lambda: [_points(), (*_points(), *_lengths(), 2.0, False, "sum", True)], distance_ref.chamfer_distance
+    ),
     "pairwise_topk_backward": Op(
-        lambda: [(_x(2, 4, 3, seed=2), _x(2, 4, 3), _x(2, 5, 3, seed=1),
-                  *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3), 2.0, False)],
-        backward_of="pairwise_topk"),
+        lambda: [
+            (
+                _x(2, 4, 3, seed=2),
+                _x(2, 4, 3),
+                _x(2, 5, 3, seed=1),
+                *distance_ref.pairwise_topk(_x(2, 4, 3), _x(2, 5, 3, seed=1), 3),
+                2.0,
+                False,
+            )
+        ],
+        backward_of="pairwise_topk",
+    ),
     # loss: the public composites, the chunked forward (gradients computed in it for mean / sum), the backward that
     # recomputes them, and the row kernel they share (it writes the gradient through `grad`: no autograd)
     "linear_cross_entropy": Op(lambda: [_lce()[:3]], loss_ref.linear_cross_entropy),
-    "linear_cross_entropy_fwd": Op(lambda: [(*_lce(), reduction, -100, 0.1, 1e-3, 5.0, True, True, True)
-                                            for reduction in ("mean", "none")]
-                                   + [(*_lce()[:3], None, None, "sum", -100, 0.0, 0.0, 0.0, True, False, False)],
-                                   loss_ref.linear_cross_entropy),
-    "linear_cross_entropy_bwd": Op(lambda: [_lce_bwd(torch.randn(12), "none"), _lce_bwd(torch.tensor(0.5), "mean")],
-                                   backward_of="linear_cross_entropy_fwd"),
+    "linear_cross_entropy_fwd": Op(
+        lambda: (
+            [(*_lce(), reduction, -100, 0.1, 1e-3, 5.0, True, True, True) for reduction in ("mean", "none")]
+            + [(*_lce()[:3], None, None, "sum", -100, 0.0, 0.0, 0.0, True, False, False)]
+        ),
+        loss_ref.linear_cross_entropy,
+    ),
+    "linear_cross_entropy_bwd": Op(
+        lambda: [_lce_bwd(torch.randn(12), "none"), _lce_bwd(torch.tensor(0.5), "mean")],
+        backward_of="linear_cross_entropy_fwd",
+    ),
     "cross_entropy": Op(lambda: [_ce_logits()[:2]], loss_ref.cross_entropy),
-    "cross_entropy_fwd": Op(lambda: [(*_ce_logits(), reduction, -100, 0.1, 1e-3, 3.0, True)
-                                     for reduction in ("mean", "none")], loss_ref.cross_entropy),
-    "cross_entropy_bwd": Op(lambda: [(torch.randn(12), *_ce_logits(False), "none", -100, 0.1, 1e-3, 3.0)],
-                            backward_of="cross_entropy_fwd"),
-    "cross_entropy_rows": Op(lambda: [(*_ce_logits(False), torch.rand(12, 2), torch.empty(12, 20), -100, 0.1, 1e-3,
-                                       3.0), (*_ce_logits(False)[:2], None, torch.ones(2), torch.empty(0), -100, 0.0,
-                                              0.0, 0.0)],
-                             loss_ref.cross_entropy, differentiable=False),
+    "cross_entropy_fwd": Op(
+        lambda: [(*_ce_logits(), reduction, -100, 0.1, 1e-3, 3.0, True) for reduction in ("mean", "none")],
+        loss_ref.cross_entropy,
+    ),
+    "cross_entropy_bwd": Op(
+        lambda: [(torch.randn(12), *_ce_logits(False), "none", -100, 0.1, 1e-3, 3.0)], backward_of="cross_entropy_fwd"
+    ),
+    "cross_entropy_rows": Op(
+        lambda: [
+            (*_ce_logits(False), torch.rand(12, 2), torch.empty(12, 20), -100, 0.1, 1e-3, 3.0),
+            (*_ce_logits(False)[:2], None, torch.ones(2), torch.empty(0), -100, 0.0, 0.0, 0.0),
+        ],
+        loss_ref.cross_entropy,
+        differentiable=False,
+    ),
     # norm (add_*'s keyword residual_dtype: test_norm.py's opcheck)
-    "rms_norm": Op(lambda: [(_norm()[0], [16], _norm()[2], None), (_norm()[0], [5, 16], None, 1e-6)],
-                   norm_ref.rms_norm),
-    "layer_norm": Op(lambda: [(_norm()[0], [16], *_norm()[2:], 1e-5), (_norm()[0], [5, 16], None, None, 1e-5)],
-                     norm_ref.layer_norm),
+    "rms_norm": Op(
+        lambda: [(_norm()[0], [16], _norm()[2], None), (_norm()[0], [5, 16], None, 1e-6)], norm_ref.rms_norm
+    ),
+    "layer_norm": Op(
+        lambda: [(_norm()[0], [16], *_norm()[2:], 1e-5), (_norm()[0], [5, 16], None, None, 1e-5)], norm_ref.layer_norm
+    ),
     "add_rms_norm": Op(lambda: [(*_norm()[:2], [16], _norm()[2], None)], norm_ref.add_rms_norm),
     "add_layer_norm": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5)], norm_ref.add_layer_norm),
-    "norm_fwd": Op(lambda: [(*_norm()[:2], [16], *_norm()[2:], 1e-5, False),
-                            (*_norm()[:2], [16], _norm()[2], None, 1e-5, True),
-                            (_norm(torch.bfloat16)[0], _norm()[1], [5, 16], None, None, 1e-5, True),
-                            (_norm()[0], None, [16], None, _norm()[3], 1e-5, False)], norm_ref.norm_fwd),
+    "norm_fwd": Op(
+        lambda: [
+            (*_norm()[:2], [16], *_norm()[2:], 1e-5, False),
+            (*_norm()[:2], [16], _norm()[2], None, 1e-5, True),
+            (_norm(torch.bfloat16)[0], _norm()[1], [5, 16], None, None, 1e-5, True),
+            (_norm()[0], None, [16], None, _norm()[3], 1e-5, False),
+        ],
+        norm_ref.norm_fwd,
+    ),
     "norm_backward": Op(_norm_backward_samples, backward_of="norm_fwd"),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
-    "scale_grads_": Op(lambda: [(_optim_lists()[0], _optim_lists()[3])], optim_ref.clip_grad_norm_,
-                       differentiable=False),
-    "clip_grad_norm_": Op(lambda: [([_x(5), _x(2, 3, seed=1)], 1.0, 2.0)], optim_ref.clip_grad_norm_,
-                          differentiable=False),
+    "scale_grads_": Op(
+        lambda: [(_optim_lists()[0], _optim_lists()[3])], optim_ref.clip_grad_norm_, differentiable=False
+    ),
+    "clip_grad_norm_": Op(
+        lambda: [([_x(5), _x(2, 3, seed=1)], 1.0, 2.0)], optim_ref.clip_grad_norm_, differentiable=False
+    ),
     "sgd_step_": Op(_sgd_samples, optim_ref.ReferenceOptimizer, differentiable=False),
     "adam_step_": Op(_adam_samples, optim_ref.ReferenceOptimizer, differentiable=False),
     # the fp32 gradient accumulation of master-weight training, held against the reference step it feeds
-    "accumulate_grads_": Op(lambda: [([torch.zeros(5), torch.zeros(3, 2)],
-                                      [torch.ones(5).bfloat16(), torch.full((3, 2), 0.5).half()], False)],
-                            optim_ref.ReferenceOptimizer, differentiable=False),
+    "accumulate_grads_": Op(
+        lambda: [
+            ([torch.zeros(5), torch.zeros(3, 2)], [torch.ones(5).bfloat16(), torch.full((3, 2), 0.5).half()], False)
+        ],
+        optim_ref.ReferenceOptimizer,
+        differentiable=False,
+    ),
 }
 
 

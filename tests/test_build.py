@@ -1,4 +1,5 @@
 """The build's own helpers: what a user's `pip install` and the GPU suite rely on before any kernel runs."""
+
 import importlib.util
 import os
 import shutil
@@ -31,8 +32,12 @@ def test_cuda_home_found_through_an_nvcc_wrapper_script(tmp_path):
     home = cuda_toolkit().real_cuda_home(str(wrapper))
     assert home is not None and not home.startswith(str(tmp_path))
     assert os.path.isfile(os.path.join(home, "include", "cuda_runtime.h"))
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "cuda_toolkit.py")], capture_output=True,
-                         text=True, env={**os.environ, "PATH": f"{wrapper_dir}:{os.environ['PATH']}"})
+    out = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "cuda_toolkit.py")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{wrapper_dir}:{os.environ['PATH']}"},
+    )
     assert out.returncode == 0 and out.stdout.strip() == home
 
 

@@ -1,11 +1,12 @@
 """fused.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_."""
+
 import math
 
 import pytest
 import torch
+from harness import assert_accuracy, raises
 
 import fused
-from harness import assert_accuracy, raises
 
 SHAPES = [(3, 5, 131), (70001,), (1,), (0,), (4, 4)]
 
@@ -59,8 +60,10 @@ def test_dtypes(dtype):
 
 def test_mixed_dtypes_norm_dtype():
     """Mixed gradient dtypes: the norm comes back in their promoted dtype, as torch.stack promotes in torch's."""
-    for dtypes, want in [((torch.float16, torch.bfloat16), torch.float32), ((torch.float32, torch.float64),
-                                                                           torch.float64)]:
+    for dtypes, want in [
+        ((torch.float16, torch.bfloat16), torch.float32),
+        ((torch.float32, torch.float64), torch.float64),
+    ]:
         ps = [torch.zeros(4, dtype=d, requires_grad=True) for d in dtypes]
         for p in ps:
             p.grad = torch.full((4,), 3.0, dtype=p.dtype)
@@ -115,8 +118,11 @@ def test_strided_grads(norm_type):
     """Strided (non-dense) and transposed gradients are clipped in place, keeping their layout, as torch's."""
     g = torch.Generator().manual_seed(0)
     wide = torch.randn(20, 20, generator=g)
-    ours = [torch.zeros(20, 5, requires_grad=True), torch.zeros(20, 20, requires_grad=True),
-            torch.zeros(20, 5, requires_grad=True)]
+    ours = [
+        torch.zeros(20, 5, requires_grad=True),
+        torch.zeros(20, 20, requires_grad=True),
+        torch.zeros(20, 5, requires_grad=True),
+    ]
     ours[0].grad, ours[1].grad = wide[:, :5], wide.t().contiguous().t()
     ours[2].grad = torch.randn(20, 5, generator=g)
     theirs = clone(ours)
@@ -160,8 +166,9 @@ def test_warnings_and_arguments_as_torch():
         for foreach in (None, True, False):
             ours, theirs = params_with_grads(), params_with_grads()
             norm = fused.clip_grad_norm_(ours, 1.0, norm_type=norm_type, foreach=foreach)
-            ref = torch.nn.utils.clip_grad_norm_([q for q in theirs if q.numel()], 1.0, norm_type=norm_type,
-                                                 foreach=foreach)
+            ref = torch.nn.utils.clip_grad_norm_(
+                [q for q in theirs if q.numel()], 1.0, norm_type=norm_type, foreach=foreach
+            )
             assert_accuracy(norm.reshape(1), ref.reshape(1), exact_norm.reshape(1))
             for p, q, e in zip(ours, theirs, exact):
                 if p.numel():

@@ -7,6 +7,7 @@ and thread orders and SM counts. Odd sizes, tails, unaligned pointers (the scala
 stride loops (one SM: 8 blocks a wave), grids sliced past 65535 blocks, empty inputs. The emulation's own
 semantics and planted bugs (a missing barrier, an off-by-one tail, a wrong shuffle offset) are checked first.
 Select with `pytest -k emulation`. What it cannot show: see the README's "GPU status"."""
+
 import functools
 import glob
 import math
@@ -15,11 +16,12 @@ import os
 import pytest
 import torch
 
-import cuda_emulation as ce
 from fused._codes import ACT_CODES, parse_op
 from fused.distance import reference as dref
-from fused.elementwise import encode_ops, reference as eref
-from harness import ALL_DTYPES, assert_accuracy, assert_close, make
+from fused.elementwise import encode_ops
+from fused.elementwise import reference as eref
+from tests import cuda_emulation as ce
+from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, make
 
 pytestmark = pytest.mark.skipif(ce.unavailable() is not None, reason=str(ce.unavailable()))
 
@@ -30,18 +32,10 @@ NAN = float("nan")
 GUARD = 32  # NaN elements before and after every buffer
 
 
-@pytest.fixture(scope="module")
-def emu():
-    m = ce.module()
-    m.set_sm_count(1)
-    m.set_schedule_seed(1)
-    yield m
-    m.set_sm_count(2)
-
-
 @pytest.fixture
 def reschedule(emu):
     """Runs f() under other schedule seeds and SM counts; restores the defaults."""
+
     def run(f):
         results = []
         try:
@@ -53,6 +47,7 @@ def reschedule(emu):
             emu.set_schedule_seed(1)
             emu.set_sm_count(1)
         return results
+
     return run
 
 
@@ -66,7 +61,7 @@ def buf(values, misalign=False):
     start = GUARD + int(misalign)
     flat = torch.full((start + values.numel() + GUARD,), poison(values.dtype), dtype=values.dtype)
     flat.data_region = (start, start + values.numel())
-    view = flat[start:start + values.numel()].view(values.shape)
+    view = flat[start : start + values.numel()].view(values.shape)
     view.copy_(values)
     return view
 
@@ -84,8 +79,13 @@ def pointers(a):
 
 
 def tensors(a):
-    return [t for x in a for t in tensors(x)] if isinstance(a, (list, tuple)) else [a] if isinstance(a, torch.Tensor) \
+    return (
+        [t for x in a for t in tensors(x)]
+        if isinstance(a, (list, tuple))
+        else [a]
+        if isinstance(a, torch.Tensor)
         else []
+    )
 
 
 def launch(fn, *args):
@@ -95,8 +95,9 @@ def launch(fn, *args):
         if hasattr(a._base, "data_region"):
             start, end = a._base.data_region
             guards = torch.cat([a._base[:start], a._base[end:]])
-            assert torch.equal(bits(guards), bits(torch.full_like(guards, poison(a.dtype)))), \
+            assert torch.equal(bits(guards), bits(torch.full_like(guards, poison(a.dtype)))), (
                 f"{fn.__name__} wrote outside a buffer"
+            )
 
 
 def code(dtype):
@@ -108,8 +109,9 @@ def bits(t):
 
 
 def assert_equal_bits(a, b):
-    assert torch.equal(bits(a.contiguous()), bits(b.contiguous())), \
+    assert torch.equal(bits(a.contiguous()), bits(b.contiguous())), (
         f"max |diff| {(a.double() - b.double()).abs().max()}"
+    )
 
 
 # ---------------------------------------------------------------- the emulation itself
@@ -131,23 +133,51 @@ def collective_model(x, kind, mask, exited, arg, width):
         if exited >> lane & 1 or not mask >> lane & 1:
             res.append(-3 if exited >> lane & 1 else -2)
         elif kind <= 3 or kind == 7:
-            src = [seg + arg % width, lane - arg if pos >= arg else lane, lane + arg if pos + arg < width else lane,
-                   lane ^ arg if (lane ^ arg) < seg + width else lane, 0, 0, 0, lane ^ 1][kind]
+            src = [
+                seg + arg % width,
+                lane - arg if pos >= arg else lane,
+                lane + arg if pos + arg < width else lane,
+                lane ^ arg if (lane ^ arg) < seg + width else lane,
+                0,
+                0,
+                0,
+                lane ^ 1,
+            ][kind]
             res.append(x[w0 + src] if part[src] else -1)
         else:
             ballot = sum(1 << m for m in range(32) if part[m] and x[w0 + m])
             everyone = sum(1 << m for m in range(32) if part[m])
-            res.append([ballot - (1 << 32) if ballot >= 1 << 31 else ballot, int(ballot != 0),
-                        int(ballot == everyone)][kind - 4])
+            res.append(
+                [ballot - (1 << 32) if ballot >= 1 << 31 else ballot, int(ballot != 0), int(ballot == everyone)][
+                    kind - 4
+                ]
+            )
     return res
 
 
 # kind: 0-3 __shfl_sync / _up / _down / _xor, 4-6 __ballot_sync / __any_sync / __all_sync, 7 each lane reads its
 # neighbour's shared-memory write after __syncwarp. 48 threads: the second warp has 16 lanes.
-@pytest.mark.parametrize("kind,arg,width", [(0, 5, 32), (0, 37, 8), (1, 3, 32), (1, 2, 8), (2, 1, 32), (2, 3, 16),
-                                            (3, 16, 32), (3, 5, 8), (4, 0, 32), (5, 0, 32), (6, 0, 32), (7, 0, 32)])
-@pytest.mark.parametrize("mask,exited,threads", [(0xFFFFFFFF, 0, 64), (0x0000FFFF, 0, 64), (0x5555AAAA, 0, 64),
-                                                 (0xFFFFFFFF, 0x00300021, 64), (0xFFFFFFFF, 0, 48)])
+@pytest.mark.parametrize(
+    "kind,arg,width",
+    [
+        (0, 5, 32),
+        (0, 37, 8),
+        (1, 3, 32),
+        (1, 2, 8),
+        (2, 1, 32),
+        (2, 3, 16),
+        (3, 16, 32),
+        (3, 5, 8),
+        (4, 0, 32),
+        (5, 0, 32),
+        (6, 0, 32),
+        (7, 0, 32),
+    ],
+)
+@pytest.mark.parametrize(
+    "mask,exited,threads",
+    [(0xFFFFFFFF, 0, 64), (0x0000FFFF, 0, 64), (0x5555AAAA, 0, 64), (0xFFFFFFFF, 0x00300021, 64), (0xFFFFFFFF, 0, 48)],
+)
 def test_warp_collectives(emu, kind, arg, width, mask, exited, threads):
     x = torch.tensor([(t * 7) % 5 if kind >= 4 else 1000 + t for t in range(threads)], dtype=torch.int32)
     y = out((threads,), torch.int32)
@@ -211,15 +241,22 @@ def test_planted_wrong_shuffle_offset_is_caught(emu):
     assert not torch.allclose(y, x.view(2, 32).sum(1))
 
 
-@pytest.mark.parametrize("mode,message", [
-    (0, r"waits at __syncthreads \(.*\) while .* waits at another"),
-    (1, "__shfl_xor_sync and lane 16's __shfl_down_sync of one mask differ"),
-    (2, r"deadlock in block \(0,0,0\): no thread can run; threads 0-15: __shfl_xor_sync; threads 16-63: __syncthreads"),
-    (3, r"__shfl_sync with mask 1 and width 32 \(the calling lane must be in the mask"),
-    (4, r"invalid configuration argument: launch of grid \(1,1,1\), block \(2048,1,1\)"),
-    (5, r"invalid configuration argument: launch of grid \(1,65536,1\)"),
-    (6, "dynamic shared memory is not emulated"),
-])
+@pytest.mark.parametrize(
+    "mode,message",
+    [
+        (0, r"waits at __syncthreads \(.*\) while .* waits at another"),
+        (1, "__shfl_xor_sync and lane 16's __shfl_down_sync of one mask differ"),
+        (
+            2,
+            r"deadlock in block \(0,0,0\): no thread can run; "
+            r"threads 0-15: __shfl_xor_sync; threads 16-63: __syncthreads",
+        ),
+        (3, r"__shfl_sync with mask 1 and width 32 \(the calling lane must be in the mask"),
+        (4, r"invalid configuration argument: launch of grid \(1,1,1\), block \(2048,1,1\)"),
+        (5, r"invalid configuration argument: launch of grid \(1,65536,1\)"),
+        (6, "dynamic shared memory is not emulated"),
+    ],
+)
 def test_faults_fail_the_launch(emu, mode, message):
     with pytest.raises(RuntimeError, match=message):
         emu.selftest.fault(mode)
@@ -259,8 +296,19 @@ def test_bias_act_backward(emu, act, dtype, reschedule):
 
     def run(misalign=False):
         gx, gb = out(x.shape, dtype, misalign), out((C,), dtype)
-        launch(emu.bias_act_backward, code(dtype), ACT_CODES[act], buf(g, misalign), buf(x, misalign), buf(b), gx,
-               gb, ew_workspace(emu, rows, C, dtype), rows * C, C)
+        launch(
+            emu.bias_act_backward,
+            code(dtype),
+            ACT_CODES[act],
+            buf(g, misalign),
+            buf(x, misalign),
+            buf(b),
+            gx,
+            gb,
+            ew_workspace(emu, rows, C, dtype),
+            rows * C,
+            C,
+        )
         return gx, gb
 
     for misalign in (False, True):
@@ -292,8 +340,20 @@ def test_glu(emu, act, dtype):
         assert_close(y, F.glu(gate, up, act))
         assert_close(y, eref.glu(gate.double(), up.double(), act), dtype)
         gg, gu = out((rows, cols), dtype), out((rows, cols), dtype)
-        launch(emu.glu_backward, code(dtype), ACT_CODES[act], buf(grad), gate_b, 2 * cols, up_b, 2 * cols, gg, gu, rows,
-               cols)
+        launch(
+            emu.glu_backward,
+            code(dtype),
+            ACT_CODES[act],
+            buf(grad),
+            gate_b,
+            2 * cols,
+            up_b,
+            2 * cols,
+            gg,
+            gu,
+            rows,
+            cols,
+        )
         cpu_gg, cpu_gu = F.glu_backward(grad, gate, up, act)
         assert_close(gg, cpu_gg, scale=4)
         assert_close(gu, cpu_gu, scale=4)
@@ -320,8 +380,17 @@ def test_bias_dropout_add_is_the_cpu_kernels_bits(emu, p, dtype):
         expected = F.bias_dropout_add_seeded(x, b, r, p, seed_t)
         for misalign in (False, True):
             y = out(x.shape, dtype, misalign)
-            launch(emu.bias_dropout_add, code(dtype), buf(x, misalign), buf(b), buf(r, misalign), y, x.numel(), C,
-                   *dropout_args(p, seed))
+            launch(
+                emu.bias_dropout_add,
+                code(dtype),
+                buf(x, misalign),
+                buf(b),
+                buf(r, misalign),
+                y,
+                x.numel(),
+                C,
+                *dropout_args(p, seed),
+            )
             assert_equal_bits(y, expected)
         keep = eref.dropout_keep_mask(seed, x.shape, p)
         assert_close(y, eref.bias_dropout_add(x.double(), b.double(), r.double(), p, seed=seed), dtype)
@@ -340,8 +409,17 @@ def test_dropout_backward(emu, dtype, reschedule):
 
     def run(misalign=False):
         gx, gb = out(g.shape, dtype, misalign), out((C,), dtype)
-        launch(emu.dropout_backward, code(dtype), buf(g, misalign), gx, gb, ew_workspace(emu, rows, C, dtype),
-               g.numel(), C, *dropout_args(p, seed))
+        launch(
+            emu.dropout_backward,
+            code(dtype),
+            buf(g, misalign),
+            gx,
+            gb,
+            ew_workspace(emu, rows, C, dtype),
+            g.numel(),
+            C,
+            *dropout_args(p, seed),
+        )
         return gx, gb
 
     for misalign in (False, True):
@@ -361,8 +439,7 @@ CHAINS = [
     ["square"] * 10,
     [("mul", 0.5), "tanh", ("add", 1.0)],
     ["sigmoid", "log", "neg", "exp", ("pow", 3.0), "sqrt", "rsqrt", "reciprocal"],
-    ["abs", ("clamp_min", 0.25), ("clamp_max", 2.0), "relu", "gelu", "gelu_tanh", "silu", "sin", "cos",
-     ("pow", 0.0)],
+    ["abs", ("clamp_min", 0.25), ("clamp_max", 2.0), "relu", "gelu", "gelu_tanh", "silu", "sin", "cos", ("pow", 0.0)],
     [("mul", 0.999)] * 64,  # a whole launch's worth of ops
 ]
 
@@ -379,8 +456,9 @@ def test_unary_chain(emu, chain, dtype):
         launch(emu.unary_chain, code(dtype), op_codes, scalars, buf(x, misalign), y, x.numel())
         assert_close(y, F.unary_chain(x, ops), scale=4)
         assert_close(y, eref.unary_chain(x.double(), chain), dtype, scale=4)
-        launch(emu.unary_chain_backward, code(dtype), op_codes, scalars, buf(g, misalign), buf(x, misalign), gx,
-               x.numel())
+        launch(
+            emu.unary_chain_backward, code(dtype), op_codes, scalars, buf(g, misalign), buf(x, misalign), gx, x.numel()
+        )
         assert_close(gx, F.unary_chain_backward(g, x, ops), scale=8)
         x64 = x.double().requires_grad_()
         (ref_gx,) = torch.autograd.grad(eref.unary_chain(x64, chain), x64, g.double())
@@ -393,8 +471,9 @@ def test_elementwise_empty_inputs_launch_nothing(emu):
     launch(emu.unary_chain, 0, [0], [0.0], buf(torch.zeros(0)), y, 0)
     launch(emu.bias_dropout_add, 0, buf(torch.zeros(0)), None, buf(torch.zeros(0)), y, 0, 1, *dropout_args(0.5, 1))
     gb = out((5,), torch.float32)
-    launch(emu.bias_act_backward, 0, 2, buf(torch.zeros(0)), buf(torch.zeros(0)), buf(torch.zeros(5)), y, gb, None,
-           0, 5)
+    launch(
+        emu.bias_act_backward, 0, 2, buf(torch.zeros(0)), buf(torch.zeros(0)), buf(torch.zeros(5)), y, gb, None, 0, 5
+    )
     launch(emu.glu, 0, 4, buf(torch.zeros(0)), 0, buf(torch.zeros(0)), 0, y, 0, 7)
     assert torch.isnan(gb).all()  # nothing written
 
@@ -445,8 +524,18 @@ def test_linear_act_grad_bias(emu, act, dtype, reschedule):
 
     def run():
         gp, gb = out((M, N), dtype), out((N,), dtype)
-        launch(emu.act_grad_bias, code(dtype), ACT_CODES[act], buf(grad), buf(saved), gp, gb,
-               linear_workspace(emu, dtype, M, N), M, N)
+        launch(
+            emu.act_grad_bias,
+            code(dtype),
+            ACT_CODES[act],
+            buf(grad),
+            buf(saved),
+            gp,
+            gb,
+            linear_workspace(emu, dtype, M, N),
+            M,
+            N,
+        )
         return gp, gb
 
     gp, gb = run()
@@ -466,8 +555,18 @@ def test_linear_act_grad_bias_column_tiles_past_65535(emu):
     M, N = 2, 65536 * 32 + 5
     grad, saved = make((M, N), seed=0), make((M, N), seed=1)
     gp, gb = out((M, N), torch.float32), out((N,), torch.float32)
-    launch(emu.act_grad_bias, code(torch.float32), ACT_CODES["silu"], buf(grad), buf(saved), gp, gb,
-           linear_workspace(emu, torch.float32, M, N), M, N)
+    launch(
+        emu.act_grad_bias,
+        code(torch.float32),
+        ACT_CODES["silu"],
+        buf(grad),
+        buf(saved),
+        gp,
+        gb,
+        linear_workspace(emu, torch.float32, M, N),
+        M,
+        N,
+    )
     cpu_gp, cpu_gb = F.linear_act_grad_pre(grad, saved, "silu", True)
     assert_close(gp, cpu_gp, scale=4)
     assert_close(gb, cpu_gb, scale=4)
@@ -490,8 +589,9 @@ def metric(p):
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
-@pytest.mark.parametrize("p,squared", [(2.0, False), (2.0, True), (1.0, False), (0.0, False), (math.inf, False),
-                                       (3.5, False), (0.5, False)])
+@pytest.mark.parametrize(
+    "p,squared", [(2.0, False), (2.0, True), (1.0, False), (0.0, False), (math.inf, False), (3.5, False), (0.5, False)]
+)
 def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     """B=2 batches of 70 x 130 points: 2 x 2 output tiles with tails, D=17: a staged chunk of 16 coordinates and
     a tail of 1. Duplicated points (zero distance: zero subgradient). The gradient of both inputs, as the binding
@@ -500,8 +600,9 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     a, b = make((B, N, D), dtype, seed=0), make((B, M, D), dtype, seed=1)
     b[:, 3] = a[:, 5]
     dist = out((B, N, M), dtype)
-    launch(emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), None, None, dist, B, N,
-           M, D)
+    launch(
+        emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), None, None, dist, B, N, M, D
+    )
     expected = F.pairwise_distances(a, b, p, squared)
     assert_close(dist, expected, scale=4)
     assert_close(dist, dref.pairwise_distances(a.double(), b.double(), p, squared), dtype, scale=4)
@@ -513,10 +614,46 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     grad = make((B, N, M), gdtype, seed=2)
     math_t = torch.float64 if gdtype == torch.float64 else torch.float32
     ga, gb = out((B, N, D), math_t), out((B, M, D), math_t)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(dist), None,
-           None, ga, B, N, M, D, M, 1)
-    launch(emu.pairwise_distances_grad, code(gdtype), metric(p), p, squared, buf(b), buf(a), buf(grad), buf(dist), None,
-           None, gb, B, M, N, D, 1, M)
+    launch(
+        emu.pairwise_distances_grad,
+        code(gdtype),
+        metric(p),
+        p,
+        squared,
+        buf(a),
+        buf(b),
+        buf(grad),
+        buf(dist),
+        None,
+        None,
+        ga,
+        B,
+        N,
+        M,
+        D,
+        M,
+        1,
+    )
+    launch(
+        emu.pairwise_distances_grad,
+        code(gdtype),
+        metric(p),
+        p,
+        squared,
+        buf(b),
+        buf(a),
+        buf(grad),
+        buf(dist),
+        None,
+        None,
+        gb,
+        B,
+        M,
+        N,
+        D,
+        1,
+        M,
+    )
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, dist, p, squared)
     a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
     ref_ga, ref_gb = torch.autograd.grad(dref.pairwise_distances(a64, b64, p, squared), (a64, b64), grad.double())
@@ -535,8 +672,9 @@ def test_pairwise_distances_batches_past_65535(emu):
     assert_close(dist, torch.cdist(a.double(), b.double()), torch.float32)
     grad = make((B, 1, 1), seed=2)
     ga = out((B, 1, 2), torch.float32)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, None, None, ga, B, 1, 1, 2,
-           1, 1)
+    launch(
+        emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, None, None, ga, B, 1, 1, 2, 1, 1
+    )
     assert_close(ga, F.pairwise_distances_backward(grad, a, b, dist, 2.0, False)[0])
 
 
@@ -544,18 +682,64 @@ def test_distance_zero_dimensions(emu):
     """D = 0: every distance is 0, for every metric."""
     for p in (0.0, 1.0, 2.0, math.inf, 3.5):
         dist = out((2, 3, 4), torch.float32)
-        launch(emu.pairwise_distances_direct, 0, metric(p), p, False, buf(torch.zeros(2, 3, 0)),
-               buf(torch.zeros(2, 4, 0)), None, None, dist, 2, 3, 4, 0)
+        launch(
+            emu.pairwise_distances_direct,
+            0,
+            metric(p),
+            p,
+            False,
+            buf(torch.zeros(2, 3, 0)),
+            buf(torch.zeros(2, 4, 0)),
+            None,
+            None,
+            dist,
+            2,
+            3,
+            4,
+            0,
+        )
         assert torch.equal(dist, F.pairwise_distances(torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p, False))
 
 
 def test_distance_empty_inputs_launch_nothing(emu):
     dist = out((2, 0, 3), torch.float32)
-    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(torch.zeros(2, 0, 4)), buf(torch.zeros(2, 3, 4)),
-           None, None, dist, 2, 0, 3, 4)
+    launch(
+        emu.pairwise_distances_direct,
+        0,
+        2,
+        2.0,
+        False,
+        buf(torch.zeros(2, 0, 4)),
+        buf(torch.zeros(2, 3, 4)),
+        None,
+        None,
+        dist,
+        2,
+        0,
+        3,
+        4,
+    )
     ga = out((2, 3, 0), torch.float32)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(torch.zeros(2, 3, 0)), buf(torch.zeros(2, 4, 0)),
-           buf(torch.zeros(2, 3, 4)), buf(torch.zeros(2, 3, 4)), None, None, ga, 2, 3, 4, 0, 4, 1)
+    launch(
+        emu.pairwise_distances_grad,
+        0,
+        2,
+        2.0,
+        False,
+        buf(torch.zeros(2, 3, 0)),
+        buf(torch.zeros(2, 4, 0)),
+        buf(torch.zeros(2, 3, 4)),
+        buf(torch.zeros(2, 3, 4)),
+        None,
+        None,
+        ga,
+        2,
+        3,
+        4,
+        0,
+        4,
+        1,
+    )
 
 
 def test_pairwise_distances_padded_batches(emu):
@@ -574,10 +758,46 @@ def test_pairwise_distances_padded_batches(emu):
     assert not dist.isnan().any() and (dist[1, 13:] == 0).all() and (dist[0, :, 1:] == 0).all()
     grad = make((B, N, M), seed=5)
     ga, gb = out((B, N, D), torch.float32), out((B, M, D), torch.float32)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, buf(la), buf(lb), ga, B, N,
-           M, D, M, 1)
-    launch(emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(b), buf(a), buf(grad), dist, buf(lb), buf(la), gb, B, M,
-           N, D, 1, M)
+    launch(
+        emu.pairwise_distances_grad,
+        0,
+        2,
+        2.0,
+        False,
+        buf(a),
+        buf(b),
+        buf(grad),
+        dist,
+        buf(la),
+        buf(lb),
+        ga,
+        B,
+        N,
+        M,
+        D,
+        M,
+        1,
+    )
+    launch(
+        emu.pairwise_distances_grad,
+        0,
+        2,
+        2.0,
+        False,
+        buf(b),
+        buf(a),
+        buf(grad),
+        dist,
+        buf(lb),
+        buf(la),
+        gb,
+        B,
+        M,
+        N,
+        D,
+        1,
+        M,
+    )
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, expected, 2.0, False, la, lb)
     assert_close(ga, cpu_ga, scale=8)
     assert_close(gb, cpu_gb, scale=8)
@@ -589,9 +809,28 @@ def select(emu, a, b, width, p=2.0, squared=False, largest=False, radius=None, l
     B, N, D = a.shape
     M = b.shape[1]
     values, indices = out((B, N, width), a.dtype), out((B, N, width), torch.int64)
-    launch(emu.select_direct, code(a.dtype), metric(p), p, squared, largest, radius is not None,
-           0.0 if radius is None else radius, buf(a), buf(b), la, lb, values, indices, B, N, M, D,
-           max(1, min(width, M)), width)
+    launch(
+        emu.select_direct,
+        code(a.dtype),
+        metric(p),
+        p,
+        squared,
+        largest,
+        radius is not None,
+        0.0 if radius is None else radius,
+        buf(a),
+        buf(b),
+        la,
+        lb,
+        values,
+        indices,
+        B,
+        N,
+        M,
+        D,
+        max(1, min(width, M)),
+        width,
+    )
     return values, indices
 
 
@@ -647,8 +886,27 @@ def select_grad(emu, grad, a, b, values, indices, p=2.0, squared=False):
     keys, order = torch.sort(keys, stable=True)
     math_t = torch.float64 if a.dtype == torch.float64 else torch.float32
     ga, gb = out((B, N, D), math_t), buf(torch.zeros(B, M, D, dtype=math_t))
-    launch(emu.select_grad, code(a.dtype), metric(p), p, squared, buf(a), buf(b), buf(grad), buf(values),
-           buf(indices), buf(keys), buf(order), ga, gb, B, N, M, D, k)
+    launch(
+        emu.select_grad,
+        code(a.dtype),
+        metric(p),
+        p,
+        squared,
+        buf(a),
+        buf(b),
+        buf(grad),
+        buf(values),
+        buf(indices),
+        buf(keys),
+        buf(order),
+        ga,
+        gb,
+        B,
+        N,
+        M,
+        D,
+        k,
+    )
     return ga, gb
 
 
@@ -699,14 +957,34 @@ def norm_kind(norm_type):
 def emu_grad_norm(emu, ws, grads, found_inf, grad_scale, norm_type, max_norm, clip_value, finish=True):
     """As grad_norm_cuda calls it: the norm in the gradients' promoted dtype (float64 accumulator when not
     finished), the clip coefficient in float64, float64 accumulation where a gradient is float64."""
-    norm_dtype = torch.float64 if not finish else \
-        functools.reduce(torch.promote_types, [g.dtype for g in grads], grads[0].dtype if grads else torch.float32)
+    norm_dtype = (
+        torch.float64
+        if not finish
+        else functools.reduce(torch.promote_types, [g.dtype for g in grads], grads[0].dtype if grads else torch.float32)
+    )
     norm, found = out((), norm_dtype), out((), torch.float32)
     coef = out((), torch.float64) if finish else None
-    optim_launch(ws, emu.grad_norm, [[buf(g) for g in grads]], [g.numel() for g in grads],
-                 [code(g.dtype) for g in grads], ws, found_inf, grad_scale, norm_kind(norm_type), norm_type, max_norm,
-                 clip_value, finish, norm, coef, found, NUM_SMS, any(g.dtype == torch.float64 for g in grads),
-                 code(norm_dtype))
+    optim_launch(
+        ws,
+        emu.grad_norm,
+        [[buf(g) for g in grads]],
+        [g.numel() for g in grads],
+        [code(g.dtype) for g in grads],
+        ws,
+        found_inf,
+        grad_scale,
+        norm_kind(norm_type),
+        norm_type,
+        max_norm,
+        clip_value,
+        finish,
+        norm,
+        coef,
+        found,
+        NUM_SMS,
+        any(g.dtype == torch.float64 for g in grads),
+        code(norm_dtype),
+    )
     return norm, coef, found
 
 
@@ -735,30 +1013,123 @@ def hyper_rows(hyper):
     return [] if hyper is None else hyper.double().flatten().tolist()
 
 
-def emu_sgd_step_(emu, ws, params, grads, bufs, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-                  clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
-                  write_grads=False):
+def emu_sgd_step_(
+    emu,
+    ws,
+    params,
+    grads,
+    bufs,
+    steps,
+    lr,
+    momentum,
+    dampening,
+    weight_decay,
+    nesterov,
+    maximize,
+    clip_coef,
+    grad_scale,
+    found_inf,
+    clip_value,
+    model_params,
+    sr_seed=None,
+    hyper=None,
+    write_grads=False,
+):
     use_momentum = momentum != 0
     lists = [params, grads] + ([bufs] if use_momentum else []) + ([model_params] if model_params else [])
-    codes = [update_code(emu, p, g, bufs[i] if use_momentum else None, model_params[i] if model_params else None)
-             for i, (p, g) in enumerate(zip(params, grads))]
+    codes = [
+        update_code(emu, p, g, bufs[i] if use_momentum else None, model_params[i] if model_params else None)
+        for i, (p, g) in enumerate(zip(params, grads))
+    ]
     seed, stochastic = seed_of(sr_seed)
-    optim_launch(ws, emu.sgd_step, lists, [p.numel() for p in params], codes, steps if use_momentum else [],
-                 hyper_rows(hyper), ws, lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize,
-                 stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
+    optim_launch(
+        ws,
+        emu.sgd_step,
+        lists,
+        [p.numel() for p in params],
+        codes,
+        steps if use_momentum else [],
+        hyper_rows(hyper),
+        ws,
+        lr,
+        momentum,
+        dampening,
+        weight_decay,
+        clip_value,
+        nesterov,
+        maximize,
+        stochastic,
+        seed,
+        clip_coef,
+        grad_scale,
+        found_inf,
+        NUM_SMS,
+        write_grads,
+    )
 
 
-def emu_adam_step_(emu, ws, params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps,
-                   weight_decay, amsgrad, decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value,
-                   model_params, sr_seed=None, hyper=None, write_grads=False):
-    lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else []) + \
-        ([model_params] if model_params else [])
-    codes = [update_code(emu, p, g, exp_avgs[i], model_params[i] if model_params else None)
-             for i, (p, g) in enumerate(zip(params, grads))]
+def emu_adam_step_(
+    emu,
+    ws,
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    steps,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    amsgrad,
+    decoupled,
+    maximize,
+    clip_coef,
+    grad_scale,
+    found_inf,
+    clip_value,
+    model_params,
+    sr_seed=None,
+    hyper=None,
+    write_grads=False,
+):
+    lists = (
+        [params, grads, exp_avgs, exp_avg_sqs]
+        + ([max_exp_avg_sqs] if amsgrad else [])
+        + ([model_params] if model_params else [])
+    )
+    codes = [
+        update_code(emu, p, g, exp_avgs[i], model_params[i] if model_params else None)
+        for i, (p, g) in enumerate(zip(params, grads))
+    ]
     seed, stochastic = seed_of(sr_seed)
-    optim_launch(ws, emu.adam_step, lists, [p.numel() for p in params], codes, steps, hyper_rows(hyper), ws, lr,
-                 beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize, stochastic, seed,
-                 clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
+    optim_launch(
+        ws,
+        emu.adam_step,
+        lists,
+        [p.numel() for p in params],
+        codes,
+        steps,
+        hyper_rows(hyper),
+        ws,
+        lr,
+        beta1,
+        beta2,
+        eps,
+        weight_decay,
+        clip_value,
+        amsgrad,
+        decoupled,
+        maximize,
+        stochastic,
+        seed,
+        clip_coef,
+        grad_scale,
+        found_inf,
+        NUM_SMS,
+        write_grads,
+    )
 
 
 def tensors_of(dtype, seed, scale=1.0):
@@ -776,8 +1147,11 @@ def test_grad_norm(emu, ws, reschedule, norm_type, dtype):
     """The norm (the last block adds the per-block partials in slot order; in the gradients' promoted dtype), the
     float64 clip coefficient and the finite check, against the CPU kernel and float64, unscaled and value-clipped;
     the same bits in any block order. float64 gradients are summed in float64: float64's tolerance."""
-    grads = tensors_of(dtype, 0, 100.0) if dtype != "mixed" else \
-        [t.to(d) for t, d in zip(tensors_of(torch.float64, 0, 100.0), ALL_DTYPES * 2)]
+    grads = (
+        tensors_of(dtype, 0, 100.0)
+        if dtype != "mixed"
+        else [t.to(d) for t, d in zip(tensors_of(torch.float64, 0, 100.0), ALL_DTYPES * 2)]
+    )
     tol = torch.float64 if dtype == torch.float64 else torch.float32
     scale, found_in = torch.tensor(64.0), torch.tensor(0.0)
     for clip_value in (math.inf, 50.0):
@@ -793,8 +1167,9 @@ def test_grad_norm(emu, ws, reschedule, norm_type, dtype):
         norm64 = torch.linalg.vector_norm(g64, norm_type)
         assert_close(norm, norm64, norm_tol, scale=4)
         assert_close(coef, (1.0 / (norm64 + 1e-6)).clamp(max=1.0), tol, scale=4)
-        for other in reschedule(lambda: emu_grad_norm(emu, ws, grads, scalar(0), scalar(64), norm_type, 1.0,
-                                                      clip_value)[:2]):
+        for other in reschedule(
+            lambda: emu_grad_norm(emu, ws, grads, scalar(0), scalar(64), norm_type, 1.0, clip_value)[:2]
+        ):
             assert_equal_bits(other[0], norm)
             assert_equal_bits(other[1], coef)
     acc, coef, found = emu_grad_norm(emu, ws, grads, None, None, norm_type, 1.0, math.inf, finish=False)
@@ -836,8 +1211,14 @@ def test_scale_grads_and_accumulate_grads(emu, dtype):
     for overwrite in (True, False):
         accs0 = tensors_of(acc_t, 3)
         accs = [buf(a) for a in accs0]
-        launch(emu.accumulate_grads, [accs, [buf(g) for g in grads]], [g.numel() for g in grads],
-               [code(dtype)] * len(grads), overwrite, NUM_SMS)
+        launch(
+            emu.accumulate_grads,
+            [accs, [buf(g) for g in grads]],
+            [g.numel() for g in grads],
+            [code(dtype)] * len(grads),
+            overwrite,
+            NUM_SMS,
+        )
         F.accumulate_grads_(accs0, grads, overwrite)
         for a, e in zip(accs, accs0):
             assert_equal_bits(a, e)
@@ -858,6 +1239,7 @@ def assert_update(emu_ts, cpu_ts):
 
 UPDATE_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 
+
 def assert_grads_written(emu_g, cpu_g, grads, step):
     """The gradients after a step: on step 0 (write_grads) the CPU kernel's write-back (clamp(g / 64, +-30) * 0.5:
     exact, so the same bits) and not the input; on step 1 (no write_grads) and step 2 (write_grads, skipped by
@@ -870,9 +1252,11 @@ def assert_grads_written(emu_g, cpu_g, grads, step):
             assert_equal_bits(e, g)
 
 
-SGD_CASES = [dict(momentum=0.9, dampening=0.2, weight_decay=0.01, nesterov=False, maximize=False),
-             dict(momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=True, maximize=True),
-             dict(momentum=0.0, dampening=0.0, weight_decay=0.1, nesterov=False, maximize=False)]
+SGD_CASES = [
+    dict(momentum=0.9, dampening=0.2, weight_decay=0.01, nesterov=False, maximize=False),
+    dict(momentum=0.9, dampening=0.0, weight_decay=0.0, nesterov=True, maximize=True),
+    dict(momentum=0.0, dampening=0.0, weight_decay=0.1, nesterov=False, maximize=False),
+]
 
 
 @pytest.mark.parametrize("dtype", UPDATE_DTYPES)
@@ -892,10 +1276,34 @@ def test_sgd_step(emu, ws, case, dtype):
         found = float(step == 2)
         args = (0.1, h["momentum"], h["dampening"], h["weight_decay"], h["nesterov"], h["maximize"])
         cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
-        F.sgd_step_(cpu_p, cpu_g, bufs(cpu_b), cpu_s if h["momentum"] else [], *args, torch.tensor(0.5, dtype=F64),
-                    torch.tensor(64.0), torch.tensor(found), 30.0, [], write_grads=step != 1)
-        emu_sgd_step_(emu, ws, emu_p, emu_g, bufs(emu_b), emu_s if h["momentum"] else [], *args,
-                      scalar(0.5, F64), scalar(64.0), scalar(found), 30.0, [], write_grads=step != 1)
+        F.sgd_step_(
+            cpu_p,
+            cpu_g,
+            bufs(cpu_b),
+            cpu_s if h["momentum"] else [],
+            *args,
+            torch.tensor(0.5, dtype=F64),
+            torch.tensor(64.0),
+            torch.tensor(found),
+            30.0,
+            [],
+            write_grads=step != 1,
+        )
+        emu_sgd_step_(
+            emu,
+            ws,
+            emu_p,
+            emu_g,
+            bufs(emu_b),
+            emu_s if h["momentum"] else [],
+            *args,
+            scalar(0.5, F64),
+            scalar(64.0),
+            scalar(found),
+            30.0,
+            [],
+            write_grads=step != 1,
+        )
         assert_update(emu_p, cpu_p)
         assert_grads_written(emu_g, cpu_g, grads, step)
         if h["momentum"]:
@@ -903,9 +1311,11 @@ def test_sgd_step(emu, ws, case, dtype):
             assert [s.item() for s in emu_s] == [s.item() for s in cpu_s] == [min(step + 1, 2)] * len(SHAPES)
 
 
-ADAM_CASES = [dict(amsgrad=False, decoupled=True, maximize=False, weight_decay=0.1),
-              dict(amsgrad=True, decoupled=False, maximize=True, weight_decay=0.01),
-              dict(amsgrad=False, decoupled=False, maximize=False, weight_decay=0.0)]
+ADAM_CASES = [
+    dict(amsgrad=False, decoupled=True, maximize=False, weight_decay=0.1),
+    dict(amsgrad=True, decoupled=False, maximize=True, weight_decay=0.01),
+    dict(amsgrad=False, decoupled=False, maximize=False, weight_decay=0.0),
+]
 
 
 @pytest.mark.parametrize("dtype", UPDATE_DTYPES)
@@ -925,10 +1335,34 @@ def test_adam_step(emu, ws, case, dtype):
         found = float(step == 2)
         args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
         cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
-        F.adam_step_(cpu_p, cpu_g, *cpu_st, cpu_s, *args, torch.tensor(0.5, dtype=F64), torch.tensor(64.0),
-                     torch.tensor(found), 30.0, [], write_grads=step != 1)
-        emu_adam_step_(emu, ws, emu_p, emu_g, *emu_st, emu_s, *args, scalar(0.5, F64), scalar(64.0), scalar(found),
-                       30.0, [], write_grads=step != 1)
+        F.adam_step_(
+            cpu_p,
+            cpu_g,
+            *cpu_st,
+            cpu_s,
+            *args,
+            torch.tensor(0.5, dtype=F64),
+            torch.tensor(64.0),
+            torch.tensor(found),
+            30.0,
+            [],
+            write_grads=step != 1,
+        )
+        emu_adam_step_(
+            emu,
+            ws,
+            emu_p,
+            emu_g,
+            *emu_st,
+            emu_s,
+            *args,
+            scalar(0.5, F64),
+            scalar(64.0),
+            scalar(found),
+            30.0,
+            [],
+            write_grads=step != 1,
+        )
         assert_update(emu_p, cpu_p)
         assert_grads_written(emu_g, cpu_g, grads, step)
         for e, c in zip(emu_st, cpu_st):
@@ -948,26 +1382,77 @@ def test_master_weights_and_fp32_state(emu, ws, opt, low):
     for mode in ("master", "fp32 state"):
         params0 = masters0 if mode == "master" else model0
         cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
-        cpu_m, emu_m = ([m.clone() for m in model0], [out(m.shape, low) for m in model0]) if mode == "master" else \
-            ([], [])
+        cpu_m, emu_m = (
+            ([m.clone() for m in model0], [out(m.shape, low) for m in model0]) if mode == "master" else ([], [])
+        )
         g = grads if mode == "master" else [x.float() for x in grads]
         st = state_like(params0, torch.float32, seed=14)
         cpu_st, emu_st = [t.clone() for t in st], [buf(t) for t in st]
         cpu_s, emu_s = [torch.ones(()) for _ in SHAPES], [buf(torch.ones(())) for _ in SHAPES]
         if opt == "sgd":
             args = (0.0, 0.9, 0.0, 0.0, False, False)  # lr, momentum, dampening, weight decay: the rows'
-            F.sgd_step_(cpu_p, g, cpu_st, cpu_s, *args, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
-                        math.inf, cpu_m, hyper=hyper)
-            emu_sgd_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_s, *args, scalar(1.0, F64), None,
-                          scalar(0.0), math.inf, emu_m, hyper=hyper)
+            F.sgd_step_(
+                cpu_p,
+                g,
+                cpu_st,
+                cpu_s,
+                *args,
+                torch.tensor(1.0, dtype=F64),
+                None,
+                torch.tensor(0.0),
+                math.inf,
+                cpu_m,
+                hyper=hyper,
+            )
+            emu_sgd_step_(
+                emu,
+                ws,
+                emu_p,
+                [buf(x) for x in g],
+                emu_st,
+                emu_s,
+                *args,
+                scalar(1.0, F64),
+                None,
+                scalar(0.0),
+                math.inf,
+                emu_m,
+                hyper=hyper,
+            )
         else:
             st2 = state_like(params0, torch.float32, seed=15)
             cpu_st2, emu_st2 = [t.clone() for t in st2], [buf(t) for t in st2]
             args = (1e-2, 0.9, 0.99, 1e-8, 0.1, False, True, False)
-            F.adam_step_(cpu_p, g, cpu_st, cpu_st2, [], cpu_s, *args, torch.tensor(1.0, dtype=F64), None,
-                         torch.tensor(0.0), math.inf, cpu_m)
-            emu_adam_step_(emu, ws, emu_p, [buf(x) for x in g], emu_st, emu_st2, [], emu_s, *args, scalar(1.0, F64),
-                           None, scalar(0.0), math.inf, emu_m)
+            F.adam_step_(
+                cpu_p,
+                g,
+                cpu_st,
+                cpu_st2,
+                [],
+                cpu_s,
+                *args,
+                torch.tensor(1.0, dtype=F64),
+                None,
+                torch.tensor(0.0),
+                math.inf,
+                cpu_m,
+            )
+            emu_adam_step_(
+                emu,
+                ws,
+                emu_p,
+                [buf(x) for x in g],
+                emu_st,
+                emu_st2,
+                [],
+                emu_s,
+                *args,
+                scalar(1.0, F64),
+                None,
+                scalar(0.0),
+                math.inf,
+                emu_m,
+            )
             assert_update(emu_st2, cpu_st2)
         assert_update(emu_p, cpu_p)
         assert_update(emu_st, cpu_st)
@@ -985,30 +1470,96 @@ def test_stochastic_rounding(emu, ws, opt):
     seed = torch.tensor(-123456789)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
     if opt == "sgd":  # lr a power of two: p - lr * g is exact in fp32, so only the rounding is compared
-        F.sgd_step_(cpu_p, grads, [], [], 2.0**-6, 0.0, 0.0, 0.0, False, False, torch.tensor(1.0, dtype=F64), None,
-                    torch.tensor(0.0), math.inf, [], sr_seed=seed)
-        emu_sgd_step_(emu, ws, emu_p, [buf(g) for g in grads], [], [], 2.0**-6, 0.0, 0.0, 0.0, False, False,
-                      scalar(1.0, F64), None, scalar(0.0), math.inf, [], sr_seed=seed)
+        F.sgd_step_(
+            cpu_p,
+            grads,
+            [],
+            [],
+            2.0**-6,
+            0.0,
+            0.0,
+            0.0,
+            False,
+            False,
+            torch.tensor(1.0, dtype=F64),
+            None,
+            torch.tensor(0.0),
+            math.inf,
+            [],
+            sr_seed=seed,
+        )
+        emu_sgd_step_(
+            emu,
+            ws,
+            emu_p,
+            [buf(g) for g in grads],
+            [],
+            [],
+            2.0**-6,
+            0.0,
+            0.0,
+            0.0,
+            False,
+            False,
+            scalar(1.0, F64),
+            None,
+            scalar(0.0),
+            math.inf,
+            [],
+            sr_seed=seed,
+        )
         for e, c in zip(emu_p, cpu_p):
             assert_equal_bits(e, c)
     else:
         st = [state_like(params0, torch.float32, seed=s) for s in (16, 17)]
         steps = [torch.ones(()) for _ in SHAPES]
-        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False, torch.tensor(1.0, dtype=F64), None, torch.tensor(0.0),
-                math.inf, [])
-        F.adam_step_(cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps], *args,
-                     sr_seed=seed)
-        emu_adam_step_(emu, ws, emu_p, [buf(g) for g in grads], *[[buf(t) for t in s] for s in st], [],
-                       [buf(t) for t in steps], *args[:8], scalar(1.0, F64), None, scalar(0.0), math.inf, [],
-                       sr_seed=seed)
+        args = (
+            1e-2,
+            0.9,
+            0.99,
+            1e-8,
+            0.0,
+            False,
+            True,
+            False,
+            torch.tensor(1.0, dtype=F64),
+            None,
+            torch.tensor(0.0),
+            math.inf,
+            [],
+        )
+        F.adam_step_(
+            cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps], *args, sr_seed=seed
+        )
+        emu_adam_step_(
+            emu,
+            ws,
+            emu_p,
+            [buf(g) for g in grads],
+            *[[buf(t) for t in s] for s in st],
+            [],
+            [buf(t) for t in steps],
+            *args[:8],
+            scalar(1.0, F64),
+            None,
+            scalar(0.0),
+            math.inf,
+            [],
+            sr_seed=seed,
+        )
         for e, c in zip(emu_p, cpu_p):
             assert_equal_bits(e, c)
 
 
 # ---------------------------------------------------------------- norm
 # (x dtype, residual stream dtype)
-NORM_DTYPES = [(torch.float32, torch.float32), (torch.float64, torch.float64), (torch.bfloat16, torch.bfloat16),
-               (torch.bfloat16, torch.float32), (torch.float16, torch.float16)]
+NORM_DTYPES = [
+    (torch.float32, torch.float32),
+    (torch.float64, torch.float64),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.bfloat16, torch.float32),
+    (torch.float16, torch.float16),
+]
 
 
 def emu_norm_fwd(emu, x, residual, weight, bias, eps, rms, misalign=False):
@@ -1016,11 +1567,26 @@ def emu_norm_fwd(emu, x, residual, weight, bias, eps, rms, misalign=False):
     rows, C = x.shape
     math_dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
     stream = residual.dtype if residual is not None else x.dtype
-    outs = (out((rows, C), x.dtype), out((rows, C), stream) if residual is not None else None,
-            None if rms else out((rows,), math_dtype), out((rows,), math_dtype))
-    launch(emu.norm_fwd, code(x.dtype), code(stream), buf(x, misalign), buf(residual) if residual is not None else None,
-           buf(weight) if weight is not None else None, buf(bias) if bias is not None else None, *outs, rows, C, eps,
-           rms)
+    outs = (
+        out((rows, C), x.dtype),
+        out((rows, C), stream) if residual is not None else None,
+        None if rms else out((rows,), math_dtype),
+        out((rows,), math_dtype),
+    )
+    launch(
+        emu.norm_fwd,
+        code(x.dtype),
+        code(stream),
+        buf(x, misalign),
+        buf(residual) if residual is not None else None,
+        buf(weight) if weight is not None else None,
+        buf(bias) if bias is not None else None,
+        *outs,
+        rows,
+        C,
+        eps,
+        rms,
+    )
     return outs
 
 
@@ -1028,11 +1594,28 @@ def emu_norm_backward(emu, grad, grad_sum, h, mean, rstd, weight, rms, weight_gr
     rows, C = h.shape
     math_dtype = torch.float64 if grad.dtype == torch.float64 else torch.float32
     ws = emu.norm_backward_workspace(rows, C)
-    grads = (out((rows, C), h.dtype), out((C,), math_dtype) if weight_grad else None,
-             out((C,), math_dtype) if bias_grad else None)
-    launch(emu.norm_backward, code(grad.dtype), code(h.dtype), buf(grad), buf(grad_sum) if grad_sum is not None else None,
-           buf(h), mean, rstd, buf(weight) if weight is not None else None, *grads,
-           out((ws,), math_dtype) if weight_grad else None, out((ws,), math_dtype) if bias_grad else None, rows, C, rms)
+    grads = (
+        out((rows, C), h.dtype),
+        out((C,), math_dtype) if weight_grad else None,
+        out((C,), math_dtype) if bias_grad else None,
+    )
+    launch(
+        emu.norm_backward,
+        code(grad.dtype),
+        code(h.dtype),
+        buf(grad),
+        buf(grad_sum) if grad_sum is not None else None,
+        buf(h),
+        mean,
+        rstd,
+        buf(weight) if weight is not None else None,
+        *grads,
+        out((ws,), math_dtype) if weight_grad else None,
+        out((ws,), math_dtype) if bias_grad else None,
+        rows,
+        C,
+        rms,
+    )
     return grads
 
 
@@ -1081,8 +1664,9 @@ def test_norm_weight_gradients_same_bits_in_any_schedule(emu, reschedule):
         for a, c in zip(first, other):
             assert_equal_bits(a, c)
     x64, w64, b64 = (t.double().requires_grad_() for t in (x, w, b))
-    expected = torch.autograd.grad(torch.nn.functional.layer_norm(x64, (40,), w64, b64, 1e-5), (x64, w64, b64),
-                                   g.double())
+    expected = torch.autograd.grad(
+        torch.nn.functional.layer_norm(x64, (40,), w64, b64, 1e-5), (x64, w64, b64), g.double()
+    )
     for a, e in zip(first, expected):
         assert_close(a, e, torch.float32, scale=8)
 

@@ -1,6 +1,7 @@
 """Parity, accuracy and edge cases of fused.pairwise_distances and fused.pairwise_topk (the definition of done in
 CONTRIBUTING.md, plus cases from torch.cdist's reported issues), padded batches (lengths_a / lengths_b) included.
 The point-cloud ops built on them (radius_neighbors, chamfer_distance) are in test_geometry.py."""
+
 import math
 import os
 import subprocess
@@ -12,9 +13,22 @@ import torch
 import fused
 from fused.distance import reference as ref
 from fused.distance.ops import MATMUL_MIN_D
-from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, check_compile_grads, device_backends, make, noncontiguous, raises,
-                           requires_cuda, requires_triton)
+from tests.harness import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    HAS_CUDA,
+    assert_accuracy,
+    assert_close,
+    backend,
+    check_compile,
+    check_compile_grads,
+    device_backends,
+    make,
+    noncontiguous,
+    raises,
+    requires_cuda,
+    requires_triton,
+)
 
 PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
 # D=3: the direct path for every p; D=131: the matmul path for p=2 (direct for the other p).
@@ -104,8 +118,9 @@ def test_broadcast_batch_and_gradient_shapes():
     assert_close(fused.pairwise_distances(a2, b), ref.pairwise_distances(a2, b))
 
 
-@pytest.mark.parametrize("shape_a,shape_b", [((0, 3), (4, 3)), ((5, 3), (0, 3)), ((5, 0), (4, 0)),
-                                             ((0, 5, 3), (0, 4, 3))])
+@pytest.mark.parametrize(
+    "shape_a,shape_b", [((0, 3), (4, 3)), ((5, 3), (0, 3)), ((5, 0), (4, 0)), ((0, 5, 3), (0, 4, 3))]
+)
 def test_empty_inputs(shape_a, shape_b):
     a = torch.zeros(shape_a, requires_grad=True)
     b = torch.zeros(shape_b, requires_grad=True)
@@ -314,15 +329,24 @@ def test_topk_ties_go_to_the_lower_index_and_values_are_sorted():
 
 
 try:
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 except ImportError:  # a GPU machine without hypothesis runs the rest
     given = None
 
 if given is not None:
+
     @settings(max_examples=100, deadline=None)
-    @given(batch_a=st.sampled_from([(), (1,), (2,), (3, 1)]), batch_b=st.sampled_from([(), (1,), (2,), (1, 2)]),
-           n=st.integers(0, 70), m=st.integers(1, 70), d=st.sampled_from([1, 2, 3, 7, 31, 32, 33, 64]),
-           p=st.sampled_from(PS), largest=st.booleans(), data=st.data())
+    @given(
+        batch_a=st.sampled_from([(), (1,), (2,), (3, 1)]),
+        batch_b=st.sampled_from([(), (1,), (2,), (1, 2)]),
+        n=st.integers(0, 70),
+        m=st.integers(1, 70),
+        d=st.sampled_from([1, 2, 3, 7, 31, 32, 33, 64]),
+        p=st.sampled_from(PS),
+        largest=st.booleans(),
+        data=st.data(),
+    )
     def test_distances_and_topk_hypothesis_cpu(batch_a, batch_b, n, m, d, p, largest, data):
         """Random broadcast shapes on both paths (D across the matmul threshold), points on a small integer grid
         so that duplicates and ties are common: distances against float64, topk equal to the stable-sort
@@ -466,8 +490,7 @@ def test_distances_with_lengths_gradients(dev, D, p):
     a, b, a_nan, b_nan, la, lb = padded_clouds(torch.float64, dev, D, seed=72)
     g = make((3, 9, 13), torch.float64, dev, seed=74)
     a_nan.requires_grad_(), b_nan.requires_grad_(), a.requires_grad_(), b.requires_grad_()
-    ours = torch.autograd.grad(fused.pairwise_distances(a_nan, b_nan, p, lengths_a=la, lengths_b=lb),
-                               (a_nan, b_nan), g)
+    ours = torch.autograd.grad(fused.pairwise_distances(a_nan, b_nan, p, lengths_a=la, lengths_b=lb), (a_nan, b_nan), g)
     theirs = torch.autograd.grad(ref.pairwise_distances(a, b, p, lengths_a=la, lengths_b=lb), (a, b), g)
     for o, t in zip(ours, theirs):
         assert_close(o, t, scale=10.0)
@@ -517,15 +540,20 @@ def test_lengths_broadcast_with_the_batch():
     rv, ri = ref.pairwise_topk(a, b, 3, lengths_a=la, lengths_b=lb)
     assert torch.equal(i, ri)
     a2 = make((6, 3), seed=82)  # no batch dims: lengths of shape ()
-    assert_close(fused.pairwise_distances(a2, b, lengths_a=torch.tensor(2)),
-                 ref.pairwise_distances(a2, b, lengths_a=torch.tensor(2)))
+    assert_close(
+        fused.pairwise_distances(a2, b, lengths_a=torch.tensor(2)),
+        ref.pairwise_distances(a2, b, lengths_a=torch.tensor(2)),
+    )
 
 
 @pytest.mark.parametrize("op", ["pairwise_distances", "pairwise_topk"])
 def test_bad_lengths(op):
     a, b = make((2, 4, 3)), make((2, 5, 3))
-    call = (lambda **kw: fused.pairwise_distances(a, b, **kw)) if op == "pairwise_distances" else \
-        (lambda **kw: fused.pairwise_topk(a, b, 2, **kw))
+    call = (
+        (lambda **kw: fused.pairwise_distances(a, b, **kw))
+        if op == "pairwise_distances"
+        else (lambda **kw: fused.pairwise_topk(a, b, 2, **kw))
+    )
     with raises(f"fused.{op}: lengths_a has a length 5 larger than the padded size 4"):
         call(lengths_a=torch.tensor([4, 5]))
     with raises(f"fused.{op}: lengths_b must not be negative, got -1"):
@@ -567,8 +595,9 @@ def test_compile():
     check_compile(lambda x, y: fused.pairwise_topk(x, y, 3), a, b)
     check_compile(lambda x, y, u, w: fused.pairwise_topk(x, y, 3, lengths_a=u, lengths_b=w), a, b, la, lb)
 
-    check_compile_grads(lambda x, y: (fused.pairwise_distances(x, y) * y.sum()).sum()
-                        + fused.pairwise_topk(x, y, 2)[0].sum(), a, b)
+    check_compile_grads(
+        lambda x, y: (fused.pairwise_distances(x, y) * y.sum()).sum() + fused.pairwise_topk(x, y, 2)[0].sum(), a, b
+    )
 
 
 # ---- Triton launchers (under TRITON_INTERPRET=1 on CPU where there is no GPU) ----
@@ -577,6 +606,7 @@ TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 def triton_kernels():
     from fused.distance import triton_kernels as tk
+
     return tk
 
 
@@ -665,8 +695,9 @@ def test_triton_with_lengths(dtype, D):
         assert_close(v.cpu(), rv)
     g = make(out.shape, dtype, TRITON_DEVICE, seed=86)
     ours = tk.pairwise_distances_backward(g, a_nan, b_nan, out, 2.0, False, la, lb)
-    cpu = torch.ops.fused.pairwise_distances_backward(g.cpu(), a_nan.cpu(), b_nan.cpu(), out.cpu(), 2.0, False,
-                                                      la.cpu(), lb.cpu())
+    cpu = torch.ops.fused.pairwise_distances_backward(
+        g.cpu(), a_nan.cpu(), b_nan.cpu(), out.cpu(), 2.0, False, la.cpu(), lb.cpu()
+    )
     for o, c in zip(ours, cpu):
         assert_close(o.cpu(), c)
     v, i = tk.pairwise_topk(a_nan, b_nan, 5, 2.0, False, False, la, lb)
@@ -682,8 +713,7 @@ def test_triton_with_lengths(dtype, D):
 def test_triton_edge_cases():
     tk = triton_kernels()
     a = torch.tensor([[0.0, 0.0], [1.0, 1.0]], device=TRITON_DEVICE)
-    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.0, -1.0], [2.0, 2.0]],
-                     device=TRITON_DEVICE)
+    b = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0], [0.0, 0.0], [0.0, -1.0], [2.0, 2.0]], device=TRITON_DEVICE)
     v, i = tk.pairwise_topk(a, b, 4)
     assert i.tolist() == [[3, 0, 1, 2], [0, 1, 3, 5]]
     far = torch.full((3, 1), 512695.0, device=TRITON_DEVICE)
@@ -705,8 +735,7 @@ def test_triton_edge_cases():
             rv, ri = ref.pairwise_topk(bn.cpu(), bn.cpu(), 5, largest=largest)
             assert torch.equal(i.cpu(), ri)
         # float64 distances that differ below float32's resolution keep their order
-        near = torch.tensor([[0.0], [1.0 + 2**-40], [1.0], [1.0 + 2**-41]], dtype=torch.float64,
-                            device=TRITON_DEVICE)
+        near = torch.tensor([[0.0], [1.0 + 2**-40], [1.0], [1.0 + 2**-41]], dtype=torch.float64, device=TRITON_DEVICE)
         assert tk.pairwise_topk(near[:1], near, 3)[1].tolist() == [[0, 2, 3]]
     finally:
         tk.MAX_TOPK_REGISTERS = old

@@ -1,5 +1,6 @@
 """The fused optimizers and clip_grad_norm_ under DDP and FSDP2 (fully_shard, DTensor parameters) with 2 gloo
 processes on CPU give the numbers of one process running torch's clip_grad_norm_ + torch.optim on the full batch."""
+
 import datetime
 import gc
 import os
@@ -56,6 +57,7 @@ def distribute(model, mode):
         return nn.parallel.DistributedDataParallel(model)
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+
     mesh = init_device_mesh("cpu", (WORLD,))
     for layer in model:
         if isinstance(layer, nn.Linear):
@@ -69,8 +71,9 @@ def run_worker(rank, body, init_file, *args):
     alive into interpreter finalisation, aborts the process ("terminate called without an active exception", a
     flaky SIGABRT in CI; pytorch/pytorch#179291). So: barrier, drop every object that holds the group, destroy it,
     and leave with os._exit once the checks have passed, skipping finalisation."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=datetime.timedelta(minutes=2))
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=datetime.timedelta(minutes=2)
+    )
     torch.set_num_threads(1)
     body(rank, *args)  # an assertion error propagates to mp.spawn as a failure with its traceback
     dist.barrier()
@@ -84,8 +87,9 @@ def run_worker(rank, body, init_file, *args):
 def worker(rank, mode, opt_name, hyper):
     model = distribute(make_model(), mode)
     use_optimizer_clip = opt_name != "SGD"  # SGD runs fused.clip_grad_norm_ + fused.optim.SGD instead
-    opt = getattr(fused.optim, opt_name)(model.parameters(), max_grad_norm=MAX_NORM if use_optimizer_clip
-                                         else None, **hyper)
+    opt = getattr(fused.optim, opt_name)(
+        model.parameters(), max_grad_norm=MAX_NORM if use_optimizer_clip else None, **hyper
+    )
     norms = []
     for step in range(STEPS):
         opt.zero_grad()
@@ -104,12 +108,14 @@ def worker(rank, mode, opt_name, hyper):
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
-@pytest.mark.parametrize("opt_name,hyper", [("AdamW", dict(lr=1e-2, weight_decay=0.1)),
-                                            ("SGD", dict(lr=0.1, momentum=0.9))], ids=["AdamW", "SGD"])
+@pytest.mark.parametrize(
+    "opt_name,hyper",
+    [("AdamW", dict(lr=1e-2, weight_decay=0.1)), ("SGD", dict(lr=0.1, momentum=0.9))],
+    ids=["AdamW", "SGD"],
+)
 def test_same_numbers_as_one_process(mode, opt_name, hyper):
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(run_worker, args=(worker, os.path.join(tmp, "init"), mode, opt_name, hyper), nprocs=WORLD,
-                 join=True)
+        mp.spawn(run_worker, args=(worker, os.path.join(tmp, "init"), mode, opt_name, hyper), nprocs=WORLD, join=True)
 
 
 def master_worker(rank, mode):
@@ -126,7 +132,7 @@ def master_worker(rank, mode):
         micro = []
         for m in range(2):
             x, y = batch(step, rank)
-            loss_fn(model, x[4 * m:4 * m + 4].bfloat16(), y[4 * m:4 * m + 4].bfloat16()).backward()
+            loss_fn(model, x[4 * m : 4 * m + 4].bfloat16(), y[4 * m : 4 * m + 4].bfloat16()).backward()
             micro.append([full(p.grad).clone() for p in model.parameters()])
             opt.accumulate_grads()
         seen.append(micro)
@@ -140,8 +146,9 @@ def master_worker(rank, mode):
             ref.accumulate_grads()
         ref.step()
     for p, q in zip(model.parameters(), ref_params):
-        torch.testing.assert_close(full(opt.state[p]["master_param"]), ref.state[q]["master_param"],
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            full(opt.state[p]["master_param"]), ref.state[q]["master_param"], rtol=1e-5, atol=1e-6
+        )
         assert torch.equal(full(p.detach()), q.detach())
 
 

@@ -1,8 +1,10 @@
 """Parity, accuracy, gradients, compile and bad-input tests of the fused elementwise family (CPU kernels, and
 the CUDA backends when a GPU is present). The Triton launchers have their own file under the interpreter."""
+
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import fused
 from fused.elementwise import reference as ref
@@ -91,8 +93,13 @@ def test_bias_act_nan_inf_propagate_like_eager(dev):
 
 
 @settings(max_examples=25, deadline=None)
-@given(rows=st.integers(0, 9), cols=st.integers(1, 300), act=st.sampled_from(ACTS),
-       transpose=st.booleans(), scale=st.sampled_from([1e-3, 1.0, 30.0]))
+@given(
+    rows=st.integers(0, 9),
+    cols=st.integers(1, 300),
+    act=st.sampled_from(ACTS),
+    transpose=st.booleans(),
+    scale=st.sampled_from([1e-3, 1.0, 30.0]),
+)
 def test_bias_act_hypothesis_cpu(rows, cols, act, transpose, scale):
     x = make((cols, rows) if transpose else (rows, cols), seed=rows * 1000 + cols) * scale
     x = x.t() if transpose else x
@@ -227,7 +234,8 @@ def test_bias_dropout_add_gradcheck_compile_errors():
     r = make((4, 6), torch.float64, requires_grad=True)
     seed = torch.tensor(1234)
     assert torch.autograd.gradcheck(
-        lambda x, b, r: torch.ops.fused.bias_dropout_add_seeded(x, b, r, 0.4, seed), (x, b, r))
+        lambda x, b, r: torch.ops.fused.bias_dropout_add_seeded(x, b, r, 0.4, seed), (x, b, r)
+    )
 
     # Inductor draws the seed with its own RNG unless told to fall back to eager's.
     xf, bf, rf = x.detach().float(), b.detach().float(), r.detach().float()
@@ -273,8 +281,7 @@ def test_unary_chain_long_noncontiguous_empty(dev):
     assert fused.unary_chain(torch.empty(0, 3, device=dev), ["exp"]).shape == (0, 3)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -1.0], device=dev)
     for chain in (["exp"], ["log"], ["sqrt"], ["reciprocal"], [("clamp_min", 0.0)], ["relu", "tanh"]):
-        torch.testing.assert_close(fused.unary_chain(special, chain), ref.unary_chain(special, chain),
-                                   equal_nan=True)
+        torch.testing.assert_close(fused.unary_chain(special, chain), ref.unary_chain(special, chain), equal_nan=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
@@ -282,9 +289,11 @@ def test_chain_in_pieces_equals_one_pass(dtype):
     """The split the CUDA C++ backend uses for chains longer than one launch takes, driven by the CPU kernels
     with 3 ops per piece: the same values and gradients as one pass (float32 kept between 16-bit pieces)."""
     from fused.elementwise.ops import chain_in_pieces
+
     forward, backward = chain_in_pieces(torch.ops.fused.unary_chain, torch.ops.fused.unary_chain_backward, 3)
-    chain = fused.elementwise.encode_ops([("mul", 1.5), "sin", "square", ("add", -0.25), "tanh", "exp", "silu",
-                                          ("pow", 2.0), "cos", "sigmoid", "gelu"])  # 11 ops: 4 pieces
+    chain = fused.elementwise.encode_ops(
+        [("mul", 1.5), "sin", "square", ("add", -0.25), "tanh", "exp", "silu", ("pow", 2.0), "cos", "sigmoid", "gelu"]
+    )  # 11 ops: 4 pieces
     x, g = make((3, 5, 131), dtype, low=-2, high=2), make((3, 5, 131), dtype, seed=1)
     one_pass = torch.ops.fused.unary_chain(x, chain)
     assert torch.equal(forward(x, chain), one_pass)  # float32 between pieces: the bits of one pass
@@ -295,17 +304,43 @@ def test_chain_in_pieces_equals_one_pass(dtype):
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(0, 3000), chain=st.lists(st.sampled_from(
-    ["neg", "abs", "square", "sin", "cos", "tanh", "sigmoid", "relu", "gelu", "silu", ("mul", 0.75), ("add", -0.5),
-     ("clamp_min", -1.0), ("clamp_max", 1.0)]), min_size=1, max_size=12))
+@given(
+    n=st.integers(0, 3000),
+    chain=st.lists(
+        st.sampled_from(
+            [
+                "neg",
+                "abs",
+                "square",
+                "sin",
+                "cos",
+                "tanh",
+                "sigmoid",
+                "relu",
+                "gelu",
+                "silu",
+                ("mul", 0.75),
+                ("add", -0.5),
+                ("clamp_min", -1.0),
+                ("clamp_max", 1.0),
+            ]
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+)
 def test_unary_chain_hypothesis_cpu(n, chain):
     # Chains like square, square, silu, square, sin amplify a one-ulp difference in one op to 1e-4, so the
     # measure is the error against float64, no worse than eager's (not closeness to eager element by element).
     # Floor: 16 ulps. Below one vector (n < 16) eager computes with libm while every kernel of ours uses
     # at::vec's functions (as eager does on larger tensors): gelu's vector erf near x = -2 is ~6 ulps off.
     x = make((n,), seed=n, low=-2, high=2)
-    assert_accuracy(fused.unary_chain(x, chain), ref.unary_chain(x, chain), ref.unary_chain(x.double(), chain),
-                    floor=16 * torch.finfo(torch.float32).eps)
+    assert_accuracy(
+        fused.unary_chain(x, chain),
+        ref.unary_chain(x, chain),
+        ref.unary_chain(x.double(), chain),
+        floor=16 * torch.finfo(torch.float32).eps,
+    )
 
 
 def test_unary_chain_gradcheck_compile_errors():

@@ -1,6 +1,7 @@
 """The Triton launchers of the elementwise family, called directly. Without a GPU they run on CPU tensors under
 TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small; on a GPU the same tests run on CUDA tensors.
 Each launcher is held against the CPU C++ op (torch.ops.fused.*) and the plain-PyTorch reference."""
+
 import os
 import re
 import subprocess
@@ -11,10 +12,11 @@ import torch
 
 pytest.importorskip("triton")
 
+from harness import ALL_DTYPES, FLOAT_DTYPES, assert_accuracy, assert_close, make, noncontiguous, raises  # noqa: E402
+
 from fused.elementwise import encode_ops, reference  # noqa: E402
 from fused.elementwise import triton_kernels as tk  # noqa: E402
 from fused.elementwise.triton_kernels import _as_rows  # noqa: E402
-from harness import ALL_DTYPES, FLOAT_DTYPES, assert_accuracy, assert_close, make, noncontiguous, raises  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes under the interpreter
 
@@ -113,8 +115,9 @@ def test_glu_noncontiguous_and_broadcast_layouts():
     up = make((1, 131), seed=6).expand(15, 131)
     assert_close(tk.glu(dev(gate), dev(up)).cpu(), reference.glu(gate, up, "silu"))
     grad = noncontiguous(make((15, 131), seed=7))
-    for got, want in zip(tk.glu_backward(dev(grad), dev(gate), dev(up), "silu"),
-                         cpu_op("glu_backward", grad, gate, up, "silu")):
+    for got, want in zip(
+        tk.glu_backward(dev(grad), dev(gate), dev(up), "silu"), cpu_op("glu_backward", grad, gate, up, "silu")
+    ):
         assert_close(got.cpu(), want)
     g1, u1 = make((131,), seed=0), make((131,), seed=8)
     assert_close(tk.glu(dev(g1), dev(u1), "gelu").cpu(), reference.glu(g1, u1, "gelu"))
@@ -150,14 +153,21 @@ def test_dropout_mask_bit_identical_to_cpu(shape, p):
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_dropout_dtypes_and_noncontiguous(dtype):
-    x, residual, grad = noncontiguous(make((3, 5, 131), dtype, seed=0)), make((3, 5, 131), dtype, seed=12), \
-        make((3, 5, 131), dtype, seed=13)
+    x, residual, grad = (
+        noncontiguous(make((3, 5, 131), dtype, seed=0)),
+        make((3, 5, 131), dtype, seed=12),
+        make((3, 5, 131), dtype, seed=13),
+    )
     bias = make((131,), dtype, seed=14)
     seed = torch.tensor(987654321987, dtype=torch.int64)
-    equal(tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(residual), 0.25, seed),
-          cpu_op("bias_dropout_add_seeded", x, bias, residual, 0.25, seed))
-    equal(tk.bias_dropout_add_seeded(dev(x), None, dev(residual), 0.25, seed),
-          cpu_op("bias_dropout_add_seeded", x, None, residual, 0.25, seed))
+    equal(
+        tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(residual), 0.25, seed),
+        cpu_op("bias_dropout_add_seeded", x, bias, residual, 0.25, seed),
+    )
+    equal(
+        tk.bias_dropout_add_seeded(dev(x), None, dev(residual), 0.25, seed),
+        cpu_op("bias_dropout_add_seeded", x, None, residual, 0.25, seed),
+    )
     grad_x, grad_bias = tk.dropout_backward(dev(grad), 0.25, seed, True)
     cpu_gx, cpu_gb = cpu_op("dropout_backward", grad, 0.25, seed, True)
     equal(grad_x, cpu_gx)
@@ -166,11 +176,49 @@ def test_dropout_dtypes_and_noncontiguous(dtype):
 
 # ---- unary_chain ----
 # Stays in each op's domain for inputs in [0.5, 1.5]; every op appears; 41 ops = 3 passes of 16 slots.
-LONG_CHAIN = ["sigmoid", ("add", 0.5), "sqrt", "exp", "log", ("mul", 1.3), "tanh", ("add", 1.0), "rsqrt",
-              "square", "reciprocal", "sin", "cos", ("pow", 1.5), ("clamp_min", 0.6), ("clamp_max", 0.9),
-              "gelu", "gelu_tanh", "silu", "relu", "abs", "neg", ("add", 2.0), ("pow", 3.0), "log", "exp",
-              ("mul", -0.7), "abs", "sqrt", "cos", "sin", "tanh", "sigmoid", ("clamp_max", 0.68), "reciprocal",
-              "square", "rsqrt", ("pow", 0.5), "silu", "gelu", "neg"]
+LONG_CHAIN = [
+    "sigmoid",
+    ("add", 0.5),
+    "sqrt",
+    "exp",
+    "log",
+    ("mul", 1.3),
+    "tanh",
+    ("add", 1.0),
+    "rsqrt",
+    "square",
+    "reciprocal",
+    "sin",
+    "cos",
+    ("pow", 1.5),
+    ("clamp_min", 0.6),
+    ("clamp_max", 0.9),
+    "gelu",
+    "gelu_tanh",
+    "silu",
+    "relu",
+    "abs",
+    "neg",
+    ("add", 2.0),
+    ("pow", 3.0),
+    "log",
+    "exp",
+    ("mul", -0.7),
+    "abs",
+    "sqrt",
+    "cos",
+    "sin",
+    "tanh",
+    "sigmoid",
+    ("clamp_max", 0.68),
+    "reciprocal",
+    "square",
+    "rsqrt",
+    ("pow", 0.5),
+    "silu",
+    "gelu",
+    "neg",
+]
 
 
 @pytest.mark.parametrize("length", [0, 1, 16, 17, len(LONG_CHAIN)])
@@ -198,8 +246,10 @@ def test_unary_chain_pow_edge_cases(exponent):
     for dtype in (torch.float32, torch.float64):
         xd, ops = x.to(dtype), [f"pow:{exponent!r}"]
         assert_close(tk.unary_chain(dev(xd), ops).cpu(), cpu_op("unary_chain", xd, ops))
-        assert_close(tk.unary_chain_backward(dev(torch.ones_like(xd)), dev(xd), ops).cpu(),
-                     cpu_op("unary_chain_backward", torch.ones_like(xd), xd, ops))
+        assert_close(
+            tk.unary_chain_backward(dev(torch.ones_like(xd)), dev(xd), ops).cpu(),
+            cpu_op("unary_chain_backward", torch.ones_like(xd), xd, ops),
+        )
 
 
 def test_unary_chain_noncontiguous():
@@ -236,11 +286,14 @@ def test_nan_inf_propagate_as_cpu(dtype):
     seed = torch.tensor(77)
     for act in ACTS:
         assert_close(tk.bias_act(dev(x), dev(bias), act).cpu(), cpu_op("bias_act", x, bias, act))
-        assert_close(tk.bias_act_backward(dev(up), dev(x), None, act)[0].cpu(),
-                     cpu_op("bias_act_backward", up, x, None, act)[0])
+        assert_close(
+            tk.bias_act_backward(dev(up), dev(x), None, act)[0].cpu(), cpu_op("bias_act_backward", up, x, None, act)[0]
+        )
         assert_close(tk.glu(dev(x), dev(up), act).cpu(), cpu_op("glu", x, up, act))
-    equal(tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(up), 0.3, seed),
-          cpu_op("bias_dropout_add_seeded", x, bias, up, 0.3, seed))
+    equal(
+        tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(up), 0.3, seed),
+        cpu_op("bias_dropout_add_seeded", x, bias, up, 0.3, seed),
+    )
     ops = ["exp", "tanh", "sigmoid", "relu", "abs", "sqrt", "log", "reciprocal", "clamp_min:0.5", "clamp_max:2.0"]
     for op in ops:
         assert_close(tk.unary_chain(dev(x), [op]).cpu(), cpu_op("unary_chain", x, [op]))
@@ -267,28 +320,51 @@ def test_bad_input_names_op_and_argument():
 
 def test_triton_kernels_compile_for_sm90_through_their_launchers():
     """Every elementwise, distance and linear launcher's kernels build for sm_90 (tests/triton_sm90.py: a stand-in
-    sm_90 driver, compile only; every distance variant; the autotuned GEMM compiles every config). The script fails on approximate
-    float32 division (eager divides correctly rounded); here: the distance kernels take the correctly rounded
-    sqrt, the dropout kernel no fused multiply-add (its output must have the CPU kernel's bits), and the 16-bit
-    and tf32 GEMMs run on Hopper's tensor cores (wgmma) fed by a cp.async pipeline, every config within the
+    sm_90 driver, compile only; every distance variant; the autotuned GEMM compiles every config). The script fails
+    on approximate float32 division (eager divides correctly rounded); here: the distance kernels take the correctly
+    rounded sqrt, the dropout kernel no fused multiply-add (its output must have the CPU kernel's bits), and the
+    16-bit and tf32 GEMMs run on Hopper's tensor cores (wgmma) fed by a cp.async pipeline, every config within the
     227 KB of shared memory a block may use."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root
     script = os.path.join(root, "tests", "triton_sm90.py")
     # two processes: the GEMM configs take as long to build as all the other kernels together
-    procs = [subprocess.Popen([sys.executable, script, *families], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=root, env=env) for families in (["elementwise", "distance"], ["linear"])]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, *families],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=root,
+            env=env,
+        )
+        for families in (["elementwise", "distance"], ["linear"])
+    ]
     stdout = ""
     for proc in procs:
         out, err = proc.communicate(timeout=900)
         assert proc.returncode == 0, out[-3000:] + err[-3000:]
         stdout += out
-    stats = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
-        r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 (\d+), div.rn.f32 (\d+)", stdout)}
-    expected = {"_bias_act_kernel", "_bias_act_backward_kernel", "_glu_kernel", "_dropout_kernel",
-                "_dropout_bias_grad_kernel", "_chain_kernel", "_distances_kernel", "_topk_kernel", "_grad_kernel",
-                "_linear_act_kernel", "_grad_pre_kernel"}
+    stats = {
+        m[0]: [int(v) for v in m[1:]]
+        for m in re.findall(
+            r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 (\d+), div.rn.f32 (\d+)", stdout
+        )
+    }
+    expected = {
+        "_bias_act_kernel",
+        "_bias_act_backward_kernel",
+        "_glu_kernel",
+        "_dropout_kernel",
+        "_dropout_bias_grad_kernel",
+        "_chain_kernel",
+        "_distances_kernel",
+        "_topk_kernel",
+        "_grad_kernel",
+        "_linear_act_kernel",
+        "_grad_pre_kernel",
+    }
     assert expected <= set(stats), stdout
     variants = {m[0]: int(m[1]) for m in re.findall(r"compiled (\w+): (\d+) variants", stdout)}
     # Every distance variant: 4 dtypes x 5 metrics, + the tensor-core path of 3 dtypes; topk smallest and largest;
@@ -299,10 +375,16 @@ def test_triton_kernels_compile_for_sm90_through_their_launchers():
     assert stats["_dropout_kernel"][1] == 0
     for name in ("_bias_act_kernel", "_chain_kernel", "_grad_kernel", "_linear_act_kernel", "_grad_pre_kernel"):
         assert stats[name][2] > 0, name  # their divisions are there, correctly rounded
-    gemm = {m[0]: [int(v) for v in m[1:]] for m in re.findall(
-        r"gemm torch.(\w+ \w+): (\d+) configs, (\d+) on wgmma, (\d+) within shared memory, (\d+) with a "
-        r"cp.async pipeline", stdout)}
+    gemm = {
+        m[0]: [int(v) for v in m[1:]]
+        for m in re.findall(
+            r"gemm torch.(\w+ \w+): (\d+) configs, (\d+) on wgmma, (\d+) within shared memory, (\d+) with a "
+            r"cp.async pipeline",
+            stdout,
+        )
+    }
     from fused.linear.triton_kernels import HOPPER_CONFIGS
+
     assert gemm["bfloat16 ieee"][0] == len(HOPPER_CONFIGS), stdout  # the autotuner compiled every config
     for kind in ("bfloat16 ieee", "float16 ieee", "float32 tf32"):  # tensor cores, cp.async, within 227 KB
         assert gemm[kind][1] == gemm[kind][2] == gemm[kind][3] == gemm[kind][0], stdout

@@ -12,6 +12,7 @@ test_chamfer_point_reduction_sum and its single-directional twin, test_chamfer_j
 reductions with the batch mean), test_empty_clouds, test_incorrect_inputs and test_invalid_norm (as our errors).
 PyTorch3D's knn leaves 0 in the slots it has no neighbour for; ours hold index -1 and value inf, which the ported
 cases check instead."""
+
 import itertools
 import math
 
@@ -20,8 +21,19 @@ import torch
 
 import fused
 from fused.distance import reference as ref
-from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, check_compile,
-                           check_compile_grads, make, noncontiguous, raises, requires_triton)
+from tests.harness import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    HAS_CUDA,
+    assert_accuracy,
+    assert_close,
+    check_compile,
+    check_compile_grads,
+    make,
+    noncontiguous,
+    raises,
+    requires_triton,
+)
 
 
 def padded(n_rows, lengths, D, dtype=torch.float32, device="cpu", seed=0, nan_padding=True):
@@ -131,8 +143,9 @@ def test_radius_neighbors_gradients(p):
     theirs = torch.autograd.grad(rv, (a, b), torch.where(i >= 0, g, 0.0))
     for o, t in zip(ours, theirs):
         assert_close(o, t)
-    assert torch.autograd.gradcheck(lambda x, y: fused.radius_neighbors(x, y, 2.5, 5, p=p)[0].nan_to_num(posinf=0.0),
-                                     (a, b))
+    assert torch.autograd.gradcheck(
+        lambda x, y: fused.radius_neighbors(x, y, 2.5, 5, p=p)[0].nan_to_num(posinf=0.0), (a, b)
+    )
 
 
 def test_radius_neighbors_duplicates_give_zero_gradient_not_nan():
@@ -228,15 +241,21 @@ def test_chamfer_padded_batches():
     a, la = padded(10, [10, 1, 0, 7], 3, seed=26)
     b, lb = padded(12, [12, 6, 5, 0], 3, seed=27)
     for reduction, single, squared in itertools.product(("mean", "sum"), (False, True), (True, False)):
-        loss = fused.chamfer_distance(a, b, lengths_a=la, lengths_b=lb, reduction=reduction,
-                                      single_directional=single, squared=squared)
-        expected = ref.chamfer_distance(clean(a, la), clean(b, lb), la, lb, squared=squared, reduction=reduction,
-                                        single_directional=single)
+        loss = fused.chamfer_distance(
+            a, b, lengths_a=la, lengths_b=lb, reduction=reduction, single_directional=single, squared=squared
+        )
+        expected = ref.chamfer_distance(
+            clean(a, la), clean(b, lb), la, lb, squared=squared, reduction=reduction, single_directional=single
+        )
         assert_close(loss, expected)
-    per_cloud = [fused.chamfer_distance(a[i:i + 1, :n], b[i:i + 1, :m]) for i, (n, m) in
-                 enumerate(zip(la.tolist(), lb.tolist())) if n and m]
-    assert_close(fused.chamfer_distance(a[:2], b[:2], lengths_a=la[:2], lengths_b=lb[:2]),
-                 torch.stack(per_cloud).mean())
+    per_cloud = [
+        fused.chamfer_distance(a[i : i + 1, :n], b[i : i + 1, :m])
+        for i, (n, m) in enumerate(zip(la.tolist(), lb.tolist()))
+        if n and m
+    ]
+    assert_close(
+        fused.chamfer_distance(a[:2], b[:2], lengths_a=la[:2], lengths_b=lb[:2]), torch.stack(per_cloud).mean()
+    )
 
 
 def test_chamfer_gradients():
@@ -245,8 +264,13 @@ def test_chamfer_gradients():
     b, lb = padded(9, [9, 1, 4], 3, torch.float64, seed=29)
     a.requires_grad_(), b.requires_grad_()
     a0, b0 = clean(a, la).detach().requires_grad_(), clean(b, lb).detach().requires_grad_()
-    for kw in (dict(), dict(reduction="sum"), dict(single_directional=True), dict(p=1.0, squared=False),
-               dict(squared=False)):
+    for kw in (
+        dict(),
+        dict(reduction="sum"),
+        dict(single_directional=True),
+        dict(p=1.0, squared=False),
+        dict(squared=False),
+    ):
         ours = torch.autograd.grad(fused.chamfer_distance(a, b, lengths_a=la, lengths_b=lb, **kw), (a, b))
         theirs = torch.autograd.grad(ref.chamfer_distance(a0, b0, la, lb, **kw), (a0, b0))
         for o, t in zip(ours, theirs):
@@ -256,8 +280,9 @@ def test_chamfer_gradients():
     y = make((2, 7, 3), torch.float64, seed=31, requires_grad=True)
     lx, ly = torch.tensor([5, 2]), torch.tensor([4, 7])
     for kw in (dict(), dict(squared=False), dict(p=1.0, squared=False), dict(reduction="sum")):
-        assert torch.autograd.gradcheck(lambda u, w: fused.chamfer_distance(u, w, lengths_a=lx, lengths_b=ly, **kw),
-                                        (x, y)), kw
+        assert torch.autograd.gradcheck(
+            lambda u, w: fused.chamfer_distance(u, w, lengths_a=lx, lengths_b=ly, **kw), (x, y)
+        ), kw
 
 
 def test_chamfer_duplicates_give_zero_loss_and_zero_gradient():
@@ -389,8 +414,7 @@ def test_chamfer_vs_naive_pointcloud(norm, single):
     """Heterogeneous clouds (PyTorch3D's test_chamfer_vs_naive_pointcloud and
     test_single_directional_chamfer_vs_naive_pointcloud): padded rows get no gradient."""
     p1, p2, l1, l2 = init_pointclouds(3, 70, 70, allow_empty=False, seed=3)
-    loss = fused.chamfer_distance(p1, p2, lengths_a=l1, lengths_b=l2, single_directional=single,
-                                  **norm_kwargs(norm))
+    loss = fused.chamfer_distance(p1, p2, lengths_a=l1, lengths_b=l2, single_directional=single, **norm_kwargs(norm))
     x_dist, y_dist = naive_chamfer(p1, p2, l1, l2, norm)
     expected = x_dist.sum(1) / l1 + (0 if single else y_dist.sum(1) / l2)
     expected = expected.mean()
@@ -398,7 +422,7 @@ def test_chamfer_vs_naive_pointcloud(norm, single):
     check_gradients(loss, (p1, p2), expected, (p1, p2))
     g1, g2 = torch.autograd.grad(fused.chamfer_distance(p1, p2, lengths_a=l1, lengths_b=l2), (p1, p2))
     for n in range(3):
-        assert not g1[n, l1[n]:].any() and not g2[n, l2[n]:].any()
+        assert not g1[n, l1[n] :].any() and not g2[n, l2[n] :].any()
 
 
 @pytest.mark.parametrize("single", [False, True])
@@ -417,8 +441,10 @@ def test_chamfer_joint_reduction():
     p1, p2, _, _ = init_pointclouds(7, 10, 18, seed=5)
     x_dist, y_dist = naive_chamfer(p1, p2)
     assert_close(fused.chamfer_distance(p1, p2, reduction="sum"), (x_dist.sum(1) + y_dist.sum(1)).mean())
-    assert_close(fused.chamfer_distance(p1, p2, reduction="mean"),
-                 (x_dist.sum(1) / p1.shape[1] + y_dist.sum(1) / p2.shape[1]).mean())
+    assert_close(
+        fused.chamfer_distance(p1, p2, reduction="mean"),
+        (x_dist.sum(1) / p1.shape[1] + y_dist.sum(1) / p2.shape[1]).mean(),
+    )
     with raises("fused.chamfer_distance: unknown reduction 'min'"):
         fused.chamfer_distance(p1, p2, reduction="min")
 
@@ -448,14 +474,21 @@ def test_incorrect_inputs():
 
 # ---- property test: random padded batches, duplicates and ties, against the references ----
 try:
-    from hypothesis import given, settings, strategies as st
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
 except ImportError:  # a GPU machine without hypothesis runs the rest
     given = None
 
 if given is not None:
+
     @settings(max_examples=60, deadline=None)
-    @given(n=st.integers(0, 40), m=st.integers(0, 40), d=st.sampled_from([1, 2, 3, 33]),
-           p=st.sampled_from([2.0, 1.0, math.inf]), data=st.data())
+    @given(
+        n=st.integers(0, 40),
+        m=st.integers(0, 40),
+        d=st.sampled_from([1, 2, 3, 33]),
+        p=st.sampled_from([2.0, 1.0, math.inf]),
+        data=st.data(),
+    )
     def test_geometry_hypothesis_cpu(n, m, d, p, data):
         """Points on a small integer grid (duplicates and exact ties everywhere), random lengths (0 and full
         included): radius_neighbors equal to the reference, indices included, on the direct path (exact integer
@@ -485,11 +518,17 @@ def test_compile():
     a, b = make((2, 6, 3), seed=52), make((2, 8, 3), seed=53)
     la, lb = torch.tensor([6, 2]), torch.tensor([1, 8])
     check_compile(lambda x, y, u, w: fused.radius_neighbors(x, y, 1.5, 4, lengths_a=u, lengths_b=w), a, b, la, lb)
-    check_compile(lambda x, y, u, w: fused.chamfer_distance(x, y, lengths_a=u, lengths_b=w, return_indices=True),
-                  a, b, la, lb)
+    check_compile(
+        lambda x, y, u, w: fused.chamfer_distance(x, y, lengths_a=u, lengths_b=w, return_indices=True), a, b, la, lb
+    )
 
-    check_compile_grads(lambda x, y: fused.chamfer_distance(x, y, lengths_a=la, lengths_b=lb)
-                        + fused.radius_neighbors(x, y, 9.0, 3)[0].sum(), a, b)
+    check_compile_grads(
+        lambda x, y: (
+            fused.chamfer_distance(x, y, lengths_a=la, lengths_b=lb) + fused.radius_neighbors(x, y, 9.0, 3)[0].sum()
+        ),
+        a,
+        b,
+    )
 
 
 def test_public_ops_exist():
@@ -506,21 +545,24 @@ TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 @pytest.mark.parametrize("D", [3, 40])
 def test_triton_radius_neighbors(dtype, D):
     from fused.distance import triton_kernels as tk
+
     a, la = padded(20, [20, 1, 0], D, dtype, TRITON_DEVICE, seed=60)
     b, lb = padded(30, [30, 9, 12], D, dtype, TRITON_DEVICE, seed=61)
     radius = 1.2 * math.sqrt(D)
     for width in (4, 35):
         v, i = tk.radius_neighbors(a, b, radius, width, la, lb)
-        rv, ri = ref.radius_neighbors(clean(a, la).cpu(), clean(b, lb).cpu(), radius, width, lengths_a=la.cpu(),
-                                      lengths_b=lb.cpu())
+        rv, ri = ref.radius_neighbors(
+            clean(a, la).cpu(), clean(b, lb).cpu(), radius, width, lengths_a=la.cpu(), lengths_b=lb.cpu()
+        )
         assert_close(v.cpu(), rv, scale=2.0)
         if dtype == torch.float64:
             assert torch.equal(i.cpu(), ri)
         assert torch.equal(v.cpu() == math.inf, i.cpu() == -1)
     for radius in (0.0, math.inf):
         v, i = tk.radius_neighbors(a, b, radius, 6, la, lb)
-        rv, ri = ref.radius_neighbors(clean(a, la).cpu(), clean(b, lb).cpu(), radius, 6, lengths_a=la.cpu(),
-                                      lengths_b=lb.cpu())
+        rv, ri = ref.radius_neighbors(
+            clean(a, la).cpu(), clean(b, lb).cpu(), radius, 6, lengths_a=la.cpu(), lengths_b=lb.cpu()
+        )
         assert torch.equal(i.cpu(), ri)
 
 
@@ -528,19 +570,22 @@ def test_triton_radius_neighbors(dtype, D):
 def test_triton_select_by_chunks():
     """Many neighbours per row: the row-chunk path (distances + stable sort), with lengths and the radius."""
     from fused.distance import triton_kernels as tk
+
     a, la = padded(10, [10, 3], 3, torch.float64, TRITON_DEVICE, seed=62)
     b, lb = padded(12, [12, 5], 3, torch.float64, TRITON_DEVICE, seed=63)
     old = tk.MAX_TOPK_REGISTERS
     try:
         tk.MAX_TOPK_REGISTERS = 2
         v, i = tk.radius_neighbors(a, b, 3.0, 14, la, lb)
-        rv, ri = ref.radius_neighbors(clean(a, la).cpu(), clean(b, lb).cpu(), 3.0, 14, lengths_a=la.cpu(),
-                                      lengths_b=lb.cpu())
+        rv, ri = ref.radius_neighbors(
+            clean(a, la).cpu(), clean(b, lb).cpu(), 3.0, 14, lengths_a=la.cpu(), lengths_b=lb.cpu()
+        )
         assert torch.equal(i.cpu(), ri)
         assert_close(v.cpu(), rv)
         v, i = tk.pairwise_topk(a, b, 6, 2.0, False, True, la, lb)
-        rv, ri = ref.pairwise_topk(clean(a, la).cpu(), clean(b, lb).cpu(), 6, largest=True, lengths_a=la.cpu(),
-                                   lengths_b=lb.cpu())
+        rv, ri = ref.pairwise_topk(
+            clean(a, la).cpu(), clean(b, lb).cpu(), 6, largest=True, lengths_a=la.cpu(), lengths_b=lb.cpu()
+        )
         assert torch.equal(i.cpu(), ri)
         assert_close(v.cpu(), rv)
     finally:

@@ -1,4 +1,5 @@
 """fused.amp.GradScaler + fused optimizers against torch.amp.GradScaler + unscale_ + clip_grad_norm_ + torch.optim."""
+
 import math
 
 import pytest
@@ -119,8 +120,9 @@ def test_step_twice_is_an_error():
 
 
 @pytest.mark.parametrize("scaler_cls", [fused.amp.GradScaler, torch.amp.GradScaler], ids=["fused", "torch"])
-@pytest.mark.parametrize("name,hyper", [("SGD", dict(momentum=0.9)), ("Adam", dict(maximize=True)),
-                                        ("AdamW", dict(weight_decay=0.1))])
+@pytest.mark.parametrize(
+    "name,hyper", [("SGD", dict(momentum=0.9)), ("Adam", dict(maximize=True)), ("AdamW", dict(weight_decay=0.1))]
+)
 def test_grad_after_step_as_torch_fused_leaves_it(scaler_cls, name, hyper):
     """After scaler.step(opt), .grad holds the unscaled gradient, as torch's fused=True optimizer with torch's scaler
     leaves it; a skipped step (inf/NaN) writes nothing, so .grad stays scaled there, as torch's fused ones leave it."""

@@ -1,13 +1,26 @@
 """Parity, accuracy, gradients, compile and error tests of fused.linear_act (CPU kernel, Triton launchers under
 the interpreter, and the CUDA kernels when a GPU is present)."""
+
 import pytest
 import torch
 
 import fused
 from fused.elementwise.reference import ACT_FNS
 from fused.linear.reference import linear_act as reference
-from tests.harness import (ALL_DTYPES, FLOAT_DTYPES, HAS_CUDA, assert_accuracy, assert_close, backend,
-                           check_compile, make, noncontiguous, raises, requires_cuda, requires_triton)
+from tests.harness import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    HAS_CUDA,
+    assert_accuracy,
+    assert_close,
+    backend,
+    check_compile,
+    make,
+    noncontiguous,
+    raises,
+    requires_cuda,
+    requires_triton,
+)
 
 ACTS = list(ACT_FNS)
 # Per-dtype tolerance scale for a K-long dot product against the same-dtype reference (different summation order).
@@ -153,6 +166,7 @@ def test_backward_memory(act):
     autograd nodes, so backward frees it before the GEMMs, with the single fused op's bits."""
     from benchmarks.timing import peak_memory_mb
     from fused.elementwise.reference import ACT_FNS
+
     x, w, b = inputs((256, 128), 128, torch.float32, requires_grad=True)
     assert not torch.ops.fused.linear_act_fwd(x, w, b, act, True)[1].requires_grad
 
@@ -160,7 +174,9 @@ def test_backward_memory(act):
         def run():
             out = fn()
             return out, torch.autograd.grad(out, (x, w, b), torch.ones_like(out))
+
         return run
+
     ours = fwd_bwd(lambda: fused.linear_act(x, w, b, act))
     eager = fwd_bwd(lambda: ACT_FNS[act](torch.nn.functional.linear(x, w, b)))
     assert peak_memory_mb(ours, "cpu") <= peak_memory_mb(eager, "cpu")
@@ -213,8 +229,7 @@ def test_errors_name_op_and_argument():
         fused.linear_act(x, w.to("meta"), b)
     # the C++ kernels check the same, naming op and argument
     with raises("fused.linear_act: weight must be 2-D"):
-        torch.ops.fused.linear_act_fwd.default.redispatch(torch._C.DispatchKeySet("CPU"), x, w[:, :7], b, "relu",
-                                                          False)
+        torch.ops.fused.linear_act_fwd.default.redispatch(torch._C.DispatchKeySet("CPU"), x, w[:, :7], b, "relu", False)
     with raises("fused.linear_act_grad_pre: grad shape"):
         torch.ops.fused.linear_act_grad_pre(x, x[:, :3], "gelu", True)
     with raises("fused.linear_act_grad_pre: unknown act 'bad'"):
@@ -227,6 +242,7 @@ def test_errors_name_op_and_argument():
 @pytest.mark.parametrize("act", ACTS)
 def test_triton_forward(dtype, act):
     from fused.linear import triton_kernels
+
     device = "cuda" if HAS_CUDA else "cpu"
     x, w, b = inputs((2, 19, 45), 37, dtype, device)
     save = act in ("gelu", "gelu_tanh", "silu")
@@ -243,6 +259,7 @@ def test_triton_forward(dtype, act):
         assert_accuracy(out, ref, reference(x64, w64, b64, act))
     if dtype == torch.float32:  # one copy of the activation math: the epilogue gives fused.bias_act's bits
         from fused.elementwise import triton_kernels as elementwise
+
         gemm, _ = triton_kernels.linear_act_fwd(x, w, bias, "identity", False)
         assert torch.equal(out, elementwise.bias_act(gemm, None, act))
 
@@ -250,6 +267,7 @@ def test_triton_forward(dtype, act):
 @requires_triton
 def test_triton_forward_strided_and_empty():
     from fused.linear import triton_kernels
+
     device = "cuda" if HAS_CUDA else "cpu"
     x, w, b = inputs((33, 40), 20, torch.float32, device)
     xs, ws = noncontiguous(x), w.t().contiguous().t()
@@ -268,6 +286,7 @@ def test_triton_forward_strided_and_empty():
 @requires_triton
 def test_triton_tf32_only_when_allowed():
     from fused.linear.triton_kernels import dot_precision
+
     old = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -289,6 +308,7 @@ def test_triton_tf32_only_when_allowed():
 @pytest.mark.parametrize("act", ACTS)
 def test_triton_grad_pre(dtype, act):
     from fused.linear import triton_kernels
+
     device = "cuda" if HAS_CUDA else "cpu"
     grad, saved = make((3, 41, 70), dtype, device, seed=1), make((3, 41, 70), dtype, device, seed=2)
     if act in ("sigmoid", "tanh"):
@@ -300,6 +320,7 @@ def test_triton_grad_pre(dtype, act):
     assert triton_kernels.linear_act_grad_pre(grad, saved, act, False)[1].numel() == 0
     if dtype == torch.float32 and act in ("gelu", "gelu_tanh", "silu"):  # saved is the pre-activation: bias_act's
         from fused.elementwise import triton_kernels as elementwise  # backward has the same derivative, same bits
+
         assert torch.equal(got_pre, elementwise.bias_act_backward(grad, saved, None, act)[0])
 
 
@@ -308,6 +329,7 @@ def test_triton_autotuning_keyed_on_m_bucket(monkeypatch):
     """The autotuned launcher (GPU path; here under the interpreter with a stand-in timer) tunes once per
     power-of-two bucket of M, not per M, while the kernel still gets the exact M."""
     from fused.linear import triton_kernels as tk
+
     tuned = tk._linear_act_tuned
     assert tuned.keys == ["M_BUCKET", "N", "K"]
     assert [tk.m_bucket(m) for m in (1, 16, 17, 32, 33, 1000)] == [16, 16, 32, 32, 64, 1024]

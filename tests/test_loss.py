@@ -17,6 +17,7 @@ Ported cases (adapted to these ops, small shapes):
 - torch test_nn.py's cross-entropy cases: label smoothing with class weights and ignored targets per reduction,
   K-dimensional (N, C, d1, ...) logits, 1-D logits with a 0-d target, empty batches, uint8 targets.
 """
+
 import math
 
 import pytest
@@ -41,7 +42,7 @@ from tests.harness import (
     rel_error,
     requires_triton,
 )
-from tests.test_cuda_emulation import buf, emu, launch, out  # noqa: F401  (emu: the emulation's fixture)
+from tests.test_cuda_emulation import buf, launch, out
 
 GEMM_SCALE = {torch.float64: 10.0, torch.float32: 10.0, torch.float16: 4.0, torch.bfloat16: 4.0}
 # Every option at once: class weights, label smoothing, z-loss, softcap (and ignored rows, from `targets`).
@@ -108,8 +109,11 @@ def test_linear_parity(dev, reduction, dtype, options):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-@pytest.mark.parametrize("option", [dict(label_smoothing=0.2), dict(z_loss=1e-4), dict(z_loss=1e-5),
-                                    dict(softcap=30.0), dict(softcap=2.0), "weight"], ids=str)
+@pytest.mark.parametrize(
+    "option",
+    [dict(label_smoothing=0.2), dict(z_loss=1e-4), dict(z_loss=1e-5), dict(softcap=30.0), dict(softcap=2.0), "weight"],
+    ids=str,
+)
 def test_linear_each_option(dev, reduction, option):
     """Each extension alone (z_loss: PaLM's and Chameleon's coefficients) in float64, gradients against autograd
     of the reference."""
@@ -139,8 +143,9 @@ def test_linear_accuracy_vs_float64(dev, dtype, reduction, options):
     kw64 = dict(kw, weight=kw["weight"].double()) if "weight" in kw else kw
     out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
     eager, eager_grads = loss_and_grads(lambda: lce_ref(x, w, b, t, **kw), (x, w, b), g)
-    exact, exact_grads = loss_and_grads(lambda: lce_ref(x64, w64, b64, t, **kw64), (x64, w64, b64),
-                                        None if g is None else g.double())
+    exact, exact_grads = loss_and_grads(
+        lambda: lce_ref(x64, w64, b64, t, **kw64), (x64, w64, b64), None if g is None else g.double()
+    )
     assert_accuracy(out, eager, exact)
     for a, e, r in zip(got, eager_grads, exact_grads):
         assert_accuracy(a, e, r)
@@ -173,13 +178,15 @@ def test_confident_prediction_true_class_gradient(dtype):
     assert (exact < 0).all() and (exact > -0.2).all()
     for got in (ours, in_place):
         for i in range(3):
-            assert rel_error(got[i:i + 1], exact[i:i + 1]) <= 2 * rel_error(eager[i:i + 1], exact[i:i + 1]) + 1e-6
+            assert (
+                rel_error(got[i : i + 1], exact[i : i + 1]) <= 2 * rel_error(eager[i : i + 1], exact[i : i + 1]) + 1e-6
+            )
     # through the linear head: input = one-hot rows, so the logits are linear_weight's columns
     w = logits.t().contiguous().requires_grad_()
     x = torch.eye(3, dtype=dtype)
     got = torch.autograd.grad(fused.linear_cross_entropy(x, w, t, reduction="sum"), w)[0][7]
     for i in range(3):
-        assert rel_error(got[i:i + 1], exact[i:i + 1]) <= 2 * rel_error(eager[i:i + 1], exact[i:i + 1]) + 1e-6
+        assert rel_error(got[i : i + 1], exact[i : i + 1]) <= 2 * rel_error(eager[i : i + 1], exact[i : i + 1]) + 1e-6
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -194,20 +201,29 @@ def test_large_vocab(dtype):
     logits = logits.to(dtype)
     t = torch.tensor([5, V - 1, 50, 123456])
     x64 = logits.double().requires_grad_()
-    exact, exact_grad = loss_and_grads(lambda: F.cross_entropy(x64, t, reduction="none", label_smoothing=0.1),
-                                       [x64], torch.ones(4, dtype=torch.float64))
+    exact, exact_grad = loss_and_grads(
+        lambda: F.cross_entropy(x64, t, reduction="none", label_smoothing=0.1),
+        [x64],
+        torch.ones(4, dtype=torch.float64),
+    )
     xe = logits.clone().requires_grad_()
-    eager, eager_grad = loss_and_grads(lambda: F.cross_entropy(xe, t, reduction="none", label_smoothing=0.1), [xe],
-                                       torch.ones(4, dtype=dtype))
+    eager, eager_grad = loss_and_grads(
+        lambda: F.cross_entropy(xe, t, reduction="none", label_smoothing=0.1), [xe], torch.ones(4, dtype=dtype)
+    )
     xf = logits.clone().requires_grad_()
-    ours, ours_grad = loss_and_grads(lambda: fused.cross_entropy(xf, t, reduction="none", label_smoothing=0.1),
-                                     [xf], torch.ones(4, dtype=dtype))
+    ours, ours_grad = loss_and_grads(
+        lambda: fused.cross_entropy(xf, t, reduction="none", label_smoothing=0.1), [xf], torch.ones(4, dtype=dtype)
+    )
     assert torch.isfinite(ours).all()
     assert_accuracy(ours, eager, exact)
     assert_accuracy(ours_grad[0], eager_grad[0], exact_grad[0])
-    _, lse = torch.ops.fused.cross_entropy_rows(logits, t, None, torch.ones(2), logits.new_empty(0), -100, 0., 0., 0.)
-    assert rel_error(lse, torch.logsumexp(logits.double(), 1)) <= 2 * rel_error(
-        torch.logsumexp(logits, 1), torch.logsumexp(logits.double(), 1)) + 1e-7
+    _, lse = torch.ops.fused.cross_entropy_rows(
+        logits, t, None, torch.ones(2), logits.new_empty(0), -100, 0.0, 0.0, 0.0
+    )
+    assert (
+        rel_error(lse, torch.logsumexp(logits.double(), 1))
+        <= 2 * rel_error(torch.logsumexp(logits, 1), torch.logsumexp(logits.double(), 1)) + 1e-7
+    )
     x, w, b = lce_inputs((4,), 8, V, dtype, seed=2)
     x64, w64, b64 = (a.detach().double().requires_grad_() for a in (x, w, b))
     out, got = loss_and_grads(lambda: lce(x, w, b, t, z_loss=1e-4), (x, w, b))
@@ -227,10 +243,12 @@ def test_all_targets_ignored(ignore_index):
     all_options = dict(ALL_OPTIONS, weight=class_weight(20))
     for reduction, kw in (("mean", {}), ("sum", {}), ("none", {}), ("mean", all_options)):
         g = torch.ones(16) if reduction == "none" else None
-        out, got = loss_and_grads(lambda: lce(x, w, b, t, reduction=reduction, ignore_index=ignore_index, **kw),
-                                  (x, w, b), g)
-        want, want_grads = loss_and_grads(lambda: lce_ref(x, w, b, t, reduction=reduction,
-                                                          ignore_index=ignore_index, **kw), (x, w, b), g)
+        out, got = loss_and_grads(
+            lambda: lce(x, w, b, t, reduction=reduction, ignore_index=ignore_index, **kw), (x, w, b), g
+        )
+        want, want_grads = loss_and_grads(
+            lambda: lce_ref(x, w, b, t, reduction=reduction, ignore_index=ignore_index, **kw), (x, w, b), g
+        )
         torch.testing.assert_close(out, want, equal_nan=True)
         assert out.isnan().all() if reduction == "mean" else (out == 0).all()
         for a, e in zip(got, want_grads):
@@ -323,8 +341,9 @@ def test_autocast():
     exact, exact_grads = loss_and_grads(lambda: lce_ref(x64, w64, b64, t, label_smoothing=0.1), (x64, w64, b64))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out, got = loss_and_grads(lambda: lce(x.bfloat16(), w, b, t, label_smoothing=0.1), (x, w, b))
-        want, want_grads = loss_and_grads(lambda: F.linear_cross_entropy(x.bfloat16(), w, t, linear_bias=b,
-                                                                         label_smoothing=0.1), (x, w, b))
+        want, want_grads = loss_and_grads(
+            lambda: F.linear_cross_entropy(x.bfloat16(), w, t, linear_bias=b, label_smoothing=0.1), (x, w, b)
+        )
         logits = make((8, 20), seed=3, requires_grad=True)
         assert fused.cross_entropy(logits.bfloat16(), t[:8].clamp(0, 19)).dtype == torch.float32
     assert out.dtype == want.dtype == torch.float32
@@ -376,8 +395,14 @@ def test_deterministic():
         for threads in (1, 2):
             torch.set_num_threads(threads)
             grad = torch.empty_like(logits)
-            runs.append((*torch.ops.fused.cross_entropy_rows(logits, t, class_weight(150), scale, grad,
-                                                              -100, 0.1, 1e-2, 4.0), grad))
+            runs.append(
+                (
+                    *torch.ops.fused.cross_entropy_rows(
+                        logits, t, class_weight(150), scale, grad, -100, 0.1, 1e-2, 4.0
+                    ),
+                    grad,
+                )
+            )
     finally:
         torch.set_num_threads(old)
     assert all(torch.equal(a, c) for a, c in zip(*runs))
@@ -400,12 +425,14 @@ def test_only_some_gradients():
 def test_memory_without_the_logits(monkeypatch):
     """fwd+bwd peak memory: no N x V logits, a quarter of eager's or less, and within the gradients plus a chunk."""
     from benchmarks.timing import peak_memory_mb
+
     monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**20)
     x, w, b = lce_inputs((1024,), 32, 4096)
     t = targets((1024,), 4096)
 
     def fwd_bwd(fn):
         return lambda: torch.autograd.grad(fn(), (x, w, b))
+
     ours = peak_memory_mb(fwd_bwd(lambda: lce(x, w, b, t)), "cpu")
     eager = peak_memory_mb(fwd_bwd(lambda: lce_ref(x, w, b, t)), "cpu")
     grads_mb = (x.numel() + w.numel() + b.numel()) * 4 / 2**20
@@ -428,23 +455,33 @@ def test_cross_entropy_parity_and_accuracy(dev, dtype, reduction):
     if dtype != torch.float64:
         x64 = logits.detach().double().requires_grad_()
         kw64 = dict(kw, weight=kw["weight"].double())
-        exact, exact_grad = loss_and_grads(lambda: ref.cross_entropy(x64, t, **kw64), [x64],
-                                           None if g is None else g.double())
+        exact, exact_grad = loss_and_grads(
+            lambda: ref.cross_entropy(x64, t, **kw64), [x64], None if g is None else g.double()
+        )
         assert_accuracy(out, want, exact)
         assert_accuracy(got[0], want_grad[0], exact_grad[0])
 
 
 def test_cross_entropy_shapes_as_torch():
     """(C) with a 0-d target, (N, C), and (N, C, d1, d2) with classes on dim 1, strided logits."""
-    cases = [(make((9,), seed=1), torch.tensor(4)), (noncontiguous(make((6, 9), seed=2)), torch.arange(6)),
-             (make((3, 9, 4, 2), seed=3), torch.randint(0, 9, (3, 4, 2)))]
+    cases = [
+        (make((9,), seed=1), torch.tensor(4)),
+        (noncontiguous(make((6, 9), seed=2)), torch.arange(6)),
+        (make((3, 9, 4, 2), seed=3), torch.randint(0, 9, (3, 4, 2))),
+    ]
     for logits, t in cases:
         for reduction in ("mean", "none"):
             x = logits.detach().requires_grad_()
-            out, got = loss_and_grads(lambda: fused.cross_entropy(x, t, reduction=reduction, z_loss=1e-3), [x],
-                                      torch.ones(t.shape) if reduction == "none" else None)
-            want, want_grad = loss_and_grads(lambda: ref.cross_entropy(x, t, reduction=reduction, z_loss=1e-3), [x],
-                                             torch.ones(t.shape) if reduction == "none" else None)
+            out, got = loss_and_grads(
+                lambda: fused.cross_entropy(x, t, reduction=reduction, z_loss=1e-3),
+                [x],
+                torch.ones(t.shape) if reduction == "none" else None,
+            )
+            want, want_grad = loss_and_grads(
+                lambda: ref.cross_entropy(x, t, reduction=reduction, z_loss=1e-3),
+                [x],
+                torch.ones(t.shape) if reduction == "none" else None,
+            )
             assert out.shape == want.shape
             assert_close(out, want, scale=2)
             assert_close(got[0], want_grad[0], scale=2)
@@ -456,8 +493,9 @@ def test_bfloat16_matches_float32_internals():
     logits = make((4, 3000), torch.bfloat16, seed=5)
     t = torch.randint(0, 3000, (4,))
     x16, x32 = logits.clone().requires_grad_(), logits.float().requires_grad_()
-    out16, g16 = loss_and_grads(lambda: fused.cross_entropy(x16, t, reduction="none"), [x16],
-                                torch.ones(4, dtype=torch.bfloat16))
+    out16, g16 = loss_and_grads(
+        lambda: fused.cross_entropy(x16, t, reduction="none"), [x16], torch.ones(4, dtype=torch.bfloat16)
+    )
     out32, g32 = loss_and_grads(lambda: fused.cross_entropy(x32, t, reduction="none"), [x32], torch.ones(4))
     assert torch.equal(out16, out32.bfloat16())
     assert torch.equal(g16[0], g32[0].bfloat16())
@@ -474,8 +512,9 @@ def test_gradcheck_float64():
     logits = make((4, 7), torch.float64, requires_grad=True)
     t = torch.tensor([0, 6, -100, 3])
     for reduction in ("mean", "none"):
-        assert torch.autograd.gradcheck(lambda a: fused.cross_entropy(a, t, reduction=reduction, **ALL_OPTIONS),
-                                        (logits,))
+        assert torch.autograd.gradcheck(
+            lambda a: fused.cross_entropy(a, t, reduction=reduction, **ALL_OPTIONS), (logits,)
+        )
 
 
 @pytest.mark.parametrize("reduction", ["mean", "none"])
@@ -487,14 +526,17 @@ def test_compile_fullgraph(reduction):
 
     def loss(x, w, b):
         return lce(x, w, b, t, reduction=reduction, **ALL_OPTIONS).sum() * 2
+
     got = torch.autograd.grad(torch.compile(loss, fullgraph=True)(x, w, b), (x, w, b))
     want = torch.autograd.grad(lce_ref(x, w, b, t, reduction=reduction, **ALL_OPTIONS).sum() * 2, (x, w, b))
     for a, e in zip(got, want):
         assert_close(a, e, scale=10)
     logits = make((12, 20), requires_grad=True)
     torch._dynamo.reset()
-    got = torch.autograd.grad(torch.compile(lambda a: fused.cross_entropy(a, t.view(-1), reduction=reduction)
-                                            .sum(), fullgraph=True)(logits), logits)[0]
+    got = torch.autograd.grad(
+        torch.compile(lambda a: fused.cross_entropy(a, t.view(-1), reduction=reduction).sum(), fullgraph=True)(logits),
+        logits,
+    )[0]
     want = torch.autograd.grad(ref.cross_entropy(logits, t.view(-1), reduction=reduction).sum(), logits)[0]
     assert_close(got, want, scale=2)
 
@@ -547,18 +589,20 @@ def test_errors_name_op_and_argument():
         fused.nn.FusedLinearCrossEntropyLoss(reduction="avg")
     # the C++ kernel checks its own arguments, naming op and argument
     with raises("fused.cross_entropy_rows: scale must have shape \\[2\\] or \\[rows, 2\\]"):
-        torch.ops.fused.cross_entropy_rows(make((4, 10)), t, None, torch.ones(3), torch.empty(0), -100, 0., 0., 0.)
+        torch.ops.fused.cross_entropy_rows(make((4, 10)), t, None, torch.ones(3), torch.empty(0), -100, 0.0, 0.0, 0.0)
     with raises("fused.cross_entropy_rows: target must be int64 class indices"):
-        torch.ops.fused.cross_entropy_rows(make((4, 10)), t.int(), None, torch.ones(2), torch.empty(0), -100, 0., 0.,
-                                           0.)
+        torch.ops.fused.cross_entropy_rows(
+            make((4, 10)), t.int(), None, torch.ones(2), torch.empty(0), -100, 0.0, 0.0, 0.0
+        )
 
 
 # ---- the module ----
 def test_module_matches_functional():
     x, w, b = lce_inputs((2, 7), 8, 30)
     t = targets((2, 7), 30, ignore_index=3)
-    loss_fn = fused.nn.FusedLinearCrossEntropyLoss(reduction="sum", ignore_index=3, label_smoothing=0.1, z_loss=1e-4,
-                                                   softcap=20.0)
+    loss_fn = fused.nn.FusedLinearCrossEntropyLoss(
+        reduction="sum", ignore_index=3, label_smoothing=0.1, z_loss=1e-4, softcap=20.0
+    )
     assert "z_loss=0.0001" in repr(loss_fn) and not list(loss_fn.parameters())
     got = loss_fn(x, w, t, b)
     want = lce(x, w, b, t, reduction="sum", ignore_index=3, label_smoothing=0.1, z_loss=1e-4, softcap=20.0)
@@ -571,8 +615,9 @@ def test_torch_forward_backward_3d_input_large_vocab():
     t = torch.randint(0, 6000, (2, 3), generator=torch.Generator().manual_seed(0))
     out, got = loss_and_grads(lambda: lce(x, w, b, t), (x, w, b))
     # (torch 2.13's F.linear_cross_entropy takes 1-D or 2-D input; ours any [..., D])
-    want, want_grads = loss_and_grads(lambda: F.linear_cross_entropy(x.flatten(0, 1), w, t.flatten(), linear_bias=b),
-                                      (x, w, b))
+    want, want_grads = loss_and_grads(
+        lambda: F.linear_cross_entropy(x.flatten(0, 1), w, t.flatten(), linear_bias=b), (x, w, b)
+    )
     assert_close(out, want, scale=10)
     for a, e in zip(got, want_grads):
         assert_close(a, e, scale=10)
@@ -593,8 +638,11 @@ def test_torch_many_chunks_and_reductions_with_smoothing():
             kw = dict(reduction=reduction, label_smoothing=ls, ignore_index=-1)
             g = torch.ones(3, 4) if reduction == "none" else None
             out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b), g)
-            want, want_grads = loss_and_grads(lambda: F.linear_cross_entropy(
-                x.flatten(0, 1), w, t.flatten(), linear_bias=b, **kw).view(out.shape), (x, w, b), g)
+            want, want_grads = loss_and_grads(
+                lambda: F.linear_cross_entropy(x.flatten(0, 1), w, t.flatten(), linear_bias=b, **kw).view(out.shape),
+                (x, w, b),
+                g,
+            )
             assert out.shape == want.shape
             assert_close(out, want, scale=10)
             for a, e in zip(got, want_grads):
@@ -608,31 +656,51 @@ def test_torch_many_chunks_and_reductions_with_smoothing():
 @pytest.mark.parametrize("options", ["plain", "all"])
 def test_triton_rows_match_cpu_kernel(dtype, options):
     from fused.loss import triton_kernels
+
     device = "cuda" if HAS_CUDA else "cpu"
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     logits = make((7, 300), dtype, low=-5, high=5, seed=1)
     t = targets((7,), 300)
     cw = class_weight(300, acc) if options == "all" else None
-    kw = dict(label_smoothing=0.1, z_loss=1e-2, softcap=4.0) if options == "all" else dict(label_smoothing=0.0,
-                                                                                          z_loss=0.0, softcap=0.0)
+    kw = (
+        dict(label_smoothing=0.1, z_loss=1e-2, softcap=4.0)
+        if options == "all"
+        else dict(label_smoothing=0.0, z_loss=0.0, softcap=0.0)
+    )
     scale = make((7, 2), acc, low=0.5, high=2, seed=2)
     want_grad = torch.empty_like(logits)
     want = torch.ops.fused.cross_entropy_rows(logits, t, cw, scale, want_grad, -100, *kw.values())
     grad = torch.empty_like(logits, device=device)
-    got = triton_kernels.cross_entropy_rows(logits.to(device), t.to(device), None if cw is None else cw.to(device),
-                                            scale.to(device), grad, -100, *kw.values())
+    got = triton_kernels.cross_entropy_rows(
+        logits.to(device),
+        t.to(device),
+        None if cw is None else cw.to(device),
+        scale.to(device),
+        grad,
+        -100,
+        *kw.values(),
+    )
     for a, e in zip(got, want):
         assert a.dtype == acc
         assert_close(a.cpu(), e, scale=4)
     assert_close(grad.cpu(), want_grad, scale=4)
     # in place over the logits (how linear_cross_entropy calls it), and no gradient at all
     buf = logits.clone().to(device)
-    triton_kernels.cross_entropy_rows(buf, t.to(device), None if cw is None else cw.to(device), scale.to(device),
-                                      buf, -100, *kw.values())
+    triton_kernels.cross_entropy_rows(
+        buf, t.to(device), None if cw is None else cw.to(device), scale.to(device), buf, -100, *kw.values()
+    )
     assert_close(buf.cpu(), want_grad, scale=4)
-    loss, lse = triton_kernels.cross_entropy_rows(logits.to(device), t.to(device), None, torch.ones(2, dtype=acc,
-                                                                                                   device=device),
-                                                  logits.new_empty(0, device=device), -100, 0.0, 0.0, 0.0)
+    loss, lse = triton_kernels.cross_entropy_rows(
+        logits.to(device),
+        t.to(device),
+        None,
+        torch.ones(2, dtype=acc, device=device),
+        logits.new_empty(0, device=device),
+        -100,
+        0.0,
+        0.0,
+        0.0,
+    )
     assert_close(lse.cpu(), torch.where(t != -100, torch.logsumexp(logits.to(acc), 1), 0), scale=4)
 
 
@@ -640,6 +708,7 @@ def test_triton_rows_match_cpu_kernel(dtype, options):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_triton_confident_prediction_and_bad_target():
     from fused.loss import triton_kernels
+
     logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(0))
     logits[:, 3] = math.log(0.999 / 0.001 * logits.exp().sum(1).mean().item())
     t = torch.tensor([3, 3])
@@ -649,10 +718,12 @@ def test_triton_confident_prediction_and_bad_target():
     triton_kernels.cross_entropy_rows(buf, t, None, torch.ones(2), buf, -100, 0.0, 0.0, 0.0)
     assert rel_error(buf[:, 3], exact) < 1e-2  # rounded once to bf16; p_t - 1 in bf16 would be off by ~100%
     with pytest.raises(IndexError, match="fused.cross_entropy_rows: target 500 is out of bounds for 500 classes"):
-        triton_kernels.cross_entropy_rows(logits, torch.tensor([3, 500]), None, torch.ones(2), logits.new_empty(0),
-                                          -100, 0.0, 0.0, 0.0)
-    loss, lse = triton_kernels.cross_entropy_rows(logits[:0], t[:0], None, torch.ones(2), logits.new_empty(0), -100,
-                                                  0.0, 0.0, 0.0)
+        triton_kernels.cross_entropy_rows(
+            logits, torch.tensor([3, 500]), None, torch.ones(2), logits.new_empty(0), -100, 0.0, 0.0, 0.0
+        )
+    loss, lse = triton_kernels.cross_entropy_rows(
+        logits[:0], t[:0], None, torch.ones(2), logits.new_empty(0), -100, 0.0, 0.0, 0.0
+    )
     assert loss.shape == (0,) and lse.shape == (0,)
     # masked logits filling the whole first block of a row (the running max is -inf there), with and without
     # smoothing: the CPU kernel's (and eager's) results
@@ -660,8 +731,9 @@ def test_triton_confident_prediction_and_bad_target():
     masked[0, :4096] = float("-inf")
     t = torch.tensor([4500, 7])
     for ls in (0.0, 0.1):
-        got = triton_kernels.cross_entropy_rows(masked, t, None, torch.ones(2), masked.new_empty(0), -100, ls, 0.0,
-                                                0.0)[0]
+        got = triton_kernels.cross_entropy_rows(
+            masked, t, None, torch.ones(2), masked.new_empty(0), -100, ls, 0.0, 0.0
+        )[0]
         torch.testing.assert_close(got, F.cross_entropy(masked, t, reduction="none", label_smoothing=ls))
 
 
@@ -675,14 +747,22 @@ def test_triton_kernel_compiles_for_sm90():
     import re
     import subprocess
     import sys
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = root
-    out = subprocess.run([sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "loss"], capture_output=True,
-                         text=True, cwd=root, env=env, timeout=900)
+    out = subprocess.run(
+        [sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "loss"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env=env,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    stats = re.search(r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)",
-                      out.stdout)
+    stats = re.search(
+        r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", out.stdout
+    )
     assert stats and int(stats[1]) == 6 and int(stats[2]) > 0 and int(stats[3]) == 0, out.stdout
 
 
@@ -693,14 +773,33 @@ def emu_rows(emu, logits, target, weight, scale, grad, ignore_index, label_smoot
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
     loss, lse = out((rows,), acc), out((rows,), acc)
     w_sum = None if weight is None else buf(weight.double().sum().reshape(1))
-    launch(emu.cross_entropy_rows, cuda_emulation.code(logits.dtype), logits, ld or V, grad,
-           V if grad is not None else 0, buf(target), None if weight is None else buf(weight), w_sum, buf(scale),
-           2 if scale.dim() == 2 else 0, loss, lse, rows, V, ignore_index, label_smoothing, z_loss, softcap)
+    launch(
+        emu.cross_entropy_rows,
+        cuda_emulation.code(logits.dtype),
+        logits,
+        ld or V,
+        grad,
+        V if grad is not None else 0,
+        buf(target),
+        None if weight is None else buf(weight),
+        w_sum,
+        buf(scale),
+        2 if scale.dim() == 2 else 0,
+        loss,
+        lse,
+        rows,
+        V,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+    )
     return loss, lse
 
 
-requires_emulation = pytest.mark.skipif(cuda_emulation.unavailable() is not None,
-                                        reason=str(cuda_emulation.unavailable()))
+requires_emulation = pytest.mark.skipif(
+    cuda_emulation.unavailable() is not None, reason=str(cuda_emulation.unavailable())
+)
 
 
 @requires_emulation
@@ -744,8 +843,9 @@ def test_cuda_emulation_rows_special_cases(emu):
         emu.set_schedule_seed(seed)
         emu.set_sm_count(sms)
         grad = buf(torch.zeros_like(logits))
-        runs.append((*emu_rows(emu, buf(logits), t, class_weight(700), torch.ones(2), grad, -100, 0.1, 1e-3, 0.0),
-                     grad.clone()))
+        runs.append(
+            (*emu_rows(emu, buf(logits), t, class_weight(700), torch.ones(2), grad, -100, 0.1, 1e-3, 0.0), grad.clone())
+        )
     emu.set_schedule_seed(1)
     emu.set_sm_count(1)
     for run in runs[1:]:
@@ -763,13 +863,15 @@ def test_cuda_emulation_rows_special_cases(emu):
     masked[0, :600] = float("-inf")
     for ls in (0.0, 0.1):
         loss, _ = emu_rows(emu, buf(masked), torch.tensor([900, 7]), None, torch.ones(2), None, -100, ls, 0.0, 0.0)
-        torch.testing.assert_close(loss, F.cross_entropy(masked, torch.tensor([900, 7]), reduction="none",
-                                                         label_smoothing=ls))
+        torch.testing.assert_close(
+            loss, F.cross_entropy(masked, torch.tensor([900, 7]), reduction="none", label_smoothing=ls)
+        )
     grad = buf(torch.zeros(2, 1300))
     loss, lse = emu_rows(emu, buf(masked), torch.tensor([700, 1300]), None, torch.ones(2), grad, -100, 0.0, 0.0, 0.0)
     assert torch.isfinite(loss[0]) and loss[1].isnan() and grad[1].isnan().all() and torch.isfinite(grad[0]).all()
-    empty = emu_rows(emu, buf(masked[:0]), torch.zeros(0, dtype=torch.long), None, torch.ones(2), None, -100, 0.0,
-                     0.0, 0.0)
+    empty = emu_rows(
+        emu, buf(masked[:0]), torch.zeros(0, dtype=torch.long), None, torch.ones(2), None, -100, 0.0, 0.0, 0.0
+    )
     assert empty[0].shape == (0,)
 
 
@@ -854,6 +956,7 @@ def fsdp_gpt_worker(rank):
     from torch.distributed.fsdp import fully_shard
 
     from tests.test_distributed_optim import WORLD, full
+
     torch.manual_seed(0)
     model = TinyGPT()
     mesh = init_device_mesh("cpu", (WORLD,))
@@ -889,5 +992,6 @@ def test_gpt2_training_fsdp2():
     import torch.multiprocessing as mp
 
     from tests.test_distributed_optim import WORLD, run_worker
+
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(run_worker, args=(fsdp_gpt_worker, os.path.join(tmp, "init")), nprocs=WORLD, join=True)

@@ -1,5 +1,6 @@
 """fused.nn.FusedLinear and FusedMLP: nn.Linear compatibility, parity with nn.Sequential (forward and backward),
 and FusedMLP.fold()."""
+
 import pytest
 import torch
 from torch import nn
@@ -22,8 +23,7 @@ def sequential_like(mlp):
     """The nn.Sequential of Linear + activation with the same weights as `mlp`."""
     mods = []
     for layer in mlp.layers:
-        lin = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None,
-                        dtype=layer.weight.dtype)
+        lin = nn.Linear(layer.in_features, layer.out_features, bias=layer.bias is not None, dtype=layer.weight.dtype)
         lin.load_state_dict(layer.state_dict())
         mods += [lin, Act(layer.act)]
     return nn.Sequential(*mods)
@@ -90,9 +90,9 @@ def test_fold_collapses_expansion_exactly_in_float64():
     w = folded.layers[0].weight
     assert w.shape == (16, 32)
     torch.testing.assert_close(w, mlp.layers[1].weight @ mlp.layers[0].weight, rtol=1e-13, atol=1e-13)
-    torch.testing.assert_close(folded.layers[0].bias,
-                               mlp.layers[1].weight @ mlp.layers[0].bias + mlp.layers[1].bias, rtol=1e-13,
-                               atol=1e-13)
+    torch.testing.assert_close(
+        folded.layers[0].bias, mlp.layers[1].weight @ mlp.layers[0].bias + mlp.layers[1].bias, rtol=1e-13, atol=1e-13
+    )
     x = make((9, 32), torch.float64)
     torch.testing.assert_close(folded(x), mlp(x), rtol=1e-12, atol=1e-12)
     assert not folded.training and not any(p.requires_grad for p in folded.parameters())

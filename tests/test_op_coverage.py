@@ -2,6 +2,7 @@
 composite), a fake kernel, autograd where it is differentiable, opcheck coverage and a reference. The ops come from
 the dispatcher, not from a list kept by hand: an op that is registered but missing from tests/op_registry.py, or
 that lacks any of these, fails here (test_coverage_catches_a_forgetful_op shows each check failing)."""
+
 import pytest
 import torch
 
@@ -16,7 +17,7 @@ has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 def registered(namespace="fused"):
     """The ops of `namespace` the dispatcher knows, CUDA twins (cuda_<op>) apart."""
     prefix = f"{namespace}::"
-    names = sorted(n[len(prefix):] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
+    names = sorted(n[len(prefix) :] for n in torch._C._dispatch_get_all_op_names() if n.startswith(prefix))
     return [n for n in names if not n.startswith("cuda_")]
 
 
@@ -45,8 +46,11 @@ def coverage_problems(qualname, op, ops=OPS):
         elif not (composite or has_kernel(qualname, "Autograd")):
             problems.append(f"{qualname} has no autograd (torch.library.register_autograd)")
     reference = op.reference if op.backward_of is None else None
-    if op.backward_of is None and not (callable(reference) and getattr(reference, "__module__", "").startswith(
-            "fused.") and reference.__module__.endswith(".reference")):
+    if op.backward_of is None and not (
+        callable(reference)
+        and getattr(reference, "__module__", "").startswith("fused.")
+        and reference.__module__.endswith(".reference")
+    ):
         problems.append(f"{qualname} has no reference (a function of a fused.<family>.reference module)")
     if op.backward_of is not None and op.reference is not None:
         problems.append(f"{qualname}: a backward op's reference is its forward's; leave reference out")
@@ -83,11 +87,11 @@ def test_every_activation_and_chain_op_has_a_reference():
 def test_cuda_twins_match_their_ops():
     """fused::cuda_<op> (csrc/common/registration.h) has its op's arguments and returns; every CUDA C++ kernel the
     GPU router names is such a twin."""
-    names = sorted(n[len("fused::"):] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused::"))
+    names = sorted(n[len("fused::") :] for n in torch._C._dispatch_get_all_op_names() if n.startswith("fused::"))
     twins = [n for n in names if n.startswith("cuda_")]
     assert twins
     for twin in twins:
-        op = twin[len("cuda_"):]
+        op = twin[len("cuda_") :]
         assert op in names, twin
         assert str(schema(f"fused::{twin}")) == str(schema(f"fused::{op}")).replace(f"fused::{op}(", f"fused::{twin}(")
     for op, kernels in GPU_KERNELS.items():
@@ -105,10 +109,12 @@ def test_coverage_catches_a_forgetful_op():
     assert coverage_problems(qualname, None) == [f"{qualname} is not in tests/op_registry.py"]
     bare = Op(samples=lambda: [], reference=lambda x: 2 * x)
     assert coverage_problems(qualname, bare) == [
-        f"{qualname} has no CPU kernel", f"{qualname} has no fake kernel (torch.library.register_fake)",
+        f"{qualname} has no CPU kernel",
+        f"{qualname} has no fake kernel (torch.library.register_fake)",
         f"{qualname} has no autograd (torch.library.register_autograd)",
         f"{qualname} has no reference (a function of a fused.<family>.reference module)",
-        f"{qualname} has no opcheck samples"]
+        f"{qualname} has no opcheck samples",
+    ]
     lib.impl("scale", lambda x: 2 * x, "CPU")
     torch.library.register_fake(qualname, lambda x: torch.empty_like(x), lib=lib)
     torch.library.register_autograd(qualname, lambda ctx, g: 2 * g, lib=lib)
@@ -119,12 +125,15 @@ def test_coverage_catches_a_forgetful_op():
     backward = f"{qualname}_backward"
     ops = {"scale": done}
     assert coverage_problems(backward, Op(samples=lambda: [(torch.ones(3),)], backward_of="scale"), ops) == [
-        f"{backward} has no fake kernel (torch.library.register_fake)"]
+        f"{backward} has no fake kernel (torch.library.register_fake)"
+    ]
     assert coverage_problems(backward, Op(samples=lambda: [(torch.ones(3),)], backward_of="nothing"), ops)[-1] == (
-        f"{backward}: backward_of='nothing' is not a differentiable op of the registry")
+        f"{backward}: backward_of='nothing' is not a differentiable op of the registry"
+    )
     lib.define("step_(Tensor(a!) x) -> ()")
     lib.impl("step_", lambda x: x.mul_(2), "CPU")
     torch.library.register_fake("fused_probe::step_", lambda x: None, lib=lib)
     assert coverage_problems("fused_probe::step_", done) == [
-        "fused_probe::step_ mutates its arguments: say differentiable=False"]
+        "fused_probe::step_ mutates its arguments: say differentiable=False"
+    ]
     lib._destroy()

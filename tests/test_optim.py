@@ -1,13 +1,14 @@
 """fused.optim.SGD / Adam / AdamW against torch.optim (and the clip-and-step reference) over several steps."""
+
 import copy
 import math
 
 import pytest
 import torch
+from harness import assert_accuracy, raises
 
 import fused
 from fused.optim.reference import ReferenceOptimizer
-from harness import assert_accuracy, raises
 
 SHAPES = [(37, 5), (70001,), (3,), (2, 3, 131), ()]  # odd sizes, one over a chunk (32768), a scalar
 
@@ -110,8 +111,9 @@ def test_clip_and_step_matches_reference(name, hyper, max_grad_norm, clip_value)
 
 
 @pytest.mark.parametrize("name,hyper", [CONFIGS[3], CONFIGS[5], CONFIGS[8]], ids=[IDS[3], IDS[5], IDS[8]])
-@pytest.mark.parametrize("max_grad_norm,clip_value",
-                         [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)])
+@pytest.mark.parametrize(
+    "max_grad_norm,clip_value", [(None, None), (0.1, None), (None, 0.01), (0.1, 0.01), (1e9, None)]
+)
 def test_grad_after_step_is_what_the_torch_recipe_leaves(name, hyper, max_grad_norm, clip_value):
     """.grad after step() holds the gradient the update used, as torch's clip_grad_value_ + clip_grad_norm_ + step
     leaves it: value-clipped, then norm-clipped; maximize and weight decay never touch it. Where nothing clips, .grad
@@ -154,8 +156,8 @@ def strided_grads(shape, seed):
     order), and strided views with gaps ([:, :5] of a wider tensor)."""
     g = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64).float() * 3
     wide = torch.zeros(shape[0], shape[1] * 3)
-    wide[:, 1:1 + shape[1]] = g
-    return [g.clone(), g.t().contiguous().t(), wide[:, 1:1 + shape[1]]]
+    wide[:, 1 : 1 + shape[1]] = g
+    return [g.clone(), g.t().contiguous().t(), wide[:, 1 : 1 + shape[1]]]
 
 
 @pytest.mark.parametrize("name,hyper", [CONFIGS[2], CONFIGS[6], CONFIGS[7]], ids=[IDS[2], IDS[6], IDS[7]])
@@ -215,6 +217,7 @@ def test_param_groups_scheduler_zero_grad_closure():
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     ref_sched = torch.optim.lr_scheduler.StepLR(ref, step_size=2, gamma=0.5)
     for step in range(5):
+
         def closure(ps=ours):
             opt.zero_grad()
             loss = sum((p.double() ** 2).sum() * (i + 1) for i, p in enumerate(ps))
@@ -240,16 +243,22 @@ def test_param_groups_scheduler_zero_grad_closure():
 @pytest.mark.parametrize("direction", ["torch_to_fused", "fused_to_torch"])
 def test_state_dict_interop(name, hyper, direction):
     a, b = make_params(), make_params()
-    first = (getattr(torch.optim, name)(a, foreach=False, **hyper) if direction == "torch_to_fused"
-             else getattr(fused.optim, name)(a, **hyper))
+    first = (
+        getattr(torch.optim, name)(a, foreach=False, **hyper)
+        if direction == "torch_to_fused"
+        else getattr(fused.optim, name)(a, **hyper)
+    )
     for step in range(3):
         set_grads([a], step)
         first.step()
     with torch.no_grad():
         for p, q in zip(a, b):
             q.copy_(p)
-    second = (getattr(fused.optim, name)(b, **hyper) if direction == "torch_to_fused"
-              else getattr(torch.optim, name)(b, foreach=False, **hyper))
+    second = (
+        getattr(fused.optim, name)(b, **hyper)
+        if direction == "torch_to_fused"
+        else getattr(torch.optim, name)(b, foreach=False, **hyper)
+    )
     second.load_state_dict(copy.deepcopy(first.state_dict()))  # as if through torch.save / torch.load
     for step in range(3, 6):
         set_grads([a, b], step)
@@ -352,9 +361,14 @@ def test_params_without_grad_are_untouched():
     assert torch.equal(params[0].detach(), before) and params[0] not in opt.state
 
 
-@pytest.mark.parametrize("cls,arg", [(c, a) for c in ("SGD", "Adam", "AdamW")
-                                     for a in ("lr", "max_grad_norm", "clip_value", "weight_decay")
-                                     + (("momentum",) if c == "SGD" else ("eps",))])
+@pytest.mark.parametrize(
+    "cls,arg",
+    [
+        (c, a)
+        for c in ("SGD", "Adam", "AdamW")
+        for a in ("lr", "max_grad_norm", "clip_value", "weight_decay") + (("momentum",) if c == "SGD" else ("eps",))
+    ],
+)
 def test_negative_arguments(cls, arg):
     kwargs = {"lr": 0.1, arg: -1.0}
     with raises(f"fused.optim.{cls}: {arg} must be >= 0"):
@@ -380,15 +394,37 @@ def test_ops_reject_bad_arguments():
     p, g = torch.zeros(4), torch.ones(4)
     coef, found = torch.ones((), dtype=torch.float64), torch.zeros(())
     with raises("fused.adam_step_: lr must be >= 0"):
-        torch.ops.fused.adam_step_([p], [g], [p.clone()], [p.clone()], [], [torch.zeros(())], -1.0, 0.9, 0.99,
-                                   1e-8, 0.0, False, False, False, coef, None, found, math.inf, [])
+        torch.ops.fused.adam_step_(
+            [p],
+            [g],
+            [p.clone()],
+            [p.clone()],
+            [],
+            [torch.zeros(())],
+            -1.0,
+            0.9,
+            0.99,
+            1e-8,
+            0.0,
+            False,
+            False,
+            False,
+            coef,
+            None,
+            found,
+            math.inf,
+            [],
+        )
     with raises(r"fused.sgd_step_: grads\[0\] has dtype Double but params\[0\] has Float"):
-        torch.ops.fused.sgd_step_([p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None,
-                                  found, math.inf, [])
+        torch.ops.fused.sgd_step_(
+            [p], [g.double()], [], [], 0.1, 0.0, 0.0, 0.0, False, False, coef, None, found, math.inf, []
+        )
     with raises("fused.grad_norm: norm_type must be > 0"):
         torch.ops.fused.grad_norm([g], found, None, -1.0, math.inf, math.inf, True)
-    with raises(r"fused.grad_norm: grads must be dense in memory \(no gaps, no overlap\), got sizes \[4, 2\] and "
-                r"strides \[4, 1\]"):
+    with raises(
+        r"fused.grad_norm: grads must be dense in memory \(no gaps, no overlap\), got sizes \[4, 2\] and "
+        r"strides \[4, 1\]"
+    ):
         torch.ops.fused.grad_norm([torch.ones(4, 4)[:, :2]], found, None, 2.0, math.inf, math.inf, True)
 
 
@@ -406,8 +442,9 @@ def test_two_fused_ops_per_step_whatever_the_number_of_tensors(name):
     params = make_params(shapes=[(10, 3), (7,), (5, 5)] * 40)
     set_grads([params], 0)
     extra = dict(momentum=0.9) if name == "SGD" else {}
-    opt = getattr(fused.optim, name)([{"params": params[:50]}, {"params": params[50:], "lr": 1e-2}], lr=0.1,
-                                     max_grad_norm=1.0, **extra)
+    opt = getattr(fused.optim, name)(
+        [{"params": params[:50]}, {"params": params[50:], "lr": 1e-2}], lr=0.1, max_grad_norm=1.0, **extra
+    )
     opt.step()  # state allocation
     step_op = "fused::sgd_step_" if name == "SGD" else "fused::adam_step_"
     assert fused_ops(opt.step) == ["fused::grad_norm", step_op]

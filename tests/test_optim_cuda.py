@@ -1,12 +1,13 @@
 """The CUDA kernels of the fused optimizers (run only where a GPU is present): the same numbers as the CPU
 kernels, exactly two kernel launches per step, no host sync (CUDA graph capture), skip on inf, determinism."""
+
 import math
 
 import pytest
 import torch
+from harness import requires_cuda
 
 import fused
-from harness import requires_cuda
 
 pytestmark = requires_cuda
 
@@ -30,10 +31,15 @@ def set_grads(cpu, gpu, step, poison=False):
         gpu[1].grad[5] = math.inf
 
 
-@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-2, weight_decay=0.1)),
-                                        ("Adam", dict(lr=1e-2, amsgrad=True, maximize=True)),
-                                        ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)),
-                                        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True))])
+@pytest.mark.parametrize(
+    "name,hyper",
+    [
+        ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+        ("Adam", dict(lr=1e-2, amsgrad=True, maximize=True)),
+        ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)),
+        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ],
+)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_cuda_matches_cpu(name, hyper, dtype):
     cpu, gpu = pair(dtype)
@@ -70,6 +76,7 @@ def test_cuda_clip_grad_norm(norm_type):
 
 def count_launches(fn):
     from torch.profiler import ProfilerActivity, profile
+
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
@@ -190,13 +197,19 @@ def test_cuda_master_weights_with_accumulation(dtype):
         assert torch.equal(q.detach(), b.state[q]["master_param"].to(dtype))
 
 
-@pytest.mark.parametrize("name,groups", [
-    ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6), dict(lr=1e-3)]),
-    ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1), dict(lr=0.2, momentum=0.1)])])
+@pytest.mark.parametrize(
+    "name,groups",
+    [
+        ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), eps=1e-6), dict(lr=1e-3)]),
+        ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1), dict(lr=0.2, momentum=0.1)]),
+    ],
+)
 def test_param_groups_two_launches_and_cpu_numbers(name, groups):
     cpu, gpu = pair()
+
     def grouped(ps):
         return [dict(params=ps[:2], **groups[0]), dict(params=ps[2:4], **groups[1]), dict(params=ps[4:], **groups[2])]
+
     a = getattr(fused.optim, name)(grouped(cpu), lr=0.5, max_grad_norm=1.0)
     b = getattr(fused.optim, name)(grouped(gpu), lr=0.5, max_grad_norm=1.0)
     for step in range(3):

@@ -1,6 +1,7 @@
 """16-bit training with the fused optimizers: master weights tracking an fp32 model trained by torch.optim,
 stochastic rounding (bit-exact against the reference, unbiased, reproducible), fp32 gradient accumulation,
 fp16 overflow with fused.amp.GradScaler, and fp32 state through state_dict."""
+
 import io
 import math
 
@@ -25,9 +26,10 @@ def grads_for(ps, step, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-3, weight_decay=0.1)),
-                                        ("Adam", dict(lr=1e-3)),
-                                        ("SGD", dict(lr=1e-2, momentum=0.9))])
+@pytest.mark.parametrize(
+    "name,hyper",
+    [("AdamW", dict(lr=1e-3, weight_decay=0.1)), ("Adam", dict(lr=1e-3)), ("SGD", dict(lr=1e-2, momentum=0.9))],
+)
 def test_master_tracks_torch_fp32_for_50_steps(dtype, name, hyper):
     low = params(dtype)
     fp32 = [p.detach().float().requires_grad_() for p in low]  # the same starting values, in fp32
@@ -204,21 +206,45 @@ def test_accumulate_grads_op_and_errors():
 def test_step_rejects_fp32_state_with_fp32_mismatch():
     p = torch.randn(4)
     with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] has dtype"):
-        torch.ops.fused.adam_step_([p], [torch.randn(4)], [torch.zeros(4, dtype=torch.float64)], [torch.zeros(4)],
-                                   [], [torch.zeros(())], 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False,
-                                   torch.ones(()), None, torch.zeros(()), math.inf, [])
+        torch.ops.fused.adam_step_(
+            [p],
+            [torch.randn(4)],
+            [torch.zeros(4, dtype=torch.float64)],
+            [torch.zeros(4)],
+            [],
+            [torch.zeros(())],
+            1e-3,
+            0.9,
+            0.999,
+            1e-8,
+            0.0,
+            False,
+            True,
+            False,
+            torch.ones(()),
+            None,
+            torch.zeros(()),
+            math.inf,
+            [],
+        )
 
 
-@pytest.mark.parametrize("name,groups", [
-    ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.0, eps=1e-6)]),
-    ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1, weight_decay=0.01)])])
+@pytest.mark.parametrize(
+    "name,groups",
+    [
+        ("AdamW", [dict(lr=1e-2, weight_decay=0.1), dict(lr=3e-3, betas=(0.8, 0.99), weight_decay=0.0, eps=1e-6)]),
+        ("SGD", [dict(lr=0.1, momentum=0.9), dict(lr=0.03, momentum=0.5, dampening=0.1, weight_decay=0.01)]),
+    ],
+)
 def test_param_groups_update_in_one_call(name, groups, monkeypatch):
     ours = params(torch.float32)
     theirs = [p.detach().clone().requires_grad_() for p in ours]
-    opt = getattr(fused.optim, name)([dict(params=ours[:2], **groups[0]), dict(params=ours[2:], **groups[1])],
-                                     lr=0.5, max_grad_norm=1.0)
-    ref = getattr(torch.optim, name)([dict(params=theirs[:2], **groups[0]), dict(params=theirs[2:], **groups[1])],
-                                     lr=0.5, foreach=False)
+    opt = getattr(fused.optim, name)(
+        [dict(params=ours[:2], **groups[0]), dict(params=ours[2:], **groups[1])], lr=0.5, max_grad_norm=1.0
+    )
+    ref = getattr(torch.optim, name)(
+        [dict(params=theirs[:2], **groups[0]), dict(params=theirs[2:], **groups[1])], lr=0.5, foreach=False
+    )
     op_name = "adam_step_" if name == "AdamW" else "sgd_step_"
     op = getattr(torch.ops.fused, op_name)
     calls = []
@@ -264,8 +290,10 @@ def test_unscale_after_accumulate_grads(poison):
         assert all("step" not in opt_u.state[p] or float(opt_u.state[p]["step"]) == 0 for p in ps_u)
         assert all(torch.equal(p, q) for p, q in zip(ps_u, params(torch.float16)))
         return
-    sums = [sum(grads_for(ps, m, torch.float32)[i].mul(2.0**10).half().float() for m in range(3)) / 2.0**10
-            for i in range(len(ps))]
+    sums = [
+        sum(grads_for(ps, m, torch.float32)[i].mul(2.0**10).half().float() for m in range(3)) / 2.0**10
+        for i in range(len(ps))
+    ]
     expected = torch.linalg.vector_norm(torch.cat([s.view(-1) for s in sums]))
     for o in (opt, opt_u):
         torch.testing.assert_close(o.last_grad_norm, expected, rtol=1e-6, atol=0)

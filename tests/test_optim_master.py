@@ -1,5 +1,6 @@
 """master_weights=True: an fp32 master copy of each 16-bit parameter in state "master_param", fp32 moments, one
 kernel reading the 16-bit gradient and writing the rounded 16-bit parameter; fp32 through state_dict save/load."""
+
 import io
 import math
 
@@ -27,9 +28,14 @@ def set_grads(groups, step, poison=False):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("name,hyper", [("AdamW", dict(lr=1e-2, weight_decay=0.1)),
-                                        ("Adam", dict(lr=1e-2, amsgrad=True)),
-                                        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True))])
+@pytest.mark.parametrize(
+    "name,hyper",
+    [
+        ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+        ("Adam", dict(lr=1e-2, amsgrad=True)),
+        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True)),
+    ],
+)
 def test_master_matches_fp32_training(dtype, name, hyper):
     low = params(dtype)
     fp32 = [p.detach().float().requires_grad_() for p in low]  # the same starting values, in fp32

@@ -20,6 +20,7 @@ Sources (pytorch at v2.13, apex master):
 Contract choices shown here: sparse gradients are refused by name; after accumulate_grads() .grad is None (the
 sums are the optimizer's); a skipped step leaves .grad as torch's fused=True optimizers leave it (scaled).
 """
+
 import copy
 import itertools
 import math
@@ -27,16 +28,18 @@ import pickle
 
 import pytest
 import torch
+from harness import assert_accuracy, raises
 from torch import nn
 
 import fused
-from harness import assert_accuracy, raises
 
 SCALERS = [pytest.param(torch.amp.GradScaler, id="torch_scaler"), pytest.param(fused.amp.GradScaler, id="fused_scaler")]
 SCALER_NO_PICKLE = [pytest.param(p.values[0], False, id=p.id) for p in SCALERS]
-OPTIMS = [pytest.param("SGD", dict(momentum=0.9, nesterov=True), id="SGD-nesterov"),
-          pytest.param("Adam", dict(amsgrad=True), id="Adam-amsgrad"),
-          pytest.param("AdamW", dict(weight_decay=0.1), id="AdamW")]
+OPTIMS = [
+    pytest.param("SGD", dict(momentum=0.9, nesterov=True), id="SGD-nesterov"),
+    pytest.param("Adam", dict(amsgrad=True), id="Adam-amsgrad"),
+    pytest.param("AdamW", dict(weight_decay=0.1), id="AdamW"),
+]
 
 
 # ---- torch's grad-scaling harness (test_torch.py, common_cuda.py), with a float64 control added ----
@@ -81,12 +84,16 @@ def run_scaling_case(run, name, hyper, scaler_cls, unskipped, skipped, atol=1e-7
     torch_cls, fused_cls = getattr(torch.optim, name), getattr(fused.optim, name)
     for enabled in (True, False):
         model, data, loss_fn, skip_iter = create_scaling_case()
-        runs = {label: Run(model, data, ctor, hyper, dtype) for label, ctor, dtype in [
-            ("torch_control", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float32),
-            ("exact", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float64),
-            ("theirs", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float32),
-            ("ours_control", lambda ps, **kw: fused_cls(ps, **kw, **(ours_kw or {})), torch.float32),
-            ("ours", lambda ps, **kw: fused_cls(ps, **kw, **(ours_kw or {})), torch.float32)]}
+        runs = {
+            label: Run(model, data, ctor, hyper, dtype)
+            for label, ctor, dtype in [
+                ("torch_control", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float32),
+                ("exact", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float64),
+                ("theirs", lambda ps, **kw: torch_cls(ps, foreach=False, **kw), torch.float32),
+                ("ours_control", lambda ps, **kw: fused_cls(ps, **kw, **(ours_kw or {})), torch.float32),
+                ("ours", lambda ps, **kw: fused_cls(ps, **kw, **(ours_kw or {})), torch.float32),
+            ]
+        }
         scaler = None
         for label, r in runs.items():
             cls = scaler_cls if label == "ours" else torch.amp.GradScaler
@@ -105,8 +112,10 @@ def run_scaling_case(run, name, hyper, scaler_cls, unskipped, skipped, atol=1e-7
         for s, c, t, tc, e in params:
             assert_close_as_torch(s.grad, c.grad, t.grad, tc.grad, atol)
             for k in runs["torch_control"].opt.state[tc]:  # the state torch keeps, in the four runs
-                states = [runs[label].opt.state[p][k] for label, p in
-                          (("ours", s), ("ours_control", c), ("theirs", t), ("torch_control", tc))]
+                states = [
+                    runs[label].opt.state[p][k]
+                    for label, p in (("ours", s), ("ours_control", c), ("theirs", t), ("torch_control", tc))
+                ]
                 assert_close_as_torch(*states, atol, msg=k)
             assert_close_as_torch(s.detach(), c.detach(), t.detach(), tc.detach(), atol)
             assert_accuracy(s.detach(), t.detach(), e.detach())
@@ -119,8 +128,9 @@ def inject_inf(model):
         model[1].weight.grad.fill_(math.inf)
 
 
-def backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, before_inf=None, after_inf=None,
-                      control=None):
+def backward_and_step(
+    i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, before_inf=None, after_inf=None, control=None
+):
     """The tail of torch's run() bodies: backward (of the scaled loss in the scaled run), the inf injected into the
     scaled run at skip_iter, the step, which the control leaves out at skip_iter as the scaler skips it there.
     before_inf / after_inf: what the scaled run does around the injection; control: what the control does before
@@ -143,12 +153,14 @@ def backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_
             optimizer.step()
 
 
-@pytest.mark.parametrize("scaler_cls,try_pickle", SCALER_NO_PICKLE + [pytest.param(fused.amp.GradScaler, True,
-                                                                            id="fused_scaler-pickled")])
+@pytest.mark.parametrize(
+    "scaler_cls,try_pickle", SCALER_NO_PICKLE + [pytest.param(fused.amp.GradScaler, True, id="fused_scaler-pickled")]
+)
 @pytest.mark.parametrize("name,hyper", OPTIMS)
 def test_grad_scaling_autocast(scaler_cls, try_pickle, name, hyper):
     """test_torch.py test_grad_scaling_autocast: no scaling and no autocast against scaling + fp16 autocast (atol
     1e-3 as there: fp32 against a mix of fp16 and fp32); with try_pickle the scaler goes through pickle each step."""
+
     def run(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api):
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
@@ -181,8 +193,17 @@ def test_grad_scaling_clipping(scaler_cls, name, hyper, clip):
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
             loss = loss_fn(model(x), target)
-            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, before_inf=clip_scaled,
-                              control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            backward_and_step(
+                i,
+                loss,
+                model,
+                optimizer,
+                scaler,
+                skip_iter,
+                try_scaling_api,
+                before_inf=clip_scaled,
+                control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
+            )
 
     ours_kw = dict(max_grad_norm=max_norm) if clip == "max_grad_norm" else None
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1, atol=1e-5, ours_kw=ours_kw)
@@ -204,8 +225,17 @@ def test_grad_scaling_clipping_separate_unscale(scaler_cls, name, hyper, clip):
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
             loss = loss_fn(model(x), target)
-            backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, after_inf=unscale_and_clip,
-                              control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            backward_and_step(
+                i,
+                loss,
+                model,
+                optimizer,
+                scaler,
+                skip_iter,
+                try_scaling_api,
+                after_inf=unscale_and_clip,
+                control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
+            )
 
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1)
 
@@ -214,6 +244,7 @@ def test_grad_scaling_clipping_separate_unscale(scaler_cls, name, hyper, clip):
 @pytest.mark.parametrize("name,hyper", OPTIMS)
 def test_grad_scaling_penalty(scaler_cls, name, hyper):
     """test_torch.py test_grad_scaling_penalty: a gradient-norm penalty from autograd.grad of the scaled loss."""
+
     def run(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api):
         for i, (x, target) in enumerate(data):
             optimizer.zero_grad()
@@ -233,6 +264,7 @@ def test_grad_scaling_penalty(scaler_cls, name, hyper):
 @pytest.mark.parametrize("name,hyper", OPTIMS)
 def test_grad_scaling_accumulation(scaler_cls, name, hyper):
     """test_torch.py test_grad_scaling_accumulation: two micro-batches accumulated in .grad per step."""
+
     def run(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api):
         iters_to_accumulate = 2
         for i, (x, target) in enumerate(data):
@@ -297,7 +329,8 @@ def test_grad_scaling_multiple(scaler_cls, name, hyper):
             dtype = torch.float64 if label == "exact" else torch.float32
             runs[label] = [Run(m, data, lambda ps, **k: cls(ps, **kw, **k), hyper, dtype) for m in (model0, model1)]
             scalers[label] = (scaler_cls if label == "ours" else torch.amp.GradScaler)(
-                "cpu", init_scale=128.0, growth_factor=2.0, enabled=enabled, growth_interval=1)
+                "cpu", init_scale=128.0, growth_factor=2.0, enabled=enabled, growth_interval=1
+            )
 
         for label, (r0, r1) in runs.items():
             scaler, try_scaling_api = scalers[label], label in ("theirs", "ours")
@@ -324,8 +357,9 @@ def test_grad_scaling_multiple(scaler_cls, name, hyper):
                         r1.opt.step()
 
         scaler = scalers["ours"]
-        assert scaler.get_scale() == (128.0 * scaler.get_growth_factor() ** 3 * scaler.get_backoff_factor()
-                                      if enabled else 1.0)
+        assert scaler.get_scale() == (
+            128.0 * scaler.get_growth_factor() ** 3 * scaler.get_backoff_factor() if enabled else 1.0
+        )
         for s, c, t, tc, e in zip(*(itertools.chain(runs[k][0].params(), runs[k][1].params()) for k in labels)):
             assert_close_as_torch(s.detach(), c.detach(), t.detach(), tc.detach(), atol=1e-7)
             assert_close_as_torch(s.grad, c.grad, t.grad, tc.grad, atol=1e-7)
@@ -377,8 +411,9 @@ def test_grad_scaling_unscale(scaler_cls):
         return grads
 
     scaler = scaler_cls("cpu")
-    params = [torch.zeros_like(t, memory_format=torch.contiguous_format).requires_grad_()
-              for t in perfect_storm_grads(-1)]
+    params = [
+        torch.zeros_like(t, memory_format=torch.contiguous_format).requires_grad_() for t in perfect_storm_grads(-1)
+    ]
     opt = fused.optim.SGD(params, lr=1.0)
     for inject_inf in range(-1, len(params)):
         found_inf = torch.full((1,), 0.0)
@@ -435,8 +470,13 @@ def test_grad_scaling_state_dict(scaler_cls):
             s1.scale(torch.full((1,), 4.0))
             assert s1._scale.dtype == torch.float32
         s1.load_state_dict(s0.state_dict())
-        assert (s1.get_scale(), s1.get_growth_factor(), s1.get_backoff_factor(), s1.get_growth_interval(),
-                s1._init_growth_tracker) == (3.0, 4.0, 0.5, 2, 0)
+        assert (
+            s1.get_scale(),
+            s1.get_growth_factor(),
+            s1.get_backoff_factor(),
+            s1.get_growth_interval(),
+            s1._init_growth_tracker,
+        ) == (3.0, 4.0, 0.5, 2, 0)
         p = torch.zeros(3, requires_grad=True)
         p.grad = torch.full((3,), 6.0)
         s1.scale(torch.ones(()))
@@ -550,13 +590,15 @@ def test_clip_grad_norm_error_if_nonfinite(foreach):
                 if nonfinite and error_if_nonfinite:
                     before = [p.grad.clone() for p in parameters]
                     with pytest.raises(RuntimeError, match=f"The total norm of order {float(norm_type)} for gradients"):
-                        fused.clip_grad_norm_(parameters, 1, norm_type=norm_type, error_if_nonfinite=True,
-                                              foreach=foreach)
+                        fused.clip_grad_norm_(
+                            parameters, 1, norm_type=norm_type, error_if_nonfinite=True, foreach=foreach
+                        )
                     for p, b in zip(parameters, before):
                         torch.testing.assert_close(p.grad, b, equal_nan=True)
                 else:
-                    fused.clip_grad_norm_(parameters, 1, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite,
-                                          foreach=foreach)
+                    fused.clip_grad_norm_(
+                        parameters, 1, norm_type=norm_type, error_if_nonfinite=error_if_nonfinite, foreach=foreach
+                    )
 
 
 # ---- apex's fused-optimizer tests (tests/L0/run_optimizers) ----
@@ -596,10 +638,16 @@ def apex_single_type_case(name, options, dtype, nelem=27801, iters=7, sizes=None
 ADAM_OPTIONS = dict(lr=5e-4, betas=(0.9, 0.999), eps=1e-08, weight_decay=0, amsgrad=False)
 
 
-@pytest.mark.parametrize("name,options", [("Adam", ADAM_OPTIONS), ("SGD", dict(lr=0.25, momentum=0.125))],
-                         ids=["TestFusedAdam", "TestFusedSGD"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64],
-                         ids=["test_float", "test_half", "test_bfloat16", "test_double"])
+@pytest.mark.parametrize(
+    "name,options",
+    [("Adam", ADAM_OPTIONS), ("SGD", dict(lr=0.25, momentum=0.125))],
+    ids=["TestFusedAdam", "TestFusedSGD"],
+)
+@pytest.mark.parametrize(
+    "dtype",
+    [torch.float32, torch.float16, torch.bfloat16, torch.float64],
+    ids=["test_float", "test_half", "test_bfloat16", "test_double"],
+)
 def test_apex_single_type(name, options, dtype):
     """apex test_fused_optimizer.py / test_adam.py: test_float, test_half, test_bfloat16, test_double."""
     apex_single_type_case(name, options, dtype)
@@ -607,10 +655,12 @@ def test_apex_single_type(name, options, dtype):
 
 def test_apex_adam_option_and_multi_params():
     """apex test_adam_option (one element, betas (0.6, 0.9), eps 3e-6) and test_multi_params (apex's sizes / 10)."""
-    apex_single_type_case("Adam", dict(lr=0.01, betas=(0.6, 0.9), eps=3e-06, weight_decay=0, amsgrad=False),
-                          torch.float32, nelem=1)
-    apex_single_type_case("Adam", ADAM_OPTIONS, torch.float32,
-                          sizes=[(410, 102), (410,), (410, 205), (3232, 102), (1,)])
+    apex_single_type_case(
+        "Adam", dict(lr=0.01, betas=(0.6, 0.9), eps=3e-06, weight_decay=0, amsgrad=False), torch.float32, nelem=1
+    )
+    apex_single_type_case(
+        "Adam", ADAM_OPTIONS, torch.float32, sizes=[(410, 102), (410,), (410, 205), (3232, 102), (1,)]
+    )
 
 
 class ApexModel(nn.Module):

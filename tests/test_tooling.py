@@ -1,16 +1,18 @@
 """fused.info, set_backend, and a smoke run of every benchmark case (each implementation once, small shapes),
 so that the benchmark suite cannot rot unnoticed."""
+
 import importlib
 import pkgutil
 
 import pytest
 import torch
 
-import fused
 import benchmarks
+import fused
 from fused.info import report
 from tests.harness import raises
 from tests.test_op_coverage import registered
+
 
 def test_info_lists_every_op_with_its_kernels():
     text = report()
@@ -37,14 +39,23 @@ def test_gpu_router_takes_the_backend_except_on_triton_only_paths(monkeypatch, b
     the backend (while triton is installed); every other call runs the backend that choose() picks."""
     from fused import _backend
     from fused.distance.ops import _tensor_core_path
+
     ran = []
     monkeypatch.setattr(_backend, "choose", lambda op: backend)
     monkeypatch.setattr(_backend, "triton_launcher", lambda path: lambda *args: ran.append(path))
-    route = _backend.gpu_router("pairwise_distances", "cuda_pairwise_distances", "module:launcher",
-                                cuda_call=lambda *args: ran.append("cuda"), triton_when=_tensor_core_path)
+    route = _backend.gpu_router(
+        "pairwise_distances",
+        "cuda_pairwise_distances",
+        "module:launcher",
+        cuda_call=lambda *args: ran.append("cuda"),
+        triton_when=_tensor_core_path,
+    )
     tensor_core = [(torch.empty(2, 32), None, 2.0, False)]
-    direct = [(torch.empty(2, 31), None, 2.0, False), (torch.empty(2, 64), None, 1.0, False),
-              (torch.empty(2, 64, dtype=torch.float64), None, 2.0, False)]
+    direct = [
+        (torch.empty(2, 31), None, 2.0, False),
+        (torch.empty(2, 64), None, 1.0, False),
+        (torch.empty(2, 64, dtype=torch.float64), None, 2.0, False),
+    ]
     for args in tensor_core + direct:
         route(*args)
     assert ran == ["module:launcher"] + ["cuda" if backend == "cuda" else "module:launcher"] * 3
@@ -102,9 +113,13 @@ print(fused.info.report() if hasattr(fused, "info") else __import__("fused.info"
 
 def test_benchmark_summary_table():
     from benchmarks.summary import summary
-    rows = [{"impl": "eager", "ms": 2.0, "peak_mb": 8.0}, {"impl": "torch.compile", "ms": 1.0, "peak_mb": 4.0},
-            {"impl": "fused[cuda]", "ms": 0.5, "vs_eager": 4.0, "vs_best_alt": 2.0, "peak_mb": 2.0},
-            {"impl": "fused[triton]", "ms": None, "error": "OutOfMemoryError"}]
+
+    rows = [
+        {"impl": "eager", "ms": 2.0, "peak_mb": 8.0},
+        {"impl": "torch.compile", "ms": 1.0, "peak_mb": 4.0},
+        {"impl": "fused[cuda]", "ms": 0.5, "vs_eager": 4.0, "vs_best_alt": 2.0, "peak_mb": 2.0},
+        {"impl": "fused[triton]", "ms": None, "error": "OutOfMemoryError"},
+    ]
     lines = summary([{"name": "case", "rows": rows}]).splitlines()
     assert lines[2:] == ["| case [fused[cuda]] | 0.500 | 2.000 | torch.compile (1.000) | 4.00x | 2.00x | 2.0 / 4.0 |"]
 
@@ -113,6 +128,7 @@ def test_master_weights_memory_held():
     """The bf16 master-weight benchmark's memory figure: after a step, fused holds 16 B per parameter (bf16 param
     and grad, fp32 master, m and v) where torch's fp32-master recipe holds 20 B (its masters need fp32 .grad)."""
     from benchmarks.bench_optim import master_impls, model_shapes
+
     shapes = model_shapes(32, 2)
     n = sum(torch.Size(s).numel() for s in shapes)
     impls, resident = master_impls(shapes, "cpu")
@@ -126,6 +142,7 @@ def test_master_weights_memory_held():
 def test_cpu_peak_memory():
     """The benchmarks' CPU peak memory: the most that was live at once during the call, beyond what was before."""
     from benchmarks.timing import peak_memory_mb
+
     live_before = torch.ones(1 << 20)
 
     def one_at_a_time():

@@ -2,6 +2,7 @@
 machine without a GPU) where int32 arithmetic wraps as on a GPU. A real 2**31-column tensor (4 GiB of fp16, two
 million programs) is out of the interpreter's reach, so a probe kernel starts its block indices near the limit,
 computing the row start and the columns exactly as the elementwise tile kernels do."""
+
 import pytest
 import torch
 
@@ -14,8 +15,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @triton.jit
-def _tile_probe(r_ptr, c_ptr, first_block, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                I64: tl.constexpr):
+def _tile_probe(r_ptr, c_ptr, first_block, rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
     row_block, col_block = program_2d(1, I64)
     row_block += first_block  # first_block < 2**31: an int32 argument, as a large grid's program id would be
     col_block += first_block
@@ -49,6 +49,7 @@ class GridSpy:
 def test_linear_grad_pre_grid_fits_gpu_limits(monkeypatch):
     """More than 65535 column tiles (over 8M output features): grid axes 1 and 2 must stay within 65535."""
     from fused.linear import triton_kernels as linear_tk
+
     spy = GridSpy()
     monkeypatch.setattr(linear_tk, "_grad_pre_kernel", spy)
     n = 65536 * 128 + 1

@@ -5,6 +5,7 @@ times none. The interpreter the other tests use runs none of Triton's type check
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
 compiles one family (elementwise, distance, linear, loss)."""
+
 import contextlib
 import math
 import os
@@ -13,7 +14,6 @@ import sys
 os.environ.pop("TRITON_INTERPRET", None)
 
 import torch  # noqa: E402
-import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.runtime.driver import driver  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -59,7 +59,10 @@ def compile_only(self, *args, grid, warmup, **kwargs):
     if self.fn.__name__ == "_linear_act_kernel" and x.stride(0) * x.element_size() % 16 == 0:  # aligned rows
         config = tuple(kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps"))
         GEMM.setdefault((str(args[0].dtype), kwargs["PRECISION"]), {})[config] = (
-            kernel.metadata.shared, ptx.count("wgmma.mma_async"), ptx.count("cp.async"))
+            kernel.metadata.shared,
+            ptx.count("wgmma.mma_async"),
+            ptx.count("cp.async"),
+        )
     return kernel
 
 
@@ -68,6 +71,7 @@ JITFunction.run = compile_only
 
 def elementwise():
     import fused.elementwise.triton_kernels as tk
+
     for dt in (torch.float32, torch.bfloat16):
         x, g = torch.randn(5, 131, dtype=dt), torch.randn(5, 131, dtype=dt)
         b = torch.randn(131, dtype=dt)
@@ -88,6 +92,7 @@ def distance():
     """Every dtype x metric x path (D = 40: p = 2's tensor-core path, not float64), topk smallest and largest; for
     p = 1 and 2, padded batches (lengths) and radius_neighbors (the radius bound)."""
     import fused.distance.triton_kernels as tk
+
     la, lb = torch.tensor([40, 7]), torch.tensor([65])
     for dt in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         for p in (0.0, 1.0, 2.0, math.inf, 0.5):
@@ -117,6 +122,7 @@ def one_config(tuned, config):
 def linear():
     import fused.linear.triton_kernels as tk
     from fused._codes import ACT_CODES
+
     fits_fp32 = tk.HOPPER_CONFIGS[-2]  # BLOCK_K 32: fp32 tiles within shared memory
     x, w, b = (torch.randn(shape).bfloat16() for shape in ((128, 256), (512, 256), (512,)))
     for act in ACT_CODES:  # bf16: the first compiles every config (tuning), the others reuse the pick
@@ -144,8 +150,13 @@ def linear():
 
 def norm():
     import fused.norm.triton_kernels as tk
-    for dt, res_dt in ((torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                       (torch.bfloat16, torch.float32), (torch.float64, torch.float64)):
+
+    for dt, res_dt in (
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+        (torch.float64, torch.float64),
+    ):
         x, g = torch.randn(6, 200, dtype=dt), torch.randn(6, 200, dtype=dt)
         r, w, b = torch.randn(6, 200, dtype=res_dt), torch.randn(200, dtype=dt), torch.randn(200, dtype=dt)
         for rms in (True, False):
@@ -157,6 +168,7 @@ def norm():
 
 def loss():
     import fused.loss.triton_kernels as tk
+
     for dt in (torch.float32, torch.bfloat16, torch.float64):
         acc = torch.float64 if dt == torch.float64 else torch.float32
         logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
@@ -177,18 +189,22 @@ if __name__ == "__main__":
             if not FAILURES:
                 FAILURES.append(f"{family}: {e!r}"[:2000])
     for name, ptxs in sorted(PTX.items()):
-        print(f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
-              f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
-              f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}")
+        print(
+            f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
+            f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
+            f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}"
+        )
         # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
         if count(ptxs, "div.full.f32", "div.approx"):
             FAILURES.append(f"{name}: approximate float32 division (div.full / div.approx) in its PTX")
     for (dtype, precision), configs in sorted(GEMM.items()):
         shared = [s for s, _, _ in configs.values()]
         fit = sum(s <= SHARED_LIMIT for s in shared)
-        print(f"gemm {dtype} {precision}: {len(configs)} configs, {sum(w > 0 for _, w, _ in configs.values())} on "
-              f"wgmma, {fit} within shared memory, {sum(c > 0 for _, _, c in configs.values())} with a cp.async "
-              f"pipeline, shared {min(shared)}..{max(shared)}")
+        print(
+            f"gemm {dtype} {precision}: {len(configs)} configs, {sum(w > 0 for _, w, _ in configs.values())} on "
+            f"wgmma, {fit} within shared memory, {sum(c > 0 for _, _, c in configs.values())} with a cp.async "
+            f"pipeline, shared {min(shared)}..{max(shared)}"
+        )
         if not fit:
             FAILURES.append(f"gemm {dtype} {precision}: no config fits in shared memory")
     for f in FAILURES:

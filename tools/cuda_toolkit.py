@@ -5,6 +5,7 @@ that execs the real compiler) that folder has no cuda_runtime.h and the build fa
 real toolkit (TOP). Used by setup.py before torch.utils.cpp_extension is imported, and by tools/*.sh:
 `python3 tools/cuda_toolkit.py` prints the folder (nothing, exit 1, when there is none).
 """
+
 import os
 import shutil
 import subprocess
@@ -16,8 +17,12 @@ def real_cuda_home(nvcc=None):
     if nvcc is None:
         return None
     try:
-        out = subprocess.run([nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
-                             capture_output=True, text=True, timeout=60).stderr
+        out = subprocess.run(
+            [nvcc, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stderr
     except (OSError, subprocess.SubprocessError):
         return None
     for line in out.splitlines():

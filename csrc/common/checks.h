@@ -29,10 +29,10 @@ inline void check_floating(const char* op, const char* name, const at::Tensor& t
 }
 inline void check_like(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
                        const at::Tensor& ref) {
-  TORCH_CHECK(t.device() == ref.device(), "fused.", op, ": ", name, " is on ", t.device(), " but ", ref_name,
-              " is on ", ref.device());
-  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "fused.", op, ": ", name, " has dtype ", dtype_name(t.scalar_type()),
-              " but ", ref_name, " has dtype ", dtype_name(ref.scalar_type()));
+  TORCH_CHECK(t.device() == ref.device(), "fused.", op, ": ", name, " is on ", t.device(), " but ", ref_name, " is on ",
+              ref.device());
+  TORCH_CHECK(t.scalar_type() == ref.scalar_type(), "fused.", op, ": ", name, " has dtype ",
+              dtype_name(t.scalar_type()), " but ", ref_name, " has dtype ", dtype_name(ref.scalar_type()));
 }
 // bias must be 1-D with x.size(-1) entries.
 inline void check_bias(const char* op, const at::Tensor& x, const at::Tensor& bias) {

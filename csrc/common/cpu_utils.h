@@ -102,8 +102,7 @@ template <typename F> inline void parallel_blocks(int64_t n, const F& body) {
 // in the math type (in `scratch` or in the output); when `out` is given they are also summed over rows of width
 // C into out[C]. Rows are cut into chunks fixed by (n, C) alone, partial sums land in fixed slots and are added
 // in a fixed order: the result does not depend on the thread count (deterministic, no atomics).
-template <typename T, typename F>
-inline void parallel_blocks_column_sum(int64_t n, int64_t C, T* out, const F& body) {
+template <typename T, typename F> inline void parallel_blocks_column_sum(int64_t n, int64_t C, T* out, const F& body) {
   if (out == nullptr) {
     parallel_blocks(n, [&](int64_t i, int64_t len) {
       T scratch[kBlock];

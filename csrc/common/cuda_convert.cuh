@@ -28,8 +28,12 @@ template <typename F> cudaError_t visit_dtype(DType dtype, F&& fn) {
   return cudaErrorInvalidValue;
 }
 
-template <typename T> struct MathType { using type = float; };
-template <> struct MathType<double> { using type = double; };
+template <typename T> struct MathType {
+  using type = float;
+};
+template <> struct MathType<double> {
+  using type = double;
+};
 
 __device__ __forceinline__ float to_math(float v) { return v; }
 __device__ __forceinline__ double to_math(double v) { return v; }

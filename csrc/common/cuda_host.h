@@ -95,7 +95,7 @@ template <typename Kernel> Launch<Kernel> launch(dim3 grid, dim3 block, size_t s
 }  // namespace emu
 }  // namespace fused
 
-#define FUSED_LAUNCH(grid, block, smem, stream, ...)       \
+#define FUSED_LAUNCH(grid, block, smem, stream, ...)          \
   ::fused::emu::launch(dim3(grid), dim3(block), smem, stream, \
                        [](auto&... fused_emu_args) { __VA_ARGS__(fused_emu_args...); })
 
@@ -149,15 +149,51 @@ inline int __all_sync(unsigned mask, int pred) {
 }
 
 // ---- atomics: one fiber runs at a time, so a plain read-modify-write is atomic ----
-template <typename T> T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-template <typename T> T atomicSub(T* p, T v) { T old = *p; *p = old - v; return old; }
-template <typename T> T atomicExch(T* p, T v) { T old = *p; *p = v; return old; }
-template <typename T> T atomicMin(T* p, T v) { T old = *p; *p = v < old ? v : old; return old; }
-template <typename T> T atomicMax(T* p, T v) { T old = *p; *p = v > old ? v : old; return old; }
-template <typename T> T atomicAnd(T* p, T v) { T old = *p; *p = old & v; return old; }
-template <typename T> T atomicOr(T* p, T v) { T old = *p; *p = old | v; return old; }
-template <typename T> T atomicXor(T* p, T v) { T old = *p; *p = old ^ v; return old; }
-template <typename T> T atomicCAS(T* p, T compare, T v) { T old = *p; if (old == compare) *p = v; return old; }
+template <typename T> T atomicAdd(T* p, T v) {
+  T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T> T atomicSub(T* p, T v) {
+  T old = *p;
+  *p = old - v;
+  return old;
+}
+template <typename T> T atomicExch(T* p, T v) {
+  T old = *p;
+  *p = v;
+  return old;
+}
+template <typename T> T atomicMin(T* p, T v) {
+  T old = *p;
+  *p = v < old ? v : old;
+  return old;
+}
+template <typename T> T atomicMax(T* p, T v) {
+  T old = *p;
+  *p = v > old ? v : old;
+  return old;
+}
+template <typename T> T atomicAnd(T* p, T v) {
+  T old = *p;
+  *p = old & v;
+  return old;
+}
+template <typename T> T atomicOr(T* p, T v) {
+  T old = *p;
+  *p = old | v;
+  return old;
+}
+template <typename T> T atomicXor(T* p, T v) {
+  T old = *p;
+  *p = old ^ v;
+  return old;
+}
+template <typename T> T atomicCAS(T* p, T compare, T v) {
+  T old = *p;
+  if (old == compare) *p = v;
+  return old;
+}
 inline unsigned atomicInc(unsigned* p, unsigned limit) {
   unsigned old = *p;
   *p = old >= limit ? 0 : old + 1;

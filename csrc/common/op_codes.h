@@ -10,9 +10,11 @@
 // Activations of bias_act, glu, linear_act (formulas: pointwise_math.h act_fwd / act_grad).
 #define FUSED_ACTS(X) X(identity) X(relu) X(gelu) X(gelu_tanh) X(silu) X(sigmoid) X(tanh)
 // Ops of unary_chain without a scalar, then those with one (formulas: pointwise_math.h unary_fwd / unary_grad).
-#define FUSED_UNARY_OPS(X)                                                                                        \
-  X(neg) X(abs) X(square) X(sqrt) X(rsqrt) X(exp) X(log) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu)         \
+// clang-format off
+#define FUSED_UNARY_OPS(X) \
+  X(neg) X(abs) X(square) X(sqrt) X(rsqrt) X(exp) X(log) X(sin) X(cos) X(tanh) X(sigmoid) X(relu) X(gelu) \
   X(gelu_tanh) X(silu) X(reciprocal)
+// clang-format on
 #define FUSED_SCALAR_OPS(X) X(add) X(mul) X(pow) X(clamp_min) X(clamp_max)
 #define FUSED_CHAIN_OPS(X) FUSED_UNARY_OPS(X) FUSED_SCALAR_OPS(X)
 // Distance metrics by p: 0, 1, 2, inf specialised, any other p >= 0 general (distance/distance_math.h).
@@ -32,16 +34,15 @@ template <typename T, T v> struct Tag {
 
 // enum class Enum from TABLE, its names k<Enum>Names, and visit(code, fn) -> fn(Tag<Enum, code>{}) (a code out of
 // range visits the first entry).
-#define FUSED_CODE_TABLE(Enum, visit, TABLE)                              \
-  enum class Enum : int32_t { TABLE(FUSED_CODE_ENTRY) };                  \
-  constexpr const char* k##Enum##Names[] = {TABLE(FUSED_CODE_NAME)};      \
-  constexpr int k##Enum##Count = sizeof(k##Enum##Names) / sizeof(char*);  \
-  template <typename Fn> FUSED_HD auto visit(Enum code, Fn&& fn) {        \
-    using Code = Enum;                                                    \
-    switch (code) {                                                       \
-      default:                                                            \
-        TABLE(FUSED_CODE_CASE)                                            \
-    }                                                                     \
+#define FUSED_CODE_TABLE(Enum, visit, TABLE)                             \
+  enum class Enum : int32_t { TABLE(FUSED_CODE_ENTRY) };                 \
+  constexpr const char* k##Enum##Names[] = {TABLE(FUSED_CODE_NAME)};     \
+  constexpr int k##Enum##Count = sizeof(k##Enum##Names) / sizeof(char*); \
+  template <typename Fn> FUSED_HD auto visit(Enum code, Fn&& fn) {       \
+    using Code = Enum;                                                   \
+    switch (code) {                                                      \
+      default: TABLE(FUSED_CODE_CASE)                                    \
+    }                                                                    \
   }
 
 FUSED_CODE_TABLE(Act, visit_act, FUSED_ACTS)
@@ -53,7 +54,7 @@ FUSED_CODE_TABLE(Metric, visit_metric, FUSED_METRICS)
 constexpr int kFirstScalarOp = 0 FUSED_UNARY_OPS(FUSED_COUNT);
 #undef FUSED_COUNT
 
-constexpr int kMaxChain = 64;  // ops per unary_chain call handled by one CUDA launch
+constexpr int kMaxChain = 64;    // ops per unary_chain call handled by one CUDA launch
 constexpr int kMaxSelect = 256;  // neighbours per row the CUDA C++ select kernel (pairwise_topk) keeps
 
 }  // namespace fused

@@ -41,8 +41,8 @@ std::pair<UnaryOp, double> parse_unary(const char* op, c10::string_view spec) {
     return {static_cast<UnaryOp>(i), s};
   }
   TORCH_CHECK(false, "fused.", op, ": unknown op '", std::string(name), "'; expected one of ",
-              join(kUnaryOpNames, 0, kFirstScalarOp, " "), ", or with a scalar: ",
-              join(kUnaryOpNames, kFirstScalarOp, kUnaryOpCount, " "));
+              join(kUnaryOpNames, 0, kFirstScalarOp, " "),
+              ", or with a scalar: ", join(kUnaryOpNames, kFirstScalarOp, kUnaryOpCount, " "));
 }
 
 }  // namespace fused

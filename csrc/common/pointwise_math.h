@@ -58,8 +58,8 @@ template <Act A, typename V> FUSED_HD void act_fwd_and_grad(V x, V& y, V& dy) {
     dy = V(0.5) * (V(1) + e) + x * (p_exp(V(-0.5) * x * x) * V(0.39894228040143267794));
   } else if constexpr (A == Act::silu) {
     V d = V(1) + p_exp(-x);
-    y = x / d;            // act_fwd's silu, bit for bit
-    V s = p_recip(d);     // p_sigmoid(x), bit for bit
+    y = x / d;         // act_fwd's silu, bit for bit
+    V s = p_recip(d);  // p_sigmoid(x), bit for bit
     dy = s * (V(1) + x * (V(1) - s));
   } else if constexpr (A == Act::sigmoid) {
     y = p_sigmoid(x);

@@ -35,15 +35,15 @@ inline Batched batched(const char* op, const at::Tensor& a, const at::Tensor& b,
   check_like(op, "b", b, "a", a);
   TORCH_CHECK(a.dim() >= 2, "fused.", op, ": a must have at least 2 dims [*B, N, D], got shape ", a.sizes());
   TORCH_CHECK(b.dim() >= 2, "fused.", op, ": b must have at least 2 dims [*B, M, D], got shape ", b.sizes());
-  TORCH_CHECK(a.size(-1) == b.size(-1), "fused.", op, ": a and b must have the same last dim D, got ",
-              a.size(-1), " and ", b.size(-1));
+  TORCH_CHECK(a.size(-1) == b.size(-1), "fused.", op, ": a and b must have the same last dim D, got ", a.size(-1),
+              " and ", b.size(-1));
   const int64_t nd = std::max(a.dim(), b.dim()) - 2;
   std::vector<int64_t> batch(nd);
   for (int64_t i = 0; i < nd; ++i) {
     const int64_t ia = a.dim() - 3 - i, ib = b.dim() - 3 - i;
     const int64_t sa = ia >= 0 ? a.size(ia) : 1, sb = ib >= 0 ? b.size(ib) : 1;
-    TORCH_CHECK(sa == sb || sa == 1 || sb == 1, "fused.", op, ": the batch dims of a ", a.sizes(), " and b ",
-                b.sizes(), " do not broadcast");
+    TORCH_CHECK(sa == sb || sa == 1 || sb == 1, "fused.", op, ": the batch dims of a ", a.sizes(), " and b ", b.sizes(),
+                " do not broadcast");
     batch[nd - 1 - i] = sa == 1 ? sb : sa;
   }
   Batched r;

@@ -21,8 +21,7 @@ namespace {
 template <typename T> at::Tensor pack_batches(const at::Tensor& b) {
   const int64_t B = b.size(0), M = b.size(1), D = b.size(2), len = num_panels<T>(M) * D * kPanel<T>;
   at::Tensor panels = at::empty({B, len}, b.options());
-  for (int64_t i = 0; i < B; ++i)
-    pack_panels(b.data_ptr<T>() + i * M * D, M, D, panels.data_ptr<T>() + i * len);
+  for (int64_t i = 0; i < B; ++i) pack_panels(b.data_ptr<T>() + i * M * D, M, D, panels.data_ptr<T>() + i * len);
   return panels;
 }
 
@@ -47,7 +46,9 @@ template <typename F> void parallel_batch_rows(int64_t B, int64_t N, int64_t gra
 }
 
 // Rows per parallel task: enough work (~2^17 element steps) that small problems stay on one thread.
-int64_t row_grain(int64_t M, int64_t D) { return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4))); }
+int64_t row_grain(int64_t M, int64_t D) {
+  return std::max<int64_t>(4, (1 << 17) / (std::max<int64_t>(M, 1) * (D + 4)));
+}
 
 // The direct path (differences, b packed in panels), shared by the distances and topk: body(bi, r0, r1, rows) per
 // parallel block of rows [r0, r1) of batch bi, where rows(s, nr, emit) runs direct_rows over rows [s, s + nr)
@@ -115,7 +116,8 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
     if (use_matmul(metric, D)) {
       const auto operands = matmul_operands<T>(x, la, lb);
       // Tiles of about 2^17 outputs (512 KB in float): each is written by BLAS and finished while in L2.
-      const int64_t cols = std::min<int64_t>(M, 1024), rows = std::min<int64_t>(N, std::max<int64_t>(8, (1 << 17) / cols));
+      const int64_t cols = std::min<int64_t>(M, 1024),
+                    rows = std::min<int64_t>(N, std::max<int64_t>(8, (1 << 17) / cols));
       const int64_t row_tiles = (N + rows - 1) / rows, col_tiles = (M + cols - 1) / cols;
       at::parallel_for(0, x.B * row_tiles * col_tiles, 1, [&](int64_t t0, int64_t t1) {
         std::vector<T> buf(std::is_same_v<T, scalar_t> ? 0 : rows * cols);
@@ -148,8 +150,8 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
 // Every pair's term phi is computed once, vectorised along the columns: it adds to grad_a[r] (reduced across lanes
 // at the end of the row block) and, negated, to grad_b[j] in place. Fixed order everywhere: deterministic.
 template <Metric Mt, typename T>
-void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist,
-               int64_t ld, const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {
+void grad_rows(const T* a, int64_t rows, int64_t D, const T* panels, int64_t M, const T* g, const T* dist, int64_t ld,
+               const MetricParams<Vec<T>>& prm, T* ga, T* gb_part) {
   using V = Vec<T>;
   constexpr int64_t L = V::size(), W = kPanel<T>;
   constexpr int R = 4;
@@ -220,7 +222,8 @@ std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tenso
   at::Tensor ga = at::zeros_like(a), gb = at::zeros_like(b);
   at::Tensor panels = pack_batches<T>(b);
   const int64_t plen = panels.size(1);
-  const int64_t rows_per_chunk = std::max<int64_t>(64, (N + 15) / 16), chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  const int64_t rows_per_chunk = std::max<int64_t>(64, (N + 15) / 16),
+                chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
   at::Tensor parts = at::zeros({B, chunks, plen}, a.options());
   const T *ap = a.data_ptr<T>(), *pp = panels.data_ptr<T>(), *gp = g.data_ptr<T>(), *dp = dist.data_ptr<T>();
   T *gap = ga.data_ptr<T>(), *partp = parts.data_ptr<T>();
@@ -230,8 +233,8 @@ std::pair<at::Tensor, at::Tensor> grad_both(const at::Tensor& a, const at::Tenso
       const int64_t bi = t / chunks, r0 = (t % chunks) * rows_per_chunk;
       const int64_t nr = std::min(rows_per_chunk, la(bi) - r0), row = bi * N + r0;
       if (nr > 0)
-        grad_rows<Mt>(ap + row * D, nr, D, pp + bi * plen, lb(bi), gp + row * M, dp + row * M, M, prm,
-                      gap + row * D, partp + t * plen);
+        grad_rows<Mt>(ap + row * D, nr, D, pp + bi * plen, lb(bi), gp + row * M, dp + row * M, M, prm, gap + row * D,
+                      partp + t * plen);
     }
   });
   T* gbp = gb.data_ptr<T>();
@@ -276,8 +279,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
     at::Tensor dist = dist_in.reshape({x.B, x.N, x.M}).to(math).contiguous();
     const auto prm = metric_params<T>(p, squared);
     visit_metric(metric, [&](auto tag) {
-      std::tie(ga, gb) = grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, Lengths(la_t, x.N),
-                                                            Lengths(lb_t, x.M), prm);
+      std::tie(ga, gb) =
+          grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, Lengths(la_t, x.N), Lengths(lb_t, x.M), prm);
     });
   });
   return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
@@ -526,16 +529,16 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
           best[r].write(vp + row, ip + row, width);
         }
       }
-      for (int64_t i = valid; i < r1; ++i) write_missing(vp + (bi * N + i) * width, ip + (bi * N + i) * width, width,
-                                                         largest);
+      for (int64_t i = valid; i < r1; ++i)
+        write_missing(vp + (bi * N + i) * width, ip + (bi * N + i) * width, width, largest);
     });
   });
   return {values, indices};
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
-                                                     double p, bool squared, bool largest,
-                                                     const OptTensor& lengths_a, const OptTensor& lengths_b) {
+                                                     double p, bool squared, bool largest, const OptTensor& lengths_a,
+                                                     const OptTensor& lengths_b) {
   const char* op = "pairwise_topk";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
@@ -544,10 +547,9 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
   return select_cpu(op, a_in, b_in, x, k, p, squared, largest, c10::nullopt, lengths_a, lengths_b);
 }
 
-std::tuple<at::Tensor, at::Tensor> radius_neighbors_cpu(const at::Tensor& a_in, const at::Tensor& b_in,
-                                                        double radius, int64_t max_neighbors,
-                                                        const OptTensor& lengths_a, const OptTensor& lengths_b,
-                                                        double p) {
+std::tuple<at::Tensor, at::Tensor> radius_neighbors_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double radius,
+                                                        int64_t max_neighbors, const OptTensor& lengths_a,
+                                                        const OptTensor& lengths_b, double p) {
   const char* op = "radius_neighbors";
   check_p(op, p, false);
   check_radius(op, radius, max_neighbors);
@@ -567,8 +569,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
   check_like(op, "values", values_in, "a", a_in);
   TORCH_CHECK(indices_in.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ",
               indices_in.scalar_type());
-  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() &&
-                  values_in.dim() >= 2 && values_in.size(-2) == x.N,
+  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() && values_in.dim() >= 2 &&
+                  values_in.size(-2) == x.N,
               "fused.", op, ": grad ", grad_in.sizes(), ", values ", values_in.sizes(), " and indices ",
               indices_in.sizes(), " must share the shape [*B, N, k]");
   const int64_t k = values_in.size(-1);

@@ -52,8 +52,7 @@ template <typename T> void pack_panels(const T* b, int64_t M, int64_t D, T* dst)
 
 // Distances of R rows of a (row-major, stride D) against one panel: out[r][0..W).
 template <Metric Mt, int R, typename T>
-inline void direct_tile(const T* a, int64_t D, const T* panel, const MetricParams<Vec<T>>& prm,
-                        T (*out)[kPanel<T>]) {
+inline void direct_tile(const T* a, int64_t D, const T* panel, const MetricParams<Vec<T>>& prm, T (*out)[kPanel<T>]) {
   using V = Vec<T>;
   constexpr int64_t L = V::size();
   V acc[R][2];
@@ -109,9 +108,9 @@ template <typename T> inline T direct_pair_p2(const T* a, const T* b, int64_t D,
 // a, b: [N, D], [M, D] in the math type. Centering both at the mean of b (distances are translation invariant)
 // keeps |a|^2 + |b|^2 - 2 a.b small for point clouds far from the origin.
 template <typename T> struct MatmulOperands {
-  at::Tensor a, b;          // uncentered, for the direct recompute
-  at::Tensor ac, bc;        // centered
-  at::Tensor na, nb;        // squared norms of the centered rows
+  at::Tensor a, b;    // uncentered, for the direct recompute
+  at::Tensor ac, bc;  // centered
+  at::Tensor na, nb;  // squared norms of the centered rows
   MatmulOperands(const at::Tensor& a_, const at::Tensor& b_) : a(a_), b(b_) {
     at::Tensor center = b.size(0) ? b.mean(0, /*keepdim=*/true) : at::zeros({1, b.size(1)}, b.options());
     if (!center.isfinite().all().item<bool>()) center.zero_();  // inf/NaN rows: the recompute handles them

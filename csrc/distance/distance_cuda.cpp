@@ -34,15 +34,14 @@ at::Tensor pairwise_distances_cuda(const at::Tensor& a_in, const at::Tensor& b_i
   at::Tensor out = at::empty(out_shape(x, x.M), a_in.options());
   if (out.numel() == 0) return out;
   check_launch(op, kd::pairwise_distances_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, x.a.data_ptr(),
-                                                 x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb), out.data_ptr(),
-                                                 x.B, x.N, x.M, x.D, current_stream()));
+                                                 x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb), out.data_ptr(), x.B,
+                                                 x.N, x.M, x.D, current_stream()));
   return out;
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Tensor& grad_in, const at::Tensor& a_in,
                                                                     const at::Tensor& b_in, const at::Tensor& dist_in,
-                                                                    double p, bool squared,
-                                                                    const OptTensor& lengths_a,
+                                                                    double p, bool squared, const OptTensor& lengths_a,
                                                                     const OptTensor& lengths_b) {
   const char* op = "pairwise_distances_backward";
   check_p(op, p, squared);
@@ -50,8 +49,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
   check_cuda(op, "a", a_in);
   check_like(op, "grad", grad_in, "a", a_in);
   check_like(op, "dist", dist_in, "a", a_in);
-  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(out_shape(x, x.M)) && dist_in.sizes() == grad_in.sizes(), "fused.",
-              op, ": grad ", grad_in.sizes(), " and dist ", dist_in.sizes(), " must have the distances' shape");
+  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(out_shape(x, x.M)) && dist_in.sizes() == grad_in.sizes(), "fused.", op,
+              ": grad ", grad_in.sizes(), " and dist ", dist_in.sizes(), " must have the distances' shape");
   const c10::cuda::CUDAGuard guard(a_in.device());
   const at::Tensor la = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
   const at::Tensor lb = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
@@ -91,16 +90,16 @@ std::tuple<at::Tensor, at::Tensor> select_cuda(const char* op, const at::Tensor&
   at::Tensor values = at::empty(out_shape(x, width), a_in.options());
   at::Tensor indices = at::empty(out_shape(x, width), a_in.options().dtype(at::kLong));
   if (values.numel() == 0) return {values, indices};
-  check_launch(op, kd::select_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, largest, within, radius,
-                                     x.a.data_ptr(), x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb),
-                                     values.data_ptr(), indices.data_ptr<int64_t>(), x.B, x.N, x.M, x.D, keep, width,
-                                     current_stream()));
+  check_launch(
+      op, kd::select_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, largest, within, radius, x.a.data_ptr(),
+                            x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb), values.data_ptr(),
+                            indices.data_ptr<int64_t>(), x.B, x.N, x.M, x.D, keep, width, current_stream()));
   return {values, indices};
 }
 
 std::tuple<at::Tensor, at::Tensor> pairwise_topk_cuda(const at::Tensor& a_in, const at::Tensor& b_in, int64_t k,
-                                                      double p, bool squared, bool largest,
-                                                      const OptTensor& lengths_a, const OptTensor& lengths_b) {
+                                                      double p, bool squared, bool largest, const OptTensor& lengths_a,
+                                                      const OptTensor& lengths_b) {
   const char* op = "pairwise_topk";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
@@ -109,10 +108,9 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cuda(const at::Tensor& a_in, co
   return select_cuda(op, a_in, b_in, x, k, p, squared, largest, false, 0.0, lengths_a, lengths_b);
 }
 
-std::tuple<at::Tensor, at::Tensor> radius_neighbors_cuda(const at::Tensor& a_in, const at::Tensor& b_in,
-                                                         double radius, int64_t max_neighbors,
-                                                         const OptTensor& lengths_a, const OptTensor& lengths_b,
-                                                         double p) {
+std::tuple<at::Tensor, at::Tensor> radius_neighbors_cuda(const at::Tensor& a_in, const at::Tensor& b_in, double radius,
+                                                         int64_t max_neighbors, const OptTensor& lengths_a,
+                                                         const OptTensor& lengths_b, double p) {
   const char* op = "radius_neighbors";
   check_p(op, p, false);
   check_radius(op, radius, max_neighbors);
@@ -133,8 +131,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
   check_like(op, "values", values_in, "a", a_in);
   TORCH_CHECK(indices_in.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ",
               indices_in.scalar_type());
-  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() &&
-                  values_in.dim() >= 2 && values_in.size(-2) == x.N,
+  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() && values_in.dim() >= 2 &&
+                  values_in.size(-2) == x.N,
               "fused.", op, ": grad ", grad_in.sizes(), ", values ", values_in.sizes(), " and indices ",
               indices_in.sizes(), " must share the shape [*B, N, k]");
   const c10::cuda::CUDAGuard guard(a_in.device());
@@ -149,10 +147,10 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
     at::Tensor sorted, order;
     std::tie(sorted, order) = at::sort(keys, /*stable=*/true, /*dim=*/0, /*descending=*/false);
     at::Tensor g = grad_in.contiguous(), v = values_in.contiguous();
-    check_launch(op, kd::select_grad(dtype_of(op, "a", a_in), metric_of(p), p, squared, x.a.data_ptr(),
-                                     x.b.data_ptr(), g.data_ptr(), v.data_ptr(), idx.data_ptr<int64_t>(),
-                                     sorted.data_ptr<int64_t>(), order.data_ptr<int64_t>(), ga.data_ptr(),
-                                     gb.data_ptr(), x.B, x.N, x.M, x.D, k, current_stream()));
+    check_launch(op, kd::select_grad(dtype_of(op, "a", a_in), metric_of(p), p, squared, x.a.data_ptr(), x.b.data_ptr(),
+                                     g.data_ptr(), v.data_ptr(), idx.data_ptr<int64_t>(), sorted.data_ptr<int64_t>(),
+                                     order.data_ptr<int64_t>(), ga.data_ptr(), gb.data_ptr(), x.B, x.N, x.M, x.D, k,
+                                     current_stream()));
   }
   return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
 }

@@ -17,7 +17,7 @@ namespace cuda {
 namespace distance {
 namespace {
 
-constexpr int kThreadsX = 32, kThreadsY = 8;       // 256 threads
+constexpr int kThreadsX = 32, kThreadsY = 8;  // 256 threads
 constexpr int kRowsPerThread = 8, kColsPerThread = 4;
 constexpr int kTileN = kThreadsY * kRowsPerThread;  // 64 rows of a
 constexpr int kTileM = kThreadsX * kColsPerThread;  // 128 rows of b
@@ -30,8 +30,8 @@ constexpr int kChunkD = 16;                         // coordinates staged in sha
 template <typename T, Metric MT>
 __global__ void __launch_bounds__(kThreadsX* kThreadsY)
     direct_kernel(const T* __restrict__ a, const T* __restrict__ b, const int64_t* __restrict__ la,
-                  const int64_t* __restrict__ lb, T* __restrict__ out, int64_t N, int64_t M, int64_t D,
-                  int64_t row0, typename MathType<T>::type p, typename MathType<T>::type inv_p, bool squared) {
+                  const int64_t* __restrict__ lb, T* __restrict__ out, int64_t N, int64_t M, int64_t D, int64_t row0,
+                  typename MathType<T>::type p, typename MathType<T>::type inv_p, bool squared) {
   using Acc = typename MathType<T>::type;
   const MetricParams<Acc> prm{p, inv_p, p - Acc(1), squared};
   __shared__ Acc as[kTileN][kChunkD + 1];
@@ -81,8 +81,7 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
 #pragma unroll
     for (int c = 0; c < kColsPerThread; ++c) {
       const int64_t j = j0 + tx + kThreadsX * c;
-      if (j < M)
-        ob[i * M + j] = from_math<T>(i < n_valid && j < m_valid ? metric_finish<MT>(acc[r][c], prm) : Acc(0));
+      if (j < M) ob[i * M + j] = from_math<T>(i < n_valid && j < m_valid ? metric_finish<MT>(acc[r][c], prm) : Acc(0));
     }
   }
 }
@@ -208,8 +207,8 @@ __global__ void select_grad_a_kernel(const T* __restrict__ a, const T* __restric
     const int64_t j = indices[pair0 + t];
     if (j < 0) continue;  // a missing neighbour
     const Acc v = to_math(values[pair0 + t]);
-    acc += grad_term<MT>(av - to_math(b[(batch * M + j) * D + d]), pair_weight<MT>(to_math(grad[pair0 + t]), v, prm),
-                         v, prm);
+    acc += grad_term<MT>(av - to_math(b[(batch * M + j) * D + d]), pair_weight<MT>(to_math(grad[pair0 + t]), v, prm), v,
+                         prm);
   }
   ga[batch * N * D + e] = acc;
 }
@@ -232,8 +231,8 @@ __global__ void select_grad_b_kernel(const T* __restrict__ a, const T* __restric
     for (int64_t f = e; f < pairs && keys[f] == key; ++f) {
       const int64_t pair = order[f], i = pair / k % N;
       const Acc v = to_math(values[pair]);
-      acc -= grad_term<MT>(to_math(a[(batch * N + i) * D + d]) - bv, pair_weight<MT>(to_math(grad[pair]), v, prm), v,
-                           prm);
+      acc -=
+          grad_term<MT>(to_math(a[(batch * N + i) * D + d]) - bv, pair_weight<MT>(to_math(grad[pair]), v, prm), v, prm);
     }
     gb[key * D + d] = acc;
   }
@@ -248,9 +247,9 @@ template <typename F> cudaError_t visit(DType dtype, Metric metric, const F& f) 
 
 }  // namespace
 
-cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool squared, const void* a,
-                                      const void* b, const int64_t* la, const int64_t* lb, void* out, int64_t B,
-                                      int64_t N, int64_t M, int64_t D, cudaStream_t stream) {
+cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool squared, const void* a, const void* b,
+                                      const int64_t* la, const int64_t* lb, void* out, int64_t B, int64_t N, int64_t M,
+                                      int64_t D, cudaStream_t stream) {
   if (B == 0 || N == 0 || M == 0) return cudaSuccess;
   return visit(dtype, metric, [&](auto type_tag, auto metric_tag) {
     using T = decltype(type_tag);
@@ -272,10 +271,10 @@ cudaError_t pairwise_distances_direct(DType dtype, Metric metric, double p, bool
   });
 }
 
-cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool squared, const void* x,
-                                    const void* y, const void* grad, const void* dist, const int64_t* lr,
-                                    const int64_t* lc, void* grad_x, int64_t B, int64_t R, int64_t C, int64_t D,
-                                    int64_t s_r, int64_t s_c, cudaStream_t stream) {
+cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool squared, const void* x, const void* y,
+                                    const void* grad, const void* dist, const int64_t* lr, const int64_t* lc,
+                                    void* grad_x, int64_t B, int64_t R, int64_t C, int64_t D, int64_t s_r, int64_t s_c,
+                                    cudaStream_t stream) {
   if (B == 0 || R == 0 || D == 0) return cudaSuccess;
   return visit(dtype, metric, [&](auto type_tag, auto metric_tag) {
     using T = decltype(type_tag);
@@ -296,10 +295,10 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
   });
 }
 
-cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bool largest, bool within,
-                          double radius, const void* a, const void* b, const int64_t* la, const int64_t* lb,
-                          void* values, int64_t* indices, int64_t B, int64_t N, int64_t M, int64_t D, int64_t k,
-                          int64_t width, cudaStream_t stream) {
+cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bool largest, bool within, double radius,
+                          const void* a, const void* b, const int64_t* la, const int64_t* lb, void* values,
+                          int64_t* indices, int64_t B, int64_t N, int64_t M, int64_t D, int64_t k, int64_t width,
+                          cudaStream_t stream) {
   if (B == 0 || N == 0 || width == 0) return cudaSuccess;
   if (k < 1 || k > kMaxSelect) return cudaErrorInvalidValue;
   return visit(dtype, metric, [&](auto type_tag, auto metric_tag) {
@@ -320,8 +319,7 @@ cudaError_t select_direct(DType dtype, Metric metric, double p, bool squared, bo
         FUSED_LAUNCH(grid, kSelectThreads, 0, stream, select_kernel<T, MT, KMAX>)(
             static_cast<const T*>(a) + b0 * N * D, static_cast<const T*>(b) + b0 * M * D, la ? la + b0 : nullptr,
             lb ? lb + b0 : nullptr, static_cast<T*>(values) + b0 * N * width, indices + b0 * N * width, N, M, D,
-            static_cast<int>(k), width, tile_rows, largest, within, bound, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0),
-            squared);
+            static_cast<int>(k), width, tile_rows, largest, within, bound, Acc(p), Acc(p > 0 ? 1.0 / p : 0.0), squared);
         return cudaSuccess;
       });
     };

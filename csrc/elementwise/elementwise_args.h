@@ -10,8 +10,8 @@ namespace fused {
 
 inline void check_same_shape(const char* op, const char* name, const at::Tensor& t, const char* ref_name,
                              const at::Tensor& ref) {
-  TORCH_CHECK(t.sizes() == ref.sizes(), "fused.", op, ": ", name, " shape ", t.sizes(), " does not match ",
-              ref_name, " shape ", ref.sizes());
+  TORCH_CHECK(t.sizes() == ref.sizes(), "fused.", op, ": ", name, " shape ", t.sizes(), " does not match ", ref_name,
+              " shape ", ref.sizes());
 }
 
 // A 2-D view [rows, cols] of t with contiguous columns and one row stride, copying only when the strides do
@@ -42,8 +42,8 @@ inline Rows as_rows(const at::Tensor& t_in) {
 inline void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
   check_floating(op, "gate", gate);
   check_like(op, "up", up, "gate", gate);
-  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ",
-              gate.sizes(), " and ", up.sizes());
+  TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ", gate.sizes(),
+              " and ", up.sizes());
 }
 
 inline uint64_t seed_value(const char* op, const at::Tensor& seed) {

@@ -182,8 +182,8 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
 // ---- bias_dropout_add: residual + dropout(x + bias) ----
 
 // keep[k] = scale or 0 for elements [i, i + len), from the Philox stream of `seed`.
-template <typename T> void dropout_scale_block(T* keep, int64_t i, int64_t len, uint64_t seed, uint64_t threshold,
-                                               T scale) {
+template <typename T>
+void dropout_scale_block(T* keep, int64_t i, int64_t len, uint64_t seed, uint64_t threshold, T scale) {
   int64_t k = 0;
   while (k < len) {
     const int64_t e = i + k;

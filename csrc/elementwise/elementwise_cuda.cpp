@@ -38,8 +38,8 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
-  check_launch(op, cuda::bias_act(dtype, a, x.data_ptr(), data_or_null(bias), y.data_ptr(), n,
-                                  bias ? x.size(-1) : 1, current_stream()));
+  check_launch(op, cuda::bias_act(dtype, a, x.data_ptr(), data_or_null(bias), y.data_ptr(), n, bias ? x.size(-1) : 1,
+                                  current_stream()));
   return y;
 }
 
@@ -83,8 +83,8 @@ at::Tensor glu_cuda(const at::Tensor& gate_in, const at::Tensor& up_in, c10::str
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
   if (y.numel() == 0) return y;
-  check_launch(op, cuda::glu(dtype, a, g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride, y.data_ptr(), g.rows,
-                             g.cols, current_stream()));
+  check_launch(op, cuda::glu(dtype, a, g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride, y.data_ptr(), g.rows, g.cols,
+                             current_stream()));
   return y;
 }
 
@@ -131,8 +131,8 @@ at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optio
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
-  check_launch(op, cuda::bias_dropout_add(dtype, x.data_ptr(), data_or_null(bias), residual.data_ptr(), y.data_ptr(),
-                                          n, bias ? x.size(-1) : 1, dropout, current_stream()));
+  check_launch(op, cuda::bias_dropout_add(dtype, x.data_ptr(), data_or_null(bias), residual.data_ptr(), y.data_ptr(), n,
+                                          bias ? x.size(-1) : 1, dropout, current_stream()));
   return y;
 }
 
@@ -151,10 +151,9 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cuda(const at::Tensor& grad_
   const int64_t n = grad.numel();
   if (n == 0) return {grad_x, grad_bias};
   at::Tensor workspace = bias_grad ? column_sum_workspace(grad, n / C, C) : at::Tensor();
-  check_launch(op, cuda::dropout_backward(dtype, grad.data_ptr(), grad_x.data_ptr(),
-                                          bias_grad ? grad_bias.data_ptr() : nullptr,
-                                          bias_grad ? workspace.data_ptr() : nullptr, n, bias_grad ? C : 1,
-                                          dropout, current_stream()));
+  check_launch(op, cuda::dropout_backward(
+                       dtype, grad.data_ptr(), grad_x.data_ptr(), bias_grad ? grad_bias.data_ptr() : nullptr,
+                       bias_grad ? workspace.data_ptr() : nullptr, n, bias_grad ? C : 1, dropout, current_stream()));
   return {grad_x, grad_bias};
 }
 
@@ -198,8 +197,8 @@ at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(x);
   if (x.numel() == 0) return grad_x;
-  check_launch(op, cuda::unary_chain_backward(dtype, chain, grad.data_ptr(), x.data_ptr(), grad_x.data_ptr(),
-                                              x.numel(), current_stream()));
+  check_launch(op, cuda::unary_chain_backward(dtype, chain, grad.data_ptr(), x.data_ptr(), grad_x.data_ptr(), x.numel(),
+                                              current_stream()));
   return grad_x;
 }
 

@@ -236,8 +236,7 @@ __global__ void __launch_bounds__(kThreads) map_kernel(Body body, int64_t n, int
 // then a tree over threadIdx.y) into partial[y * C + col]. Fixed chunks and order: deterministic, no atomics.
 template <typename T, int N, typename Body>
 __global__ void __launch_bounds__(kThreads)
-    column_sum_kernel(Body body, T* __restrict__ partial, int64_t rows, int64_t C, int64_t rows_per_chunk,
-                      bool vec) {
+    column_sum_kernel(Body body, T* __restrict__ partial, int64_t rows, int64_t C, int64_t rows_per_chunk, bool vec) {
   const int tid = threadIdx.y * blockDim.x + threadIdx.x;
   const int64_t col = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) * N;
   const int len = col < C ? static_cast<int>(C - col < N ? C - col : N) : 0;
@@ -285,8 +284,7 @@ __global__ void __launch_bounds__(kThreads)
 template <int N, typename F> __device__ __forceinline__ void for_each_row_group(int64_t rows, int64_t cols, F&& f) {
   const int64_t groups = ceil_div(cols, N);
   for (int64_t r = int64_t(blockIdx.y) * blockDim.y + threadIdx.y; r < rows; r += int64_t(gridDim.y) * blockDim.y)
-    for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < groups;
-         p += int64_t(gridDim.x) * blockDim.x) {
+    for (int64_t p = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; p < groups; p += int64_t(gridDim.x) * blockDim.x) {
       const int64_t c = p * N;
       f(r, c, static_cast<int>(cols - c < N ? cols - c : N));
     }
@@ -311,8 +309,8 @@ __global__ void __launch_bounds__(kThreads)
 template <typename S, Act A>
 __global__ void __launch_bounds__(kThreads)
     glu_backward_kernel(const S* __restrict__ grad, const S* __restrict__ gate, int64_t gate_stride,
-                        const S* __restrict__ up, int64_t up_stride, S* __restrict__ grad_gate,
-                        S* __restrict__ grad_up, int64_t rows, int64_t cols, bool vec) {
+                        const S* __restrict__ up, int64_t up_stride, S* __restrict__ grad_gate, S* __restrict__ grad_up,
+                        int64_t rows, int64_t cols, bool vec) {
   using T = Math<S>;
   constexpr int N = kVec<S>;
   for_each_row_group<N>(rows, cols, [&](int64_t r, int64_t c, int len) {
@@ -392,8 +390,8 @@ cudaError_t launch_column_sum(const Body& body, S* grad_bias, void* workspace, i
   FUSED_LAUNCH(grid, block, 0, stream, column_sum_kernel<T, N>)(body, partial, rows, C, chunks.rows, vec);
   if (cudaError_t err = cudaGetLastError()) return err;
   const int64_t finish_blocks = std::min<int64_t>(ceil_div(C, kThreads), 65535);
-  FUSED_LAUNCH(unsigned(finish_blocks), kThreads, 0, stream, column_sum_finish_kernel<S, T>)(
-      partial, grad_bias, chunks.count, C);
+  FUSED_LAUNCH(unsigned(finish_blocks), kThreads, 0, stream, column_sum_finish_kernel<S, T>)(partial, grad_bias,
+                                                                                             chunks.count, C);
   return cudaGetLastError();
 }
 
@@ -432,9 +430,8 @@ cudaError_t bias_act(DType dtype, Act act, const void* x, const void* bias, void
   });
 }
 
-cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void* x, const void* bias,
-                              void* grad_x, void* grad_bias, void* workspace, int64_t n, int64_t C,
-                              cudaStream_t stream) {
+cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void* x, const void* bias, void* grad_x,
+                              void* grad_bias, void* workspace, int64_t n, int64_t C, cudaStream_t stream) {
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     return visit_act(act, [&](auto tag) {
@@ -449,8 +446,8 @@ cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void
   });
 }
 
-cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, const void* up, int64_t up_stride,
-                void* y, int64_t rows, int64_t cols, cudaStream_t stream) {
+cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, const void* up, int64_t up_stride, void* y,
+                int64_t rows, int64_t cols, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
@@ -467,39 +464,43 @@ cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, con
   });
 }
 
-cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gate, int64_t gate_stride,
-                         const void* up, int64_t up_stride, void* grad_gate, void* grad_up, int64_t rows,
-                         int64_t cols, cudaStream_t stream) {
+cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gate, int64_t gate_stride, const void* up,
+                         int64_t up_stride, void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
+                         cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
     dim3 grid, block;
     if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
-    const bool vec = aligned({grad, gate, up, grad_gate, grad_up}) && cols % N == 0 && gate_stride % N == 0 &&
-                     up_stride % N == 0;
+    const bool vec =
+        aligned({grad, gate, up, grad_gate, grad_up}) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
     return visit_act(act, [&](auto tag) {
       FUSED_LAUNCH(grid, block, 0, stream, glu_backward_kernel<S, decltype(tag)::value>)(
-          static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up),
-          up_stride, static_cast<S*>(grad_gate), static_cast<S*>(grad_up), rows, cols, vec);
+          static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride,
+          static_cast<S*>(grad_gate), static_cast<S*>(grad_up), rows, cols, vec);
       return cudaGetLastError();
     });
   });
 }
 
-cudaError_t bias_dropout_add(DType dtype, const void* x, const void* bias, const void* residual, void* y,
-                             int64_t n, int64_t C, Dropout dropout, cudaStream_t stream) {
+cudaError_t bias_dropout_add(DType dtype, const void* x, const void* bias, const void* residual, void* y, int64_t n,
+                             int64_t C, Dropout dropout, cudaStream_t stream) {
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S> < 4 ? 4 : kVec<S>;  // whole Philox calls: 4 words each
-    const BiasDropoutAdd<S, N> body{static_cast<const S*>(x), static_cast<const S*>(bias),
-                                    static_cast<const S*>(residual), static_cast<S*>(y), bias ? C : 1, dropout};
+    const BiasDropoutAdd<S, N> body{static_cast<const S*>(x),
+                                    static_cast<const S*>(bias),
+                                    static_cast<const S*>(residual),
+                                    static_cast<S*>(y),
+                                    bias ? C : 1,
+                                    dropout};
     return launch_map<Math<S>, N>(body, n, body.C, aligned({x, residual, y}), stream);
   });
 }
 
-cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* grad_bias, void* workspace,
-                             int64_t n, int64_t C, Dropout dropout, cudaStream_t stream) {
+cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* grad_bias, void* workspace, int64_t n,
+                             int64_t C, Dropout dropout, cudaStream_t stream) {
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     const bool vec = aligned({grad, grad_x});
@@ -514,8 +515,7 @@ cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* 
   });
 }
 
-cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, void* y, int64_t n,
-                        cudaStream_t stream) {
+cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, void* y, int64_t n, cudaStream_t stream) {
   if (chain.len < 0 || chain.len > kMaxChain) return cudaErrorInvalidValue;
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
@@ -525,8 +525,8 @@ cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, voi
   });
 }
 
-cudaError_t unary_chain_backward(DType dtype, const UnaryChain& chain, const void* grad, const void* x,
-                                 void* grad_x, int64_t n, cudaStream_t stream) {
+cudaError_t unary_chain_backward(DType dtype, const UnaryChain& chain, const void* grad, const void* x, void* grad_x,
+                                 int64_t n, cudaStream_t stream) {
   if (chain.len < 0 || chain.len > kMaxChain) return cudaErrorInvalidValue;
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;

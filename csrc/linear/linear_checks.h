@@ -22,7 +22,8 @@ inline void check_linear(const char* op, const at::Tensor& x, const at::Tensor& 
   TORCH_CHECK(x.dim() >= 1, "fused.", op, ": x must have at least 1 dimension, got a scalar");
   TORCH_CHECK(weight.dim() == 2 && weight.size(1) == x.size(-1), "fused.", op,
               ": weight must be 2-D [out_features, in_features] with in_features == x.size(-1), got weight of "
-              "shape ", weight.sizes(), " for x of shape ", x.sizes());
+              "shape ",
+              weight.sizes(), " for x of shape ", x.sizes());
   if (bias) {
     check_like(op, "bias", *bias, "x", x);
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == weight.size(0), "fused.", op,

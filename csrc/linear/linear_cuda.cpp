@@ -28,9 +28,9 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_fwd(const at::Tensor& x, cons
   const bool add_bias = bias && !round_once;
   if (add_bias || keep_pre || a != Act::identity) {
     const at::Tensor b = add_bias ? bias->contiguous() : at::Tensor();
-    check_launch("linear_act", linear::launch_bias_act_epilogue(
-                                   y.data_ptr(), keep_pre ? pre.data_ptr() : nullptr, add_bias ? b.data_ptr() : nullptr,
-                                   M, N, a, dtype_of("linear_act", "x", x), current_stream()));
+    check_launch("linear_act", linear::launch_bias_act_epilogue(y.data_ptr(), keep_pre ? pre.data_ptr() : nullptr,
+                                                                add_bias ? b.data_ptr() : nullptr, M, N, a,
+                                                                dtype_of("linear_act", "x", x), current_stream()));
   }
   const auto shape = linear_out_shape(x, weight);
   return {y.view(shape), keep_pre ? pre.view(shape) : pre};
@@ -52,10 +52,10 @@ std::tuple<at::Tensor, at::Tensor> cuda_linear_act_grad_pre(const at::Tensor& gr
   if (bias_grad)
     workspace = at::empty({static_cast<int64_t>(linear::act_grad_bias_workspace_bytes(M, N, dtype))},
                           grad.options().dtype(at::kByte));
-  check_launch(op, linear::launch_act_grad_bias(grad.data_ptr(), saved.data_ptr(), grad_pre.data_ptr(),
-                                                bias_grad ? grad_bias.data_ptr() : nullptr,
-                                                bias_grad ? workspace.data_ptr() : nullptr, M, N, a, dtype,
-                                                current_stream()));
+  check_launch(
+      op, linear::launch_act_grad_bias(grad.data_ptr(), saved.data_ptr(), grad_pre.data_ptr(),
+                                       bias_grad ? grad_bias.data_ptr() : nullptr,
+                                       bias_grad ? workspace.data_ptr() : nullptr, M, N, a, dtype, current_stream()));
   return {grad_pre, grad_bias};
 }
 

@@ -19,8 +19,8 @@ constexpr int64_t kRowsPerChunk = 128;
 
 // Blocks stride over rows, threads over the columns of a row: the bias index needs no division.
 template <Act A, typename T>
-__global__ void bias_act_epilogue_kernel(T* __restrict__ y, T* __restrict__ pre, const T* __restrict__ bias,
-                                         int64_t M, int64_t N) {
+__global__ void bias_act_epilogue_kernel(T* __restrict__ y, T* __restrict__ pre, const T* __restrict__ bias, int64_t M,
+                                         int64_t N) {
   using MT = typename MathType<T>::type;
   for (int64_t r = blockIdx.x; r < M; r += gridDim.x) {
     for (int64_t c = threadIdx.x; c < N; c += blockDim.x) {
@@ -35,9 +35,9 @@ __global__ void bias_act_epilogue_kernel(T* __restrict__ y, T* __restrict__ pre,
 
 // Block (chunk, column tile): grad_pre for its rows; the column sums of its rows into partial[chunk][col].
 template <Act A, typename T>
-__global__ void act_grad_bias_kernel(const T* __restrict__ grad, const T* __restrict__ saved,
-                                     T* __restrict__ grad_pre, typename MathType<T>::type* __restrict__ partial,
-                                     int64_t M, int64_t N, int64_t col0) {
+__global__ void act_grad_bias_kernel(const T* __restrict__ grad, const T* __restrict__ saved, T* __restrict__ grad_pre,
+                                     typename MathType<T>::type* __restrict__ partial, int64_t M, int64_t N,
+                                     int64_t col0) {
   using MT = typename MathType<T>::type;
   __shared__ MT sums[kRowLanes][kCols + 1];
   const int64_t col = col0 + int64_t(blockIdx.y) * kCols + threadIdx.x;
@@ -75,8 +75,8 @@ __global__ void sum_partials_kernel(const typename MathType<T>::type* __restrict
 
 }  // namespace
 
-cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act,
-                                     DType dtype, cudaStream_t stream) {
+cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64_t M, int64_t N, Act act, DType dtype,
+                                     cudaStream_t stream) {
   if (M == 0 || N == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>(M < 65536 * 4 ? M : 65536 * 4);  // row-stride loop beyond
   const int threads = N >= kThreads ? kThreads : static_cast<int>((N + 31) / 32 * 32);
@@ -84,8 +84,8 @@ cudaError_t launch_bias_act_epilogue(void* y, void* pre, const void* bias, int64
     using T = typename decltype(type)::type;
     return visit_act(act, [&](auto tag) {
       constexpr Act A = decltype(tag)::value;
-      FUSED_LAUNCH(blocks, threads, 0, stream, bias_act_epilogue_kernel<A, T>)(
-          static_cast<T*>(y), static_cast<T*>(pre), static_cast<const T*>(bias), M, N);
+      FUSED_LAUNCH(blocks, threads, 0, stream, bias_act_epilogue_kernel<A, T>)(static_cast<T*>(y), static_cast<T*>(pre),
+                                                                               static_cast<const T*>(bias), M, N);
       return cudaGetLastError();
     });
   });
@@ -96,8 +96,8 @@ size_t act_grad_bias_workspace_bytes(int64_t M, int64_t N, DType dtype) {
   return static_cast<size_t>(chunks * N) * (dtype == DType::f64 ? sizeof(double) : sizeof(float));
 }
 
-cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad_pre, void* grad_bias,
-                                 void* workspace, int64_t M, int64_t N, Act act, DType dtype, cudaStream_t stream) {
+cudaError_t launch_act_grad_bias(const void* grad, const void* saved, void* grad_pre, void* grad_bias, void* workspace,
+                                 int64_t M, int64_t N, Act act, DType dtype, cudaStream_t stream) {
   if (M == 0 || N == 0) return cudaSuccess;
   const int64_t chunks = (M + kRowsPerChunk - 1) / kRowsPerChunk;
   const int64_t col_tiles = (N + kCols - 1) / kCols;

@@ -32,8 +32,8 @@ inline void check_dense(const char* op, const char* name, const at::Tensor& t) {
 // One tensor of a call: strided (not sparse), on the call's device, dense in memory.
 inline void check_on(const char* op, const char* name, const at::Tensor& t, const at::Device& device) {
   TORCH_CHECK(t.layout() == at::kStrided, "fused.", op, ": sparse ", name, " are not supported");
-  TORCH_CHECK(t.device() == device, "fused.", op, ": all tensors of one call must be on one device; ", name,
-              " is on ", t.device(), ", not ", device);
+  TORCH_CHECK(t.device() == device, "fused.", op, ": all tensors of one call must be on one device; ", name, " is on ",
+              t.device(), ", not ", device);
   check_dense(op, name, t);
 }
 
@@ -50,8 +50,8 @@ inline void check_floating_list(const char* op, const char* name, at::TensorList
 inline void check_scalar(const char* op, const char* name, const at::Tensor& t, const at::Device& device,
                          at::ScalarType dtype = at::kFloat) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == dtype && t.numel() == 1, "fused.", op, ": ", name,
-              " must be a ", dtype_name(dtype), " tensor with one element on ", device, ", got ", t.scalar_type(),
-              " ", t.sizes(), " on ", t.device());
+              " must be a ", dtype_name(dtype), " tensor with one element on ", device, ", got ", t.scalar_type(), " ",
+              t.sizes(), " on ", t.device());
 }
 
 inline void check_steps(const char* op, at::TensorList steps, size_t n, const at::Device& device) {
@@ -66,12 +66,12 @@ inline void check_list(const char* op, const char* name, at::TensorList ts, at::
               params.size());
   for (size_t i = 0; i < ts.size(); ++i) {
     check_on(op, name, ts[i], params[i].device());
-    TORCH_CHECK(ts[i].scalar_type() == params[i].scalar_type() ||
-                    (is_16bit(params[i]) && ts[i].scalar_type() == at::kFloat),
-                "fused.", op, ": ", name, "[", i, "] has dtype ", ts[i].scalar_type(), " but params[", i, "] has ",
-                params[i].scalar_type(), " (float32 is allowed only with 16-bit params)");
-    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ",
-                name, "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
+    TORCH_CHECK(
+        ts[i].scalar_type() == params[i].scalar_type() || (is_16bit(params[i]) && ts[i].scalar_type() == at::kFloat),
+        "fused.", op, ": ", name, "[", i, "] has dtype ", ts[i].scalar_type(), " but params[", i, "] has ",
+        params[i].scalar_type(), " (float32 is allowed only with 16-bit params)");
+    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ", name,
+                "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
                 params[i].sizes());
   }
 }
@@ -84,8 +84,10 @@ inline void check_update_lists(const char* op, at::TensorList params, at::Tensor
     return;
   }
   for (const auto& p : params)
-    TORCH_CHECK(p.scalar_type() == at::kFloat, "fused.", op, ": with model_params, params (the master weights) "
-                "must be float32, got ", p.scalar_type());
+    TORCH_CHECK(p.scalar_type() == at::kFloat, "fused.", op,
+                ": with model_params, params (the master weights) "
+                "must be float32, got ",
+                p.scalar_type());
   TORCH_CHECK(model.size() == params.size(), "fused.", op, ": model_params has ", model.size(),
               " tensors but params has ", params.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -106,16 +108,16 @@ inline void check_accumulate(const char* op, at::TensorList accs, at::TensorList
     const auto want = grads[i].scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
     TORCH_CHECK(accs[i].scalar_type() == want, "fused.", op, ": accs[", i, "] must be ", want, " for ",
                 grads[i].scalar_type(), " grads, got ", accs[i].scalar_type());
-    TORCH_CHECK(accs[i].sizes() == grads[i].sizes() && accs[i].strides() == grads[i].strides(), "fused.", op,
-                ": accs[", i, "] must have the shape and strides of grads[", i, "]");
+    TORCH_CHECK(accs[i].sizes() == grads[i].sizes() && accs[i].strides() == grads[i].strides(), "fused.", op, ": accs[",
+                i, "] must have the shape and strides of grads[", i, "]");
   }
 }
 
 // The stochastic-rounding seed: an int64 CPU scalar, read on the host (no device sync); none without sr_seed.
 inline std::optional<uint64_t> seed_value(const char* op, const std::optional<at::Tensor>& sr_seed) {
   if (!sr_seed) return std::nullopt;
-  TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.",
-              op, ": sr_seed must be an int64 tensor with one element on the CPU");
+  TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.", op,
+              ": sr_seed must be an int64 tensor with one element on the CPU");
   return uint64_t(sr_seed->item<int64_t>());
 }
 

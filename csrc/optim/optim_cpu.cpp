@@ -79,7 +79,10 @@ double norm_chunk(const scalar_t* g, int64_t n, const GradIn<at::opmath_type<sca
     const int64_t len = std::min(kBlock, n - i);
     const T* x;
     if constexpr (std::is_same_v<scalar_t, T>) x = g + i;
-    else { widen_block(g + i, buf, len); x = buf; }
+    else {
+      widen_block(g + i, buf, len);
+      x = buf;
+    }
     int64_t k = 0;
     for (; k + V::size() <= len; k += V::size()) {
       V v = V::loadu(x + k);
@@ -146,8 +149,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
   at::Tensor found = at::scalar_tensor(any_nonfinite ? 1.0 : 0.0, at::TensorOptions().dtype(at::kFloat));
   if (!finish) return {at::scalar_tensor(acc, f64), at::empty({0}, f64), found};
-  double norm = kind == Norm::L2 ? std::sqrt(acc) : kind == Norm::L1 || kind == Norm::Inf ? acc
-                                                                                          : std::pow(acc, 1.0 / norm_type);
+  double norm = kind == Norm::L2                        ? std::sqrt(acc)
+                : kind == Norm::L1 || kind == Norm::Inf ? acc
+                                                        : std::pow(acc, 1.0 / norm_type);
   // inf and NaN propagate into the norm (and a NaN norm into the coefficient) as in torch's clip_grad_norm_.
   const double coef = std::isinf(max_norm) ? 1.0 : std::isnan(norm) ? norm : std::min(1.0, max_norm / (norm + 1e-6));
   return {at::scalar_tensor(norm, at::TensorOptions().dtype(norm_dtype(grads))), at::scalar_tensor(coef, f64), found};
@@ -261,16 +265,19 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
 
 // Converts n elements of t from element `offset` into the math type, and back (bf16 stochastically if asked).
 template <typename T> void load_any(const at::Tensor& t, int64_t offset, T* dst, int64_t n) {
-  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load", [&] { widen_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
+  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load",
+                          [&] { widen_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
 }
-template <typename T> void store_any(const T* src, const at::Tensor& t, int64_t offset, int64_t n, const Rounding& rnd) {
+template <typename T>
+void store_any(const T* src, const at::Tensor& t, int64_t offset, int64_t n, const Rounding& rnd) {
   if constexpr (std::is_same_v<T, float>) {
     if (rnd.stochastic && t.scalar_type() == at::kBFloat16) {
       store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, rnd.key);
       return;
     }
   }
-  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_store", [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
+  FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_store",
+                          [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
 }
 
 // Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k] (k = 0: the parameter, k = 1: the
@@ -324,10 +331,9 @@ std::optional<uint64_t> check_update(const char* op, at::TensorList params, at::
 
 void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bufs, at::TensorList steps, double lr,
                   double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
-                  const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
-                  const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                  const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
-                  bool write_grads) {
+                  const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale, const at::Tensor& found_inf,
+                  double clip_value, at::TensorList model_params, const std::optional<at::Tensor>& sr_seed,
+                  const std::optional<at::Tensor>& hyper, bool write_grads) {
   const char* op = "sgd_step_";
   const auto seed = check_update(op, params, grads, model_params, sr_seed);
   const bool use_momentum = momentum != 0;
@@ -348,26 +354,26 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     const int64_t t = ch.tensor;
     const bool is_first = first[t];
     const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
-    run_chunk<3>({&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, s->write_back, true},
-                 model_params.empty() ? nullptr : &model_params[t], rounding_for(seed, t), ch,
-                 [&](auto b, int64_t len) {
-      using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-      using V = Vec<T>;
-      const auto tr = GradTransform<T>::of(*s, maximize);
-      for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-        V p = ld(b[0] + i, cnt);
-        V d = tr.clipped(ld(b[1] + i, cnt));
-        if (s->write_back) st(d, b[1] + i, cnt);
-        d = tr.signed_(d);
-        if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
-        if (use_momentum) {
-          V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-          st(buf, b[2] + i, cnt);
-          d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
-        }
-        st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
-      });
-    });
+    run_chunk<3>(
+        {&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, s->write_back, true},
+        model_params.empty() ? nullptr : &model_params[t], rounding_for(seed, t), ch, [&](auto b, int64_t len) {
+          using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+          using V = Vec<T>;
+          const auto tr = GradTransform<T>::of(*s, maximize);
+          for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+            V p = ld(b[0] + i, cnt);
+            V d = tr.clipped(ld(b[1] + i, cnt));
+            if (s->write_back) st(d, b[1] + i, cnt);
+            d = tr.signed_(d);
+            if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+            if (use_momentum) {
+              V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+              st(buf, b[2] + i, cnt);
+              d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+            }
+            st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
+          });
+        });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
@@ -377,8 +383,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
-                   bool write_grads) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper, bool write_grads) {
   const char* op = "adam_step_";
   const auto seed = check_update(op, params, grads, model_params, sr_seed);
   check_list(op, "exp_avgs", exp_avgs, params);
@@ -404,34 +409,34 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
                  {true, s->write_back, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
                  rounding_for(seed, t), ch, [&](auto b, int64_t len) {
-      using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-      using V = Vec<T>;
-      const auto tr = GradTransform<T>::of(*s, maximize);
-      const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
-      const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
-      const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
-      for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-        V p = ld(b[0] + i, cnt);
-        V g = tr.clipped(ld(b[1] + i, cnt));
-        if (s->write_back) st(g, b[1] + i, cnt);
-        g = tr.signed_(g);
-        if (weight_decay != 0) {
-          if (decoupled) p = p * decay;
-          else g = at::vec::fmadd(p, vwd, g);
-        }
-        V m = ld(b[2] + i, cnt);
-        m = at::vec::fmadd(g - m, b1c, m);
-        V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
-        st(m, b[2] + i, cnt);
-        st(v, b[3] + i, cnt);
-        if (amsgrad) {
-          v = at::vec::maximum(ld(b[4] + i, cnt), v);
-          st(v, b[4] + i, cnt);
-        }
-        const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
-        st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
-      });
-    });
+                   using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+                   using V = Vec<T>;
+                   const auto tr = GradTransform<T>::of(*s, maximize);
+                   const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
+                   const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
+                   const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
+                   for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+                     V p = ld(b[0] + i, cnt);
+                     V g = tr.clipped(ld(b[1] + i, cnt));
+                     if (s->write_back) st(g, b[1] + i, cnt);
+                     g = tr.signed_(g);
+                     if (weight_decay != 0) {
+                       if (decoupled) p = p * decay;
+                       else g = at::vec::fmadd(p, vwd, g);
+                     }
+                     V m = ld(b[2] + i, cnt);
+                     m = at::vec::fmadd(g - m, b1c, m);
+                     V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
+                     st(m, b[2] + i, cnt);
+                     st(v, b[3] + i, cnt);
+                     if (amsgrad) {
+                       v = at::vec::maximum(ld(b[4] + i, cnt), v);
+                       st(v, b[4] + i, cnt);
+                     }
+                     const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
+                     st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
+                   });
+                 });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
@@ -442,9 +447,9 @@ void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwr
   parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
     run_chunk<2>({&accs[ch.tensor], &grads[ch.tensor]}, {true, false}, nullptr, Rounding{}, ch,
                  [&](auto b, int64_t len) {
-      if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-      else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
-    });
+                   if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+                   else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+                 });
   });
 }
 

@@ -44,7 +44,8 @@ oc::Workspace workspace(const at::Device& device) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(device.index());
   if (it == cache.end()) {
-    auto buf = at::zeros({int64_t(oc::kWorkspaceBytes / sizeof(int))}, at::TensorOptions().dtype(at::kInt).device(device));
+    auto buf =
+        at::zeros({int64_t(oc::kWorkspaceBytes / sizeof(int))}, at::TensorOptions().dtype(at::kInt).device(device));
     it = cache.emplace(device.index(), buf).first;
   }
   return oc::workspace_at(it->second.data_ptr());
@@ -110,7 +111,8 @@ oc::TensorLists device_lists(const char* op, const std::vector<at::TensorList>& 
       return oc::lists_at(cache.front().buffer.data_ptr<uint8_t>(), cache.front().layout, !steps.empty());
     }
   }
-  TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op, ": these tensors are seen for the first time "
+  TORCH_CHECK(capture == cudaStreamCaptureStatusNone, "fused.", op,
+              ": these tensors are seen for the first time "
               "during CUDA graph capture; run one step before capturing (it copies their metadata to the device)");
   CachedLists entry{key, oc::lists_layout(int(lists.size()), numel, !steps.empty(), hyper_width), {}};
   // Packed in pinned memory and copied with copy_(non_blocking): asynchronous, no host sync (a copy from pageable
@@ -200,13 +202,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
   at::Tensor found = at::empty({}, f64.dtype(at::kFloat));
   bool fp64 = false;
   for (const auto& g : grads) fp64 |= g.scalar_type() == at::kDouble;
-  const oc::Norm kind = norm_type == 2 ? oc::Norm::L2 : norm_type == 1 ? oc::Norm::L1
-                        : std::isinf(norm_type) ? oc::Norm::Inf : oc::Norm::P;
+  const oc::Norm kind = norm_type == 2          ? oc::Norm::L2
+                        : norm_type == 1        ? oc::Norm::L1
+                        : std::isinf(norm_type) ? oc::Norm::Inf
+                                                : oc::Norm::P;
   const auto lists = device_lists(op, {grads}, {}, device, stream);
-  check_launch(op, oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, norm_type, max_norm, clip_value,
-                                    fp64, finish, norm.data_ptr(), dtype_code(op, norm),
-                                    finish ? coef.data_ptr<double>() : nullptr, found.data_ptr<float>(),
-                                    num_sms(device.index()), stream));
+  check_launch(op, oc::launch_grad_norm(lists, workspace(device), found_in, scale, kind, norm_type, max_norm,
+                                        clip_value, fp64, finish, norm.data_ptr(), dtype_code(op, norm),
+                                        finish ? coef.data_ptr<double>() : nullptr, found.data_ptr<float>(),
+                                        num_sms(device.index()), stream));
   return {norm, coef, found};
 }
 
@@ -226,8 +230,7 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
                    double momentum, double dampening, double weight_decay, bool nesterov, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
-                   bool write_grads) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper, bool write_grads) {
   const char* op = "sgd_step_";
   if (params.empty()) return;
   const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
@@ -248,8 +251,8 @@ void sgd_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList b
   const auto codes = update_codes(op, params, grads, use_momentum ? bufs : at::TensorList{}, model_params);
   const auto dl = device_lists(op, lists, use_momentum ? steps : at::TensorList{}, device, stream, codes,
                                metadata_rows(hyper, rows), 4);
-  const oc::SgdArgs args{lr, momentum, dampening, weight_decay, clip_value, nesterov, maximize, use_momentum,
-                         seed.has_value(), seed.value_or(0), write_grads};
+  const oc::SgdArgs args{lr,       momentum,     dampening,        weight_decay,     clip_value, nesterov,
+                         maximize, use_momentum, seed.has_value(), seed.value_or(0), write_grads};
   const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
   check_launch(op, oc::launch_sgd_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }
@@ -285,8 +288,18 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   if (!model_params.empty()) lists.push_back(model_params);
   const auto codes = update_codes(op, params, grads, exp_avgs, model_params);
   const auto dl = device_lists(op, lists, steps, device, stream, codes, metadata_rows(hyper, rows), 5);
-  const oc::AdamArgs args{lr, beta1, beta2, eps, weight_decay, clip_value, amsgrad, decoupled, maximize,
-                          seed.has_value(), seed.value_or(0), write_grads};
+  const oc::AdamArgs args{lr,
+                          beta1,
+                          beta2,
+                          eps,
+                          weight_decay,
+                          clip_value,
+                          amsgrad,
+                          decoupled,
+                          maximize,
+                          seed.has_value(),
+                          seed.value_or(0),
+                          write_grads};
   const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
   check_launch(op, oc::launch_adam_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }

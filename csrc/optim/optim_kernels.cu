@@ -19,7 +19,9 @@ namespace {
 template <typename T> using Math = MathType<T>;
 
 // Four consecutive elements: one vector access when the tensor is 16-byte aligned and the group is whole.
-template <typename T> struct alignas(4 * sizeof(T) > 16 ? 16 : 4 * sizeof(T)) Pack4 { T v[4]; };
+template <typename T> struct alignas(4 * sizeof(T) > 16 ? 16 : 4 * sizeof(T)) Pack4 {
+  T v[4];
+};
 
 template <typename T, typename M>
 __device__ __forceinline__ void load4(const T* p, int64_t i, int64_t end, bool aligned, M out[4]) {
@@ -149,10 +151,10 @@ __device__ __forceinline__ void store_scalar(void* out, uint8_t d, double v) {
 
 // A: the accumulator, float unless some gradient is float64. Per-block partials are added up in double.
 template <Norm N, typename A>
-__global__ void __launch_bounds__(kThreads) grad_norm_kernel(TensorLists L, Workspace ws, const float* found_in,
-                                                             const float* grad_scale, double p, double max_norm,
-                                                             double clip_value, bool finish, void* norm_out,
-                                                             uint8_t norm_dtype, double* coef_out, float* found_out) {
+__global__ void __launch_bounds__(kThreads)
+    grad_norm_kernel(TensorLists L, Workspace ws, const float* found_in, const float* grad_scale, double p,
+                     double max_norm, double clip_value, bool finish, void* norm_out, uint8_t norm_dtype,
+                     double* coef_out, float* found_out) {
   const float inv = inverse_scale(grad_scale);
   A acc = 0;
   bool bad = false;
@@ -239,8 +241,8 @@ template <typename F> __device__ __forceinline__ void dispatch_update(uint8_t d,
 // Stores four updated parameters: bf16 stochastically when asked (element i + k uses Philox word k of counter
 // i / 4: i is a multiple of 4), else rounded to nearest.
 template <typename T, typename M>
-__device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool aligned, const M in[4],
-                                             bool stochastic, uint64_t key) {
+__device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool aligned, const M in[4], bool stochastic,
+                                             uint64_t key) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     if (stochastic) {
       const Philox4 w = philox4x32_10(uint64_t(i) / 4, key);
@@ -318,9 +320,12 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
       using TM = decltype(model_tag);
-      const UpdateTensor<TP, TG, decltype(state_tag), TM> u{
-          L, r.t, list_ptr<TP>(L, 0, r.t), list_ptr<TG>(L, 1, r.t),
-          master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr, a.sr_seed + uint64_t(r.t) * kTensorKeyStep};
+      const UpdateTensor<TP, TG, decltype(state_tag), TM> u{L,
+                                                            r.t,
+                                                            list_ptr<TP>(L, 0, r.t),
+                                                            list_ptr<TG>(L, 1, r.t),
+                                                            master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr,
+                                                            a.sr_seed + uint64_t(r.t) * kTensorKeyStep};
       body(r, a, s, u);
     });
   }
@@ -328,72 +333,72 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
 }
 
 __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace ws, SgdArgs args, StepScalars in) {
-  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const SgdArgs& a,
-                                                          const UpdateScalars& s, const auto& u) {
-    using M = typename std::decay_t<decltype(u)>::M;
-    const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
-    auto* buf = a.use_momentum ? u.state(2) : nullptr;
-    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-      M p[4], g[4], b[4];
-      load4(u.param, i, r.end, r.aligned, p);
-      load4(u.grad, i, r.end, r.aligned, g);
-      if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
+  const bool stepped =
+      for_update_chunks(L, args, in, [&](const ChunkRange& r, const SgdArgs& a, const UpdateScalars& s, const auto& u) {
+        using M = typename std::decay_t<decltype(u)>::M;
+        const bool first = a.use_momentum && *L.steps[r.t] == 0.f;
+        auto* buf = a.use_momentum ? u.state(2) : nullptr;
+        for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+          M p[4], g[4], b[4];
+          load4(u.param, i, r.end, r.aligned, p);
+          load4(u.grad, i, r.end, r.aligned, g);
+          if (a.use_momentum && !first) load4(buf, i, r.end, r.aligned, b);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
-        M d = a.maximize ? -g[k] : g[k];
-        if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
-        if (a.use_momentum) {
-          b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
-          d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
+          for (int k = 0; k < 4; ++k) {
+            g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+            M d = a.maximize ? -g[k] : g[k];
+            if (a.weight_decay != 0.0) d += M(a.weight_decay) * p[k];
+            if (a.use_momentum) {
+              b[k] = first ? d : M(a.momentum) * b[k] + M(1.0 - a.dampening) * d;
+              d = a.nesterov ? d + M(a.momentum) * b[k] : b[k];
+            }
+            p[k] -= M(a.lr) * d;
+          }
+          u.store_params(i, r.end, r.aligned, p, a.stochastic);
+          if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
+          if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
         }
-        p[k] -= M(a.lr) * d;
-      }
-      u.store_params(i, r.end, r.aligned, p, a.stochastic);
-      if (a.use_momentum) store4(buf, i, r.end, r.aligned, b);
-      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
-    }
-  });
+      });
   if (stepped && args.use_momentum) advance_steps(L, ws);
 }
 
 __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
-  const bool stepped = for_update_chunks(L, args, in, [&](const ChunkRange& r, const AdamArgs& a,
-                                                          const UpdateScalars& s, const auto& u) {
-    using M = typename std::decay_t<decltype(u)>::M;
-    const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
-    const double step_size = a.lr / (1.0 - pow(a.beta1, step));
-    const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
-    auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
-    for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-      M p[4], g[4], m[4], v[4], vmax[4];
-      load4(u.param, i, r.end, r.aligned, p);
-      load4(u.grad, i, r.end, r.aligned, g);
-      load4(exp_avg, i, r.end, r.aligned, m);
-      load4(exp_avg_sq, i, r.end, r.aligned, v);
-      if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+  const bool stepped = for_update_chunks(
+      L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
+        using M = typename std::decay_t<decltype(u)>::M;
+        const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
+        const double step_size = a.lr / (1.0 - pow(a.beta1, step));
+        const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
+        auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
+        for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+          M p[4], g[4], m[4], v[4], vmax[4];
+          load4(u.param, i, r.end, r.aligned, p);
+          load4(u.grad, i, r.end, r.aligned, g);
+          load4(exp_avg, i, r.end, r.aligned, m);
+          load4(exp_avg_sq, i, r.end, r.aligned, v);
+          if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
-        M gk = a.maximize ? -g[k] : g[k];
-        if (a.weight_decay != 0.0) {
-          if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
-          else gk += M(a.weight_decay) * p[k];
+          for (int k = 0; k < 4; ++k) {
+            g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+            M gk = a.maximize ? -g[k] : g[k];
+            if (a.weight_decay != 0.0) {
+              if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
+              else gk += M(a.weight_decay) * p[k];
+            }
+            m[k] += (gk - m[k]) * M(1.0 - a.beta1);
+            v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
+            M vv = v[k];
+            if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
+            const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
+            p[k] -= M(step_size) * m[k] / denom;
+          }
+          u.store_params(i, r.end, r.aligned, p, a.stochastic);
+          store4(exp_avg, i, r.end, r.aligned, m);
+          store4(exp_avg_sq, i, r.end, r.aligned, v);
+          if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+          if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
         }
-        m[k] += (gk - m[k]) * M(1.0 - a.beta1);
-        v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
-        M vv = v[k];
-        if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
-        const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
-        p[k] -= M(step_size) * m[k] / denom;
-      }
-      u.store_params(i, r.end, r.aligned, p, a.stochastic);
-      store4(exp_avg, i, r.end, r.aligned, m);
-      store4(exp_avg_sq, i, r.end, r.aligned, v);
-      if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
-      if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
-    }
-  });
+      });
   if (stepped) advance_steps(L, ws);
 }
 

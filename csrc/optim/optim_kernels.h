@@ -26,8 +26,8 @@ constexpr uint8_t kF32State = 0x40;  // or'ed into a 16-bit parameter's dtype: i
 constexpr uint8_t kF32Grad = 0x80;   // or'ed into a 16-bit dtype: the gradient is float32 (accumulated sums)
 // Stochastic rounding: key of tensor t is seed + t * kTensorKeyStep (Philox, csrc/common/philox.h), as on the CPU.
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
-constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
-constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
+constexpr int64_t kChunk = 65536;  // elements per chunk (a block's unit of work)
+constexpr int kMaxBlocks = 1024;   // grid size cap: the number of per-block partial slots
 constexpr int kThreads = 512;
 
 // Device-resident description of K parallel lists of n tensors (params, grads, state...), cut into chunks.
@@ -45,9 +45,9 @@ struct TensorLists {
 // Scratch that persists across launches on one device: pass 1's per-block partials (fixed slots, fp64), a
 // non-finite flag, and the two "last block" tickets. Zero it once; the kernels leave it zeroed.
 struct Workspace {
-  double* partials;     // [kMaxBlocks]
-  int* nonfinite;       // [1]
-  unsigned* tickets;    // [2]: grad_norm, update
+  double* partials;   // [kMaxBlocks]
+  int* nonfinite;     // [1]
+  unsigned* tickets;  // [2]: grad_norm, update
 };
 constexpr size_t kWorkspaceBytes = kMaxBlocks * sizeof(double) + 4 * sizeof(int);
 
@@ -72,13 +72,20 @@ inline ListsLayout lists_layout(int num_lists, const std::vector<int64_t>& numel
   l.num_chunks = (int)count_chunks(numel);
   l.hyper_width = hyper_width;
   size_t off = 0;
-  l.ptrs = off; off = align(off + sizeof(void*) * num_lists * l.num_tensors);
-  l.numel = off; off = align(off + sizeof(int64_t) * l.num_tensors);
-  l.steps = off; off = align(off + (with_steps ? sizeof(float*) * l.num_tensors : 0));
-  l.chunk_tensor = off; off = align(off + sizeof(int32_t) * l.num_chunks);
-  l.chunk_start = off; off = align(off + sizeof(int64_t) * l.num_chunks);
-  l.hyper = off; off = align(off + sizeof(double) * hyper_width * l.num_tensors);
-  l.dtype = off; off = align(off + l.num_tensors);
+  l.ptrs = off;
+  off = align(off + sizeof(void*) * num_lists * l.num_tensors);
+  l.numel = off;
+  off = align(off + sizeof(int64_t) * l.num_tensors);
+  l.steps = off;
+  off = align(off + (with_steps ? sizeof(float*) * l.num_tensors : 0));
+  l.chunk_tensor = off;
+  off = align(off + sizeof(int32_t) * l.num_chunks);
+  l.chunk_start = off;
+  off = align(off + sizeof(int64_t) * l.num_chunks);
+  l.hyper = off;
+  off = align(off + sizeof(double) * hyper_width * l.num_tensors);
+  l.dtype = off;
+  off = align(off + l.num_tensors);
   l.bytes = std::max<size_t>(off, 16);
   return l;
 }
@@ -105,12 +112,17 @@ inline void pack_lists(uint8_t* host, const ListsLayout& l, const std::vector<st
 }
 
 inline TensorLists lists_at(const uint8_t* device, const ListsLayout& l, bool with_steps) {
-  return {reinterpret_cast<void* const*>(device + l.ptrs), reinterpret_cast<const int64_t*>(device + l.numel),
-          device + l.dtype, with_steps ? reinterpret_cast<float* const*>(device + l.steps) : nullptr,
+  return {reinterpret_cast<void* const*>(device + l.ptrs),
+          reinterpret_cast<const int64_t*>(device + l.numel),
+          device + l.dtype,
+          with_steps ? reinterpret_cast<float* const*>(device + l.steps) : nullptr,
           reinterpret_cast<const int32_t*>(device + l.chunk_tensor),
           reinterpret_cast<const int64_t*>(device + l.chunk_start),
-          l.hyper_width ? reinterpret_cast<const double*>(device + l.hyper) : nullptr, l.num_lists, l.num_tensors,
-          l.num_chunks, l.hyper_width};
+          l.hyper_width ? reinterpret_cast<const double*>(device + l.hyper) : nullptr,
+          l.num_lists,
+          l.num_tensors,
+          l.num_chunks,
+          l.hyper_width};
 }
 
 inline Workspace workspace_at(void* device) {

@@ -18,17 +18,19 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   // found_inf float32, 1 where the found_inf argument is set or a gradient holds inf/NaN, else 0.
   // finish=False: (acc as float64, empty, found_inf), for an all-reduce before the finish.
   // max_norm = inf: no norm clipping (clip_coef = 1). grad_scale: the GradScaler's scale (None: 1).
-  def_with_cuda_twin(m, "grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, "
-                      "float max_norm, float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, "
-                      "Tensor found_inf_out)");
+  def_with_cuda_twin(m,
+                     "grad_norm(Tensor[] grads, Tensor? found_inf, Tensor? grad_scale, float norm_type, "
+                     "float max_norm, float clip_value, bool finish=True) -> (Tensor norm, Tensor clip_coef, "
+                     "Tensor found_inf_out)");
   // grads *= clip_coef (float64 scalar tensor): the second pass of fused.clip_grad_norm_.
   def_with_cuda_twin(m, "scale_grads_(Tensor(a!)[] grads, Tensor clip_coef) -> ()");
   // momentum_buffers and steps are empty when momentum == 0. steps: float32 scalars, +1 unless skipped.
-  def_with_cuda_twin(m, "sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, "
-                      "Tensor(c!)[] steps, float lr, float momentum, float dampening, float weight_decay, "
-                      "bool nesterov, bool maximize, Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, "
-                      "float clip_value, Tensor(d!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
-                      "bool write_grads=False) -> ()");
+  def_with_cuda_twin(m,
+                     "sgd_step_(Tensor(a!)[] params, Tensor(e!)[] grads, Tensor(b!)[] momentum_buffers, "
+                     "Tensor(c!)[] steps, float lr, float momentum, float dampening, float weight_decay, "
+                     "bool nesterov, bool maximize, Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, "
+                     "float clip_value, Tensor(d!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
+                     "bool write_grads=False) -> ()");
   // decoupled: AdamW's weight decay. max_exp_avg_sqs is empty unless amsgrad.
   // model_params (both steps): empty, or master weights: params and state are the fp32 masters, grads and
   // model_params 16-bit; the update reads the 16-bit grad and writes the rounded param into model_params.
@@ -36,12 +38,13 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   // scalar): bf16 params are rounded stochastically, element i of tensor t by Philox(seed + t * golden, i).
   // hyper (float64 CPU [n, H]): per-tensor hyperparameters in place of the scalars, so that every param group
   // updates in one call: SGD (lr, momentum, dampening, weight_decay), Adam (lr, beta1, beta2, eps, weight_decay).
-  def_with_cuda_twin(m, "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
-                      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, "
-                      "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
-                      "bool maximize, Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, "
-                      "Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
-                      "bool write_grads=False) -> ()");
+  def_with_cuda_twin(m,
+                     "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
+                     "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, "
+                     "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
+                     "bool maximize, Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, "
+                     "Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
+                     "bool write_grads=False) -> ()");
   // accs += grads (accs = grads when overwrite): fp32 accumulation (fp64 for fp64 grads) of micro-batch gradients.
   def_with_cuda_twin(m, "accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }

@@ -3,6 +3,7 @@ to the fused step (the finite check rides in its norm pass: no unscale pass, no 
 on the device. With any other optimizer it behaves exactly as torch's. unscale_() also unscales the fp32 sums of
 a fused optimizer's accumulate_grads(), which torch's cannot see. A fused optimizer is driven through its one
 public hook, scaler_step()."""
+
 import torch
 from torch.amp.grad_scaler import OptState
 

@@ -1,5 +1,6 @@
 """Registration of the distance ops: fake kernels (torch.compile), autograd (backward made of fused ops), the
 composite chamfer_distance, and the CUDA-device routing between the CUDA C++ and Triton kernels."""
+
 import math
 
 import torch
@@ -32,13 +33,13 @@ def batch_shape(op, a, b):
     if b.dim() < 2:
         raise RuntimeError(f"fused.{op}: b must have at least 2 dims [*B, M, D], got shape {tuple(b.shape)}")
     if a.shape[-1] != b.shape[-1]:
-        raise RuntimeError(f"fused.{op}: a and b must have the same last dim D, got {a.shape[-1]} and "
-                           f"{b.shape[-1]}")
+        raise RuntimeError(f"fused.{op}: a and b must have the same last dim D, got {a.shape[-1]} and {b.shape[-1]}")
     try:
         return torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
     except RuntimeError:
-        raise RuntimeError(f"fused.{op}: the batch dims of a {tuple(a.shape)} and b {tuple(b.shape)} do not "
-                           "broadcast") from None
+        raise RuntimeError(
+            f"fused.{op}: the batch dims of a {tuple(a.shape)} and b {tuple(b.shape)} do not broadcast"
+        ) from None
 
 
 def check_k(op, k, m):
@@ -66,8 +67,9 @@ def check_lengths(op, name, lengths, t_name, t):
     if lengths.device != t.device:
         raise RuntimeError(f"fused.{op}: {name} is on {lengths.device} but {t_name} is on {t.device}")
     if lengths.shape != t.shape[:-2]:
-        raise RuntimeError(f"fused.{op}: {name} must have the batch shape of {t_name} {list(t.shape[:-2])}, got "
-                           f"{list(lengths.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: {name} must have the batch shape of {t_name} {list(t.shape[:-2])}, got {list(lengths.shape)}"
+        )
 
 
 def check_length_values(op, name, lengths, rows):
@@ -102,8 +104,9 @@ def _(a, b, p=2.0, squared=False, lengths_a=None, lengths_b=None):
 
 @torch.library.register_fake("fused::pairwise_distances_backward")
 def _(grad, a, b, dist, p, squared, lengths_a=None, lengths_b=None):
-    return torch.empty_like(a, memory_format=torch.contiguous_format), \
-        torch.empty_like(b, memory_format=torch.contiguous_format)
+    return torch.empty_like(a, memory_format=torch.contiguous_format), torch.empty_like(
+        b, memory_format=torch.contiguous_format
+    )
 
 
 @torch.library.register_fake("fused::pairwise_topk")
@@ -128,8 +131,9 @@ def _(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None, p=2.0):
 
 @torch.library.register_fake("fused::pairwise_topk_backward")
 def _(grad, a, b, values, indices, p, squared):
-    return torch.empty_like(a, memory_format=torch.contiguous_format), \
-        torch.empty_like(b, memory_format=torch.contiguous_format)
+    return torch.empty_like(a, memory_format=torch.contiguous_format), torch.empty_like(
+        b, memory_format=torch.contiguous_format
+    )
 
 
 # ---- autograd ----
@@ -151,11 +155,13 @@ def _distances_backward(ctx, grad):
     if _rounded_max_norm(a, ctx.p):
         a32, b32 = a.float(), b.float()
         dist32 = torch.ops.fused.pairwise_distances(a32, b32, ctx.p, False, lengths_a, lengths_b)
-        grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(grad.float().contiguous(), a32, b32, dist32,
-                                                                     ctx.p, False, lengths_a, lengths_b)
+        grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(
+            grad.float().contiguous(), a32, b32, dist32, ctx.p, False, lengths_a, lengths_b
+        )
         return grad_a.to(a.dtype), grad_b.to(b.dtype), None, None, None, None
-    grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(grad.contiguous(), a, b, dist, ctx.p, ctx.squared,
-                                                                 lengths_a, lengths_b)
+    grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(
+        grad.contiguous(), a, b, dist, ctx.p, ctx.squared, lengths_a, lengths_b
+    )
     return grad_a, grad_b, None, None, None, None
 
 
@@ -178,11 +184,11 @@ def _selected_backward(ctx, grad_values):
         flat = indices.clamp(min=0).reshape(*batch, n * k, 1).expand(*batch, n * k, d)  # -1: no pair, not read
         rows = torch.gather(b32.expand(*batch, m, d), -2, flat).reshape(*batch, n, k, d)
         values32 = (a32.expand(*batch, n, d).unsqueeze(-2) - rows).abs().amax(-1)
-        grad_a, grad_b = torch.ops.fused.pairwise_topk_backward(grad_values.float().contiguous(), a32, b32, values32,
-                                                                indices, ctx.p, False)
+        grad_a, grad_b = torch.ops.fused.pairwise_topk_backward(
+            grad_values.float().contiguous(), a32, b32, values32, indices, ctx.p, False
+        )
         return grad_a.to(a.dtype), grad_b.to(b.dtype)
-    return torch.ops.fused.pairwise_topk_backward(grad_values.contiguous(), a, b, values, indices, ctx.p,
-                                                  ctx.squared)
+    return torch.ops.fused.pairwise_topk_backward(grad_values.contiguous(), a, b, values, indices, ctx.p, ctx.squared)
 
 
 def _topk_setup(ctx, inputs, output):
@@ -233,8 +239,9 @@ def _per_cloud(dist, idx, lengths, reduction):
     return total / rows
 
 
-def _chamfer_distance(a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True, reduction="mean",
-                      single_directional=False):
+def _chamfer_distance(
+    a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True, reduction="mean", single_directional=False
+):
     op = "chamfer_distance"
     check_p(op, p, squared)
     batch_shape(op, a, b)
@@ -288,7 +295,9 @@ TRITON_WHEN = {
 }
 for _op, _when in TRITON_WHEN.items():
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}", triton_when=_when)
-register_gpu("pairwise_distances_backward", cuda_op="cuda_pairwise_distances_backward",
-             triton=f"{TRITON}:pairwise_distances_backward")
-register_gpu("pairwise_topk_backward", cuda_op="cuda_pairwise_topk_backward",
-             triton=f"{TRITON}:pairwise_topk_backward")
+register_gpu(
+    "pairwise_distances_backward",
+    cuda_op="cuda_pairwise_distances_backward",
+    triton=f"{TRITON}:pairwise_distances_backward",
+)
+register_gpu("pairwise_topk_backward", cuda_op="cuda_pairwise_topk_backward", triton=f"{TRITON}:pairwise_topk_backward")

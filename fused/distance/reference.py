@@ -1,6 +1,7 @@
 """Plain-PyTorch references of the distance family (the spec): direct differences, math in float32 (float64
 for float64), output in the input dtype. They build the B x N x M x D difference tensor: small inputs only.
 lengths_a / lengths_b: a padded batch's valid row counts (the batch shape of a / b)."""
+
 import math
 
 import torch
@@ -69,8 +70,9 @@ def radius_neighbors(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None
     return select_sorted(d, _pair_mask(a, b, lengths_a, lengths_b) & within, max_neighbors)
 
 
-def chamfer_distance(a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True, reduction="mean",
-                     single_directional=False):
+def chamfer_distance(
+    a, b, lengths_a=None, lengths_b=None, p=2.0, squared=True, reduction="mean", single_directional=False
+):
     """cdist + masks + min: per cloud, the sum (mean over its length) of each valid point's distance to the
     nearest valid point of the other cloud (0 when that cloud is empty), a to b plus b to a, then the mean over
     the batch."""

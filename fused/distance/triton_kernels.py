@@ -14,17 +14,25 @@ tensors under TRITON_INTERPRET=1).
   transposed through their strides) for grad_b; pairwise_topk's backward sums grad_b over the selected pairs
   sorted by index (a segment sum); fixed-order sums, no atomics.
 """
+
 import math
 
 import torch
 import triton
 import triton.language as tl
 
-from fused._codes import METRIC_CODES, metric_of
-from fused.distance.ops import (MATMUL_MIN_D, batch_shape, check_k, check_length_values, check_lengths, check_p,
-                                check_radius)
-from fused.distance.reference import select_sorted
 from fused import triton_math as tm
+from fused._codes import METRIC_CODES, metric_of
+from fused.distance.ops import (
+    MATMUL_MIN_D,
+    batch_shape,
+    check_k,
+    check_length_values,
+    check_lengths,
+    check_p,
+    check_radius,
+)
+from fused.distance.reference import select_sorted
 from fused.triton_utils import on_device_of, program_2d
 
 # The metric codes of csrc/common/op_codes.h (host code gets them from fused._codes.metric_of).
@@ -71,8 +79,10 @@ def _lengths(op, name, lengths, t_name, t, batch, rows, placeholder):
 
 
 def _both_lengths(op, a, b, batch, lengths_a, lengths_b, placeholder):
-    return (*_lengths(op, "lengths_a", lengths_a, "a", a, batch, a.shape[-2], placeholder),
-            *_lengths(op, "lengths_b", lengths_b, "b", b, batch, b.shape[-2], placeholder))
+    return (
+        *_lengths(op, "lengths_a", lengths_a, "a", a, batch, a.shape[-2], placeholder),
+        *_lengths(op, "lengths_b", lengths_b, "b", b, batch, b.shape[-2], placeholder),
+    )
 
 
 def _center(b3, dtype, lb=None):
@@ -131,8 +141,18 @@ def _finish(acc, inv_p: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexp
 
 
 @triton.jit
-def _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p: tl.constexpr, METRIC: tl.constexpr, ACC: tl.constexpr,
-                 BN: tl.constexpr, BM: tl.constexpr):
+def _direct_tile(
+    a_rows,
+    b_rows,
+    mask_n,
+    mask_m,
+    D,
+    p: tl.constexpr,
+    METRIC: tl.constexpr,
+    ACC: tl.constexpr,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+):
     """sum_d |a - b|^p (or the max) for BN rows of a (pointers a_rows) against BM rows of b."""
     acc = tl.zeros((BN, BM), dtype=ACC)
     for d in range(0, D):
@@ -143,8 +163,19 @@ def _direct_tile(a_rows, b_rows, mask_n, mask_m, D, p: tl.constexpr, METRIC: tl.
 
 
 @triton.jit
-def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr, PREC: tl.constexpr,
-                 BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+def _matmul_tile(
+    a_rows,
+    b_rows,
+    center,
+    mask_n,
+    mask_m,
+    D,
+    CENTER: tl.constexpr,
+    PREC: tl.constexpr,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+):
     """Squared distances |a|^2 + |b|^2 - 2 a.b on tensor cores, clamped at 0; a tile with a small, inf or NaN
     entry is recomputed directly (exact zeros at duplicates, no cancellation)."""
     dot = tl.zeros((BN, BM), dtype=tl.float32)
@@ -176,10 +207,29 @@ def _matmul_tile(a_rows, b_rows, center, mask_n, mask_m, D, CENTER: tl.constexpr
 
 # ---- pairwise_distances ----
 @triton.jit
-def _distances_kernel(a_ptr, b_ptr, c_ptr, la_ptr, lb_ptr, out_ptr, N, M, D, P: tl.constexpr,
-                      METRIC: tl.constexpr, SQUARED: tl.constexpr, MATMUL: tl.constexpr, CENTER: tl.constexpr,
-                      PREC: tl.constexpr, ACC: tl.constexpr, HAS_LA: tl.constexpr, HAS_LB: tl.constexpr,
-                      BN: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr):
+def _distances_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    la_ptr,
+    lb_ptr,
+    out_ptr,
+    N,
+    M,
+    D,
+    P: tl.constexpr,
+    METRIC: tl.constexpr,
+    SQUARED: tl.constexpr,
+    MATMUL: tl.constexpr,
+    CENTER: tl.constexpr,
+    PREC: tl.constexpr,
+    ACC: tl.constexpr,
+    HAS_LA: tl.constexpr,
+    HAS_LB: tl.constexpr,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+):
     n_tiles, m_tiles = tl.cdiv(N, BN), tl.cdiv(M, BM)
     bi, tile = program_2d(n_tiles * m_tiles)
     bi = bi.to(tl.int64)
@@ -216,9 +266,29 @@ def pairwise_distances(a, b, p=2.0, squared=False, lengths_a=None, lengths_b=Non
     center, centered = _center(b3, a.dtype, lb if has_lb else None)
     bn, bm, bk = MATMUL_TILE if matmul else DIRECT_TILE
     grid = (bsz * triton.cdiv(n, bn) * triton.cdiv(m, bm),)
-    _distances_kernel[grid](a3, b3, center, la, lb, out, n, m, d, _p_const(metric, p), metric, squared,
-                            matmul, centered, "tf32x3" if a.dtype == torch.float32 else "tf32",
-                            _acc_type(a.dtype), has_la, has_lb, bn, bm, bk)
+    _distances_kernel[grid](
+        a3,
+        b3,
+        center,
+        la,
+        lb,
+        out,
+        n,
+        m,
+        d,
+        _p_const(metric, p),
+        metric,
+        squared,
+        matmul,
+        centered,
+        "tf32x3" if a.dtype == torch.float32 else "tf32",
+        _acc_type(a.dtype),
+        has_la,
+        has_lb,
+        bn,
+        bm,
+        bk,
+    )
     return out
 
 
@@ -241,11 +311,36 @@ def _lex_max(n, k, i):
 
 
 @triton.jit
-def _topk_kernel(a_ptr, b_ptr, c_ptr, la_ptr, lb_ptr, bound_ptr, val_ptr, idx_ptr, N, M, D, K, WIDTH,
-                 P: tl.constexpr, METRIC: tl.constexpr, SQUARED: tl.constexpr, LARGEST: tl.constexpr,
-                 MATMUL: tl.constexpr, CENTER: tl.constexpr, PREC: tl.constexpr, ACC: tl.constexpr,
-                 HAS_LA: tl.constexpr, HAS_LB: tl.constexpr, WITHIN: tl.constexpr, BN: tl.constexpr,
-                 BM: tl.constexpr, BK: tl.constexpr, KP: tl.constexpr):
+def _topk_kernel(
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    la_ptr,
+    lb_ptr,
+    bound_ptr,
+    val_ptr,
+    idx_ptr,
+    N,
+    M,
+    D,
+    K,
+    WIDTH,
+    P: tl.constexpr,
+    METRIC: tl.constexpr,
+    SQUARED: tl.constexpr,
+    LARGEST: tl.constexpr,
+    MATMUL: tl.constexpr,
+    CENTER: tl.constexpr,
+    PREC: tl.constexpr,
+    ACC: tl.constexpr,
+    HAS_LA: tl.constexpr,
+    HAS_LB: tl.constexpr,
+    WITHIN: tl.constexpr,
+    BN: tl.constexpr,
+    BM: tl.constexpr,
+    BK: tl.constexpr,
+    KP: tl.constexpr,
+):
     """The K best valid rows of b for each row of a, written sorted into WIDTH >= K slots per row; slots without
     a candidate (and padded rows of a) get index -1 and value inf (-inf when largest). WITHIN: only candidates
     with a value <= bound_ptr[0] (in the math type), NaN never."""
@@ -289,8 +384,12 @@ def _topk_kernel(a_ptr, b_ptr, c_ptr, la_ptr, lb_ptr, bound_ptr, val_ptr, idx_pt
             cn, ck, ci = _lex_min(cand_n, cand_k, cand_i, BIG_I)
             wn, wk, wi = _lex_max(best_n, best_k, best_i)
             better = (cn < 3) & ((cn < wn) | ((cn == wn) & ((ck < wk) | ((ck == wk) & (ci < wi)))))
-            pos = tl.min(tl.where((best_n == wn[:, None]) & (best_k == wk[:, None]) & (best_i == wi[:, None]),
-                                  slot[None, :], KP), 1)
+            pos = tl.min(
+                tl.where(
+                    (best_n == wn[:, None]) & (best_k == wk[:, None]) & (best_i == wi[:, None]), slot[None, :], KP
+                ),
+                1,
+            )
             put = better[:, None] & (slot[None, :] == pos[:, None])
             best_n = tl.where(put, cn[:, None], best_n)
             best_k = tl.where(put, ck[:, None], best_k)
@@ -327,17 +426,44 @@ def _select(op, a, b, width, p, squared, largest, radius, lengths_a, lengths_b):
     keep = max(1, min(width, m))  # candidates per row
     bound = None if radius is None else _radius_bound(radius, a.dtype, a.device)
     if triton.next_power_of_2(keep) > MAX_TOPK_REGISTERS:
-        return _select_by_chunks(a3, b3, width, p, squared, largest, bound, la if has_la else None,
-                                 lb if has_lb else None, values, indices)
+        return _select_by_chunks(
+            a3, b3, width, p, squared, largest, bound, la if has_la else None, lb if has_lb else None, values, indices
+        )
     metric = metric_of(p)
     matmul = use_matmul(metric, d, a.dtype)
     center, centered = _center(b3, a.dtype, lb if has_lb else None)
     bn, bm, bk = (32, 64, 32) if matmul else (32, 64, 16)
     grid = (bsz * triton.cdiv(n, bn),)
-    _topk_kernel[grid](a3, b3, center, la, lb, a3 if bound is None else bound, values, indices, n, m, d, keep,
-                       width, _p_const(metric, p), metric, squared, largest, matmul, centered,
-                       "tf32x3" if a.dtype == torch.float32 else "tf32", _acc_type(a.dtype), has_la, has_lb,
-                       bound is not None, bn, bm, bk, triton.next_power_of_2(keep))
+    _topk_kernel[grid](
+        a3,
+        b3,
+        center,
+        la,
+        lb,
+        a3 if bound is None else bound,
+        values,
+        indices,
+        n,
+        m,
+        d,
+        keep,
+        width,
+        _p_const(metric, p),
+        metric,
+        squared,
+        largest,
+        matmul,
+        centered,
+        "tf32x3" if a.dtype == torch.float32 else "tf32",
+        _acc_type(a.dtype),
+        has_la,
+        has_lb,
+        bound is not None,
+        bn,
+        bm,
+        bk,
+        triton.next_power_of_2(keep),
+    )
     return values, indices
 
 
@@ -373,7 +499,7 @@ def _select_by_chunks(a3, b3, width, p, squared, largest, bound, la, lb, values,
     v3, i3 = values.view(bsz, n, width), indices.view(bsz, n, width)
     cols = torch.arange(m, device=a3.device)
     for r0 in range(0, n, rows):
-        d = pairwise_distances(a3[:, r0:r0 + rows], b3, p, squared)
+        d = pairwise_distances(a3[:, r0 : r0 + rows], b3, p, squared)
         valid = torch.ones_like(d, dtype=torch.bool)
         if la is not None:
             valid &= (torch.arange(r0, r0 + d.shape[1], device=a3.device) < la[:, None])[..., None]
@@ -381,7 +507,7 @@ def _select_by_chunks(a3, b3, width, p, squared, largest, bound, la, lb, values,
             valid &= (cols < lb[:, None])[:, None, :]
         if bound is not None:
             valid &= d.to(bound.dtype) <= bound
-        v3[:, r0:r0 + rows], i3[:, r0:r0 + rows] = select_sorted(d, valid, width, largest)
+        v3[:, r0 : r0 + rows], i3[:, r0 : r0 + rows] = select_sorted(d, valid, width, largest)
     return values, indices
 
 
@@ -415,9 +541,29 @@ def _grad_term(diff, w, dist, p: tl.constexpr, METRIC: tl.constexpr):
 
 
 @triton.jit
-def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, lr_ptr, lc_ptr, out_ptr, R, C, D, s_r, s_c, P: tl.constexpr,
-                 METRIC: tl.constexpr, SQUARED: tl.constexpr, ACC: tl.constexpr, HAS_LR: tl.constexpr,
-                 HAS_LC: tl.constexpr, BR: tl.constexpr, BC: tl.constexpr, BD: tl.constexpr):
+def _grad_kernel(
+    x_ptr,
+    y_ptr,
+    g_ptr,
+    dist_ptr,
+    lr_ptr,
+    lc_ptr,
+    out_ptr,
+    R,
+    C,
+    D,
+    s_r,
+    s_c,
+    P: tl.constexpr,
+    METRIC: tl.constexpr,
+    SQUARED: tl.constexpr,
+    ACC: tl.constexpr,
+    HAS_LR: tl.constexpr,
+    HAS_LC: tl.constexpr,
+    BR: tl.constexpr,
+    BC: tl.constexpr,
+    BD: tl.constexpr,
+):
     """out[r] = sum_c w[r, c] phi(x[r] - y[c]) over the valid pairs (0 for a padded row r); grad and dist of pair
     (r, c) at r * s_r + c * s_c."""
     r_tiles, d_tiles = tl.cdiv(R, BR), tl.cdiv(D, BD)
@@ -427,8 +573,11 @@ def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, lr_ptr, lc_ptr, out_ptr, R, C, D
     rd = (tile % d_tiles) * BD + tl.arange(0, BD)
     mask_r, mask_d = rr < _valid_rows(lr_ptr, bi, R, HAS_LR), rd < D
     c_valid = _valid_rows(lc_ptr, bi, C, HAS_LC)
-    x = tl.load(x_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :],
-                mask=mask_r[:, None] & mask_d[None, :], other=0.0).to(ACC)
+    x = tl.load(
+        x_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :],
+        mask=mask_r[:, None] & mask_d[None, :],
+        other=0.0,
+    ).to(ACC)
     acc = tl.zeros((BR, BD), dtype=ACC)
     for c0 in range(0, c_valid, BC):
         rc = c0 + tl.arange(0, BC)
@@ -438,13 +587,17 @@ def _grad_kernel(x_ptr, y_ptr, g_ptr, dist_ptr, lr_ptr, lc_ptr, out_ptr, R, C, D
         g = tl.load(g_ptr + offs, mask=pair, other=0.0).to(ACC)
         dist = tl.load(dist_ptr + offs, mask=pair, other=0.0).to(ACC)
         w = _weight(g, dist, P, METRIC, SQUARED)
-        y = tl.load(y_ptr + bi * C * D + rc.to(tl.int64)[:, None] * D + rd[None, :],
-                    mask=mask_c[:, None] & mask_d[None, :], other=0.0).to(ACC)
+        y = tl.load(
+            y_ptr + bi * C * D + rc.to(tl.int64)[:, None] * D + rd[None, :],
+            mask=mask_c[:, None] & mask_d[None, :],
+            other=0.0,
+        ).to(ACC)
         diff = x[:, None, :] - y[None, :, :]
         t = _grad_term(diff, w[:, :, None], dist[:, :, None], P, METRIC)
         acc += tl.sum(tl.where(pair[:, :, None], t, 0.0), 1)
-    tl.store(out_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :], acc,
-             mask=(rr < R)[:, None] & mask_d[None, :])
+    tl.store(
+        out_ptr + bi * R * D + rr.to(tl.int64)[:, None] * D + rd[None, :], acc, mask=(rr < R)[:, None] & mask_d[None, :]
+    )
 
 
 def _reduce_to(g, batch, rows, like):
@@ -459,8 +612,9 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared, lengths_a=None, le
     la, has_la, lb, has_lb = _both_lengths(op, a, b, batch, lengths_a, lengths_b, a3)
     metric = metric_of(p)
     if metric == P0 or bsz * n * m * d == 0:
-        return torch.zeros_like(a, memory_format=torch.contiguous_format), \
-            torch.zeros_like(b, memory_format=torch.contiguous_format)
+        return torch.zeros_like(a, memory_format=torch.contiguous_format), torch.zeros_like(
+            b, memory_format=torch.contiguous_format
+        )
     g3 = grad.reshape(bsz, n, m).contiguous()
     dist3 = dist.reshape(bsz, n, m).contiguous()
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
@@ -468,11 +622,13 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared, lengths_a=None, le
     gb = torch.empty(bsz, m, d, device=a.device, dtype=acc)
     br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
     args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype))
-    _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](a3, b3, g3, dist3, la, lb, ga, n, m, d, m, 1,
-                                                                   *args, has_la, has_lb, br, bc, bd)
+    _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](
+        a3, b3, g3, dist3, la, lb, ga, n, m, d, m, 1, *args, has_la, has_lb, br, bc, bd
+    )
     # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
-    _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](b3, a3, g3, dist3, lb, la, gb, m, n, d, 1, m,
-                                                                   *args, has_lb, has_la, br, bc, bd)
+    _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](
+        b3, a3, g3, dist3, lb, la, gb, m, n, d, 1, m, *args, has_lb, has_la, br, bc, bd
+    )
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
 
@@ -487,8 +643,9 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     metric = metric_of(p)
     k = values.shape[-1]
     if metric == P0 or bsz * n * k * d == 0:
-        return torch.zeros_like(a, memory_format=torch.contiguous_format), \
-            torch.zeros_like(b, memory_format=torch.contiguous_format)
+        return torch.zeros_like(a, memory_format=torch.contiguous_format), torch.zeros_like(
+            b, memory_format=torch.contiguous_format
+        )
     acc = torch.float64 if a.dtype == torch.float64 else torch.float32
     a3, b3 = a3.to(acc), b3.to(acc)
     idx = indices.reshape(bsz, n, k)
@@ -516,8 +673,9 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     keys, order = torch.sort(flat, stable=True)
     keys = torch.cat([keys, keys.new_full((1,), -1)])  # a sentinel ends the last run
     pairs, bd = flat.numel(), min(64, triton.next_power_of_2(d))
-    _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](term.reshape(pairs, d).contiguous(), order, keys, gb, d,
-                                                     _acc_type(a.dtype), bd)
+    _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](
+        term.reshape(pairs, d).contiguous(), order, keys, gb, d, _acc_type(a.dtype), bd
+    )
     return _reduce_to(ga, batch, n, a), _reduce_to(gb[:-1], batch, m, b)
 
 

@@ -1,9 +1,10 @@
 """The fused elementwise family: bias + activation, gated units, bias-dropout-residual, pointwise chains."""
+
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from fused.elementwise import ops as _ops
+from fused.elementwise import ops as _ops  # noqa: F401  the family's ops, registered on import
 
 Op = Union[str, Tuple[str, float]]
 
@@ -20,8 +21,9 @@ def glu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor
     return torch.ops.fused.glu(gate, up, act)
 
 
-def bias_dropout_add(x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float = 0.1,
-                     training: bool = True) -> torch.Tensor:
+def bias_dropout_add(
+    x: torch.Tensor, bias: Optional[torch.Tensor], residual: torch.Tensor, p: float = 0.1, training: bool = True
+) -> torch.Tensor:
     """residual + dropout(x + bias, p) in one pass. The mask comes from a counter-based RNG seeded from torch's
     default generator (reproducible under torch.manual_seed) and is regenerated in backward, never stored."""
     return torch.ops.fused.bias_dropout_add(x, bias, residual, p, training)
@@ -30,8 +32,9 @@ def bias_dropout_add(x: torch.Tensor, bias: Optional[torch.Tensor], residual: to
 def encode_ops(ops: Sequence[Op]) -> list:
     """fused.unary_chain's ops as the op schema takes them: "name" or "name:value" (value as repr(float))."""
     if isinstance(ops, str):
-        raise TypeError("fused.unary_chain: ops must be a sequence of op names or (name, scalar) pairs, "
-                        f"got the string {ops!r}")
+        raise TypeError(
+            f"fused.unary_chain: ops must be a sequence of op names or (name, scalar) pairs, got the string {ops!r}"
+        )
     encoded = []
     for op in ops:
         if isinstance(op, str):

@@ -1,5 +1,6 @@
 """Registration of the fused elementwise ops: fake kernels (torch.compile), autograd (backward made of
 fused ops), and the CUDA-device routing between the CUDA C++ and Triton kernels."""
+
 import torch
 
 from fused import _checks
@@ -158,9 +159,11 @@ def _bias_dropout_add(x, bias, residual, p=0.1, training=True):
     check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
     if training and p > 0 and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         # The seed is drawn on the host: a captured graph would replay one mask forever, silently.
-        raise RuntimeError("fused.bias_dropout_add: training=True with p > 0 cannot be captured in a CUDA graph (the "
-                           "dropout seed is drawn on the host at capture, so every replay would drop the same "
-                           "elements); capture with training=False, or run the dropout outside the graph")
+        raise RuntimeError(
+            "fused.bias_dropout_add: training=True with p > 0 cannot be captured in a CUDA graph (the "
+            "dropout seed is drawn on the host at capture, so every replay would drop the same "
+            "elements); capture with training=False, or run the dropout outside the graph"
+        )
     if training and p > 0:
         seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)  # torch's default CPU generator
     else:
@@ -177,8 +180,9 @@ def chain_in_pieces(chain_op, chain_backward_op, max_ops):
     """unary_chain and unary_chain_backward for a kernel that takes at most max_ops ops per launch: longer chains
     run in pieces, kept in float32 between pieces for 16-bit inputs (as one launch keeps them in registers), and
     the backward recomputes each piece's input, then runs the pieces' backwards last to first."""
+
     def pieces(ops):
-        return [ops[i:i + max_ops] for i in range(0, len(ops), max_ops)]
+        return [ops[i : i + max_ops] for i in range(0, len(ops), max_ops)]
 
     def forward(x, ops):
         if len(ops) <= max_ops:
@@ -205,7 +209,10 @@ def chain_in_pieces(chain_op, chain_backward_op, max_ops):
 
 for _op in ("bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward"):
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}")
-_cuda_chain = chain_in_pieces(lambda x, ops: torch.ops.fused.cuda_unary_chain(x, ops),
-                              lambda g, x, ops: torch.ops.fused.cuda_unary_chain_backward(g, x, ops), MAX_CHAIN)
+_cuda_chain = chain_in_pieces(
+    lambda x, ops: torch.ops.fused.cuda_unary_chain(x, ops),
+    lambda g, x, ops: torch.ops.fused.cuda_unary_chain_backward(g, x, ops),
+    MAX_CHAIN,
+)
 for _op, _call in zip(("unary_chain", "unary_chain_backward"), _cuda_chain):
     register_gpu(_op, cuda_op=f"cuda_{_op}", triton=f"{TRITON}:{_op}", cuda_call=_call)

@@ -1,4 +1,5 @@
 """Plain-PyTorch references for the fused elementwise family: the spec the kernels are tested against."""
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -14,11 +15,26 @@ ACT_FNS = {
 }
 
 UNARY_FNS = {
-    "neg": torch.neg, "abs": torch.abs, "square": torch.square, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
-    "exp": torch.exp, "log": torch.log, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
-    "sigmoid": torch.sigmoid, "relu": torch.relu, "gelu": F.gelu,
-    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "reciprocal": torch.reciprocal,
-    "add": torch.add, "mul": torch.mul, "pow": torch.pow, "clamp_min": torch.clamp_min,
+    "neg": torch.neg,
+    "abs": torch.abs,
+    "square": torch.square,
+    "sqrt": torch.sqrt,
+    "rsqrt": torch.rsqrt,
+    "exp": torch.exp,
+    "log": torch.log,
+    "sin": torch.sin,
+    "cos": torch.cos,
+    "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid,
+    "relu": torch.relu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "silu": F.silu,
+    "reciprocal": torch.reciprocal,
+    "add": torch.add,
+    "mul": torch.mul,
+    "pow": torch.pow,
+    "clamp_min": torch.clamp_min,
     "clamp_max": torch.clamp_max,
 }
 
@@ -69,8 +85,11 @@ def dropout_keep_mask(seed: int, shape, p: float) -> torch.Tensor:
     """The boolean keep-mask bias_dropout_add draws for `seed` (an element is dropped with probability p)."""
     n = int(np.prod(shape)) if len(shape) else 1
     threshold = 0 if p <= 0 else (1 << 32) if p >= 1 else int(p * 4294967296.0 + 0.5)
-    keep = philox_words(seed, n).astype(np.uint64) >= np.uint64(threshold) if threshold < (1 << 32) else \
-        np.zeros(n, dtype=bool)
+    keep = (
+        philox_words(seed, n).astype(np.uint64) >= np.uint64(threshold)
+        if threshold < (1 << 32)
+        else np.zeros(n, dtype=bool)
+    )
     return torch.from_numpy(keep).reshape(shape)
 
 

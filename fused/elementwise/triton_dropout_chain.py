@@ -1,5 +1,6 @@
 """Triton kernels of bias_dropout_add (and its backward) and unary_chain (and its backward); the launchers take
 each op's own arguments. See triton_kernels.py for the family's conventions."""
+
 import torch
 import triton
 import triton.language as tl
@@ -7,8 +8,21 @@ import triton.language as tl
 from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.triton_math import NONE, keep_scale_at, keep_scale_block, unary_fwd, unary_grad_step
-from fused.triton_utils import (BLOCK, NUM_WARPS, flat_offsets, math_dtype, math_torch_dtype, needs_i64, on_device_of,
-                                program_2d, rows_cols, scalar_in, tile, tile_index, to_out)
+from fused.triton_utils import (
+    BLOCK,
+    NUM_WARPS,
+    flat_offsets,
+    math_dtype,
+    math_torch_dtype,
+    needs_i64,
+    on_device_of,
+    program_2d,
+    rows_cols,
+    scalar_in,
+    tile,
+    tile_index,
+    to_out,
+)
 
 CHAIN_SLOTS = 16  # unary_chain ops per kernel pass
 BIAS_GRAD_PROGRAMS = 1024  # about how many programs the bias-gradient kernels launch (fixed: deterministic)
@@ -16,8 +30,9 @@ BIAS_GRAD_PROGRAMS = 1024  # about how many programs the bias-gradient kernels l
 
 # ---- dropout: the mask is Philox4x32-10 of the flat element index (csrc/common/philox.h), never stored ----
 def _seed_value(op, seed):
-    if not (isinstance(seed, torch.Tensor) and seed.device.type == "cpu" and seed.dtype == torch.int64
-            and seed.numel() == 1):
+    if not (
+        isinstance(seed, torch.Tensor) and seed.device.type == "cpu" and seed.dtype == torch.int64 and seed.numel() == 1
+    ):
         raise RuntimeError(f"fused.{op}: seed must be a CPU int64 tensor with one element")
     return int(seed.item())  # a CPU tensor: no device sync
 
@@ -34,9 +49,22 @@ def _threshold_scale(p):
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
-def _dropout_kernel(x_ptr, b_ptr, res_ptr, y_ptr, n, cols, seed, threshold, scale: tl.float64,
-                    HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr,
-                    I64: tl.constexpr):
+def _dropout_kernel(
+    x_ptr,
+    b_ptr,
+    res_ptr,
+    y_ptr,
+    n,
+    cols,
+    seed,
+    threshold,
+    scale: tl.float64,
+    HAS_BIAS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    I64: tl.constexpr,
+):
     """y = residual + dropout(x + bias); without residual and bias it is dropout_backward's grad_x."""
     offs = flat_offsets(I64, BLOCK)
     mask = offs < n
@@ -51,9 +79,21 @@ def _dropout_kernel(x_ptr, b_ptr, res_ptr, y_ptr, n, cols, seed, threshold, scal
 
 
 @triton.jit(do_not_specialize=["seed", "threshold"])
-def _dropout_bias_grad_kernel(g_ptr, gx_ptr, partial_ptr, rows, cols, rows_per_chunk, seed, threshold,
-                              scale: tl.float64, MATH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr,
-                              I64: tl.constexpr):
+def _dropout_bias_grad_kernel(
+    g_ptr,
+    gx_ptr,
+    partial_ptr,
+    rows,
+    cols,
+    rows_per_chunk,
+    seed,
+    threshold,
+    scale: tl.float64,
+    MATH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     """grad_x = grad * mask * scale over one chunk of rows, and the chunk's column sums into partial[chunk, :].
     Tiles are not aligned to the mask's 4-element groups, so each element runs its own Philox call."""
     chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
@@ -75,10 +115,23 @@ def _launch_dropout(x, bias, residual, p, seed):
     if n:
         threshold, scale = _threshold_scale(p)
         _dropout_kernel[(triton.cdiv(n, BLOCK),)](
-            x, bias if bias is not None else x, residual if residual is not None else x, y, n,
-            x.shape[-1] if x.dim() else 1, seed, threshold, scale, HAS_BIAS=bias is not None,
-            HAS_RESIDUAL=residual is not None, MATH=math_dtype(x), BLOCK=BLOCK, I64=needs_i64(n + BLOCK),
-            num_warps=NUM_WARPS, enable_fp_fusion=False)  # the CPU rounds (x + b) * keep before adding the residual
+            x,
+            bias if bias is not None else x,
+            residual if residual is not None else x,
+            y,
+            n,
+            x.shape[-1] if x.dim() else 1,
+            seed,
+            threshold,
+            scale,
+            HAS_BIAS=bias is not None,
+            HAS_RESIDUAL=residual is not None,
+            MATH=math_dtype(x),
+            BLOCK=BLOCK,
+            I64=needs_i64(n + BLOCK),
+            num_warps=NUM_WARPS,
+            enable_fp_fusion=False,
+        )  # the CPU rounds (x + b) * keep before adding the residual
     return y
 
 
@@ -86,8 +139,9 @@ def _launch_dropout(x, bias, residual, p, seed):
 def bias_dropout_add_seeded(x, bias, residual, p, seed):
     _ops.check_bias_dropout_add("bias_dropout_add", x, bias, residual, p)
     seed = _seed_value("bias_dropout_add", seed)
-    return _launch_dropout(x.contiguous(), bias.contiguous() if bias is not None else None,
-                           residual.contiguous(), p, seed)
+    return _launch_dropout(
+        x.contiguous(), bias.contiguous() if bias is not None else None, residual.contiguous(), p, seed
+    )
 
 
 def bias_grad_chunks(rows, col_blocks, block_r):
@@ -116,8 +170,21 @@ def dropout_backward(grad, p, seed, bias_grad):
     partial = torch.empty((chunks, cols), dtype=math_torch_dtype(grad), device=grad.device)
     threshold, scale = _threshold_scale(p)
     _dropout_bias_grad_kernel[(chunks * col_blocks,)](
-        grad, grad_x, partial, rows, cols, rows_per_chunk, seed, threshold, scale, MATH=math_dtype(grad),
-        BLOCK_R=block_r, BLOCK_C=block_c, I64=needs_i64(grad.numel()), num_warps=NUM_WARPS)
+        grad,
+        grad_x,
+        partial,
+        rows,
+        cols,
+        rows_per_chunk,
+        seed,
+        threshold,
+        scale,
+        MATH=math_dtype(grad),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        I64=needs_i64(grad.numel()),
+        num_warps=NUM_WARPS,
+    )
     return grad_x, partial.sum(0).to(grad.dtype)  # fixed-order torch reduction of the partial sums
 
 
@@ -131,17 +198,50 @@ def _chain_step(x, g, OP: tl.constexpr, s, GRAD: tl.constexpr, MATH: tl.constexp
 
 
 @triton.jit
-def _chain_kernel(x_ptr, g_ptr, y_ptr, gy_ptr, n,
-                  S0: tl.float64, S1: tl.float64, S2: tl.float64, S3: tl.float64, S4: tl.float64,
-                  S5: tl.float64, S6: tl.float64, S7: tl.float64, S8: tl.float64, S9: tl.float64,
-                  S10: tl.float64, S11: tl.float64, S12: tl.float64, S13: tl.float64, S14: tl.float64,
-                  S15: tl.float64,
-                  OP0: tl.constexpr, OP1: tl.constexpr, OP2: tl.constexpr, OP3: tl.constexpr, OP4: tl.constexpr,
-                  OP5: tl.constexpr, OP6: tl.constexpr, OP7: tl.constexpr, OP8: tl.constexpr, OP9: tl.constexpr,
-                  OP10: tl.constexpr, OP11: tl.constexpr, OP12: tl.constexpr, OP13: tl.constexpr,
-                  OP14: tl.constexpr, OP15: tl.constexpr,
-                  GRAD: tl.constexpr, STORE_Y: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr,
-                  I64: tl.constexpr):
+def _chain_kernel(
+    x_ptr,
+    g_ptr,
+    y_ptr,
+    gy_ptr,
+    n,
+    S0: tl.float64,
+    S1: tl.float64,
+    S2: tl.float64,
+    S3: tl.float64,
+    S4: tl.float64,
+    S5: tl.float64,
+    S6: tl.float64,
+    S7: tl.float64,
+    S8: tl.float64,
+    S9: tl.float64,
+    S10: tl.float64,
+    S11: tl.float64,
+    S12: tl.float64,
+    S13: tl.float64,
+    S14: tl.float64,
+    S15: tl.float64,
+    OP0: tl.constexpr,
+    OP1: tl.constexpr,
+    OP2: tl.constexpr,
+    OP3: tl.constexpr,
+    OP4: tl.constexpr,
+    OP5: tl.constexpr,
+    OP6: tl.constexpr,
+    OP7: tl.constexpr,
+    OP8: tl.constexpr,
+    OP9: tl.constexpr,
+    OP10: tl.constexpr,
+    OP11: tl.constexpr,
+    OP12: tl.constexpr,
+    OP13: tl.constexpr,
+    OP14: tl.constexpr,
+    OP15: tl.constexpr,
+    GRAD: tl.constexpr,
+    STORE_Y: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    I64: tl.constexpr,
+):
     """y = ops(x); with GRAD also gy = g * prod of each op's derivative at its input (the chain recomputed)."""
     offs = flat_offsets(I64, BLOCK)
     mask = offs < n
@@ -174,7 +274,7 @@ def _chain_kernel(x_ptr, g_ptr, y_ptr, gy_ptr, n,
 def _chain_passes(op, ops):
     """The parsed chain ((name, scalar) per op) cut into passes of at most CHAIN_SLOTS ops (at least one)."""
     chain = [parse_op(op, spec)[::2] for spec in ops]
-    return [chain[i:i + CHAIN_SLOTS] for i in range(0, len(chain), CHAIN_SLOTS)] or [[]]
+    return [chain[i : i + CHAIN_SLOTS] for i in range(0, len(chain), CHAIN_SLOTS)] or [[]]
 
 
 def _launch_chain(x, g, y, gy, part, math):
@@ -182,10 +282,21 @@ def _launch_chain(x, g, y, gy, part, math):
     scalars = {f"S{k}": s for k, (_, s) in enumerate(ops)}
     names = {f"OP{k}": name for k, (name, _) in enumerate(ops)}
     n = x.numel()
-    _chain_kernel[(triton.cdiv(n, BLOCK),)](x, g if g is not None else x, y if y is not None else x,
-                                            gy if gy is not None else x, n, **scalars, **names, GRAD=g is not None,
-                                            STORE_Y=y is not None, MATH=math, BLOCK=BLOCK,
-                                            I64=needs_i64(n + BLOCK), num_warps=NUM_WARPS)
+    _chain_kernel[(triton.cdiv(n, BLOCK),)](
+        x,
+        g if g is not None else x,
+        y if y is not None else x,
+        gy if gy is not None else x,
+        n,
+        **scalars,
+        **names,
+        GRAD=g is not None,
+        STORE_Y=y is not None,
+        MATH=math,
+        BLOCK=BLOCK,
+        I64=needs_i64(n + BLOCK),
+        num_warps=NUM_WARPS,
+    )
 
 
 @on_device_of

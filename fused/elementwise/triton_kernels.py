@@ -6,22 +6,49 @@ Math runs in float32 (float64 for float64 inputs) and results are stored in the 
 kernels. Layouts: flat 1-D blocks where every element is independent; [rows, cols] tiles where a row vector is
 involved (bias, bias gradient, glu's strided halves). Offsets become 64-bit only when a tensor needs it.
 """
+
 import torch
 import triton
 import triton.language as tl
 
 from fused.elementwise import ops as _ops
-from fused.elementwise.triton_dropout_chain import (bias_dropout_add_seeded, bias_grad_chunks, dropout_backward,
-                                                    unary_chain, unary_chain_backward)
+from fused.elementwise.triton_dropout_chain import (
+    bias_dropout_add_seeded,
+    bias_grad_chunks,
+    dropout_backward,
+    unary_chain,
+    unary_chain_backward,
+)
 from fused.triton_math import act_fwd, act_grad
-from fused.triton_utils import (NUM_WARPS, math_dtype, math_torch_dtype, needs_i64, on_device_of, program_2d,
-                                rows_cols, tile, tile_index, to_out)
+from fused.triton_utils import (
+    NUM_WARPS,
+    math_dtype,
+    math_torch_dtype,
+    needs_i64,
+    on_device_of,
+    program_2d,
+    rows_cols,
+    tile,
+    tile_index,
+    to_out,
+)
 
 
 # ---- bias_act ----
 @triton.jit
-def _bias_act_kernel(x_ptr, b_ptr, y_ptr, rows, cols, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                     MATH: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def _bias_act_kernel(
+    x_ptr,
+    b_ptr,
+    y_ptr,
+    rows,
+    cols,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
     h = tl.load(x_ptr + r * cols + c, mask=mask).to(MATH)
@@ -31,14 +58,27 @@ def _bias_act_kernel(x_ptr, b_ptr, y_ptr, rows, cols, ACT: tl.constexpr, HAS_BIA
 
 
 @triton.jit
-def _bias_act_backward_kernel(g_ptr, x_ptr, b_ptr, gx_ptr, partial_ptr, rows, cols, rows_per_chunk,
-                              ACT: tl.constexpr, HAS_BIAS: tl.constexpr, MATH: tl.constexpr,
-                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def _bias_act_backward_kernel(
+    g_ptr,
+    x_ptr,
+    b_ptr,
+    gx_ptr,
+    partial_ptr,
+    rows,
+    cols,
+    rows_per_chunk,
+    ACT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     """grad_x = grad * act'(x + bias) over one chunk of rows; with a bias, the chunk's column sums of grad_x
     (in the math type) go to partial[chunk, :]."""
     chunk, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
-    bias = tl.zeros((BLOCK_C, ), MATH)
+    bias = tl.zeros((BLOCK_C,), MATH)
     if HAS_BIAS:
         bias = tl.load(b_ptr + c, mask=c < cols).to(MATH)
     acc = tl.zeros((BLOCK_R, BLOCK_C), MATH)
@@ -63,9 +103,20 @@ def bias_act(x, bias=None, act="gelu"):
         return y
     block_r, block_c = tile(cols)
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
-    _bias_act_kernel[grid](x, bias.contiguous() if bias is not None else x, y, rows, cols, ACT=act,
-                           HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
-                           I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
+    _bias_act_kernel[grid](
+        x,
+        bias.contiguous() if bias is not None else x,
+        y,
+        rows,
+        cols,
+        ACT=act,
+        HAS_BIAS=bias is not None,
+        MATH=math_dtype(x),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        I64=needs_i64(x.numel()),
+        num_warps=NUM_WARPS,
+    )
     return y
 
 
@@ -87,9 +138,22 @@ def bias_act_backward(grad, x, bias, act):
     else:  # one chunk per row block; no partial sums
         chunks, rows_per_chunk, partial = triton.cdiv(rows, block_r), block_r, grad_x
     _bias_act_backward_kernel[(chunks * col_blocks,)](
-        grad, x, bias.contiguous() if bias is not None else x, grad_x, partial, rows, cols, rows_per_chunk,
-        ACT=act, HAS_BIAS=bias is not None, MATH=math_dtype(x), BLOCK_R=block_r, BLOCK_C=block_c,
-        I64=needs_i64(x.numel()), num_warps=NUM_WARPS)
+        grad,
+        x,
+        bias.contiguous() if bias is not None else x,
+        grad_x,
+        partial,
+        rows,
+        cols,
+        rows_per_chunk,
+        ACT=act,
+        HAS_BIAS=bias is not None,
+        MATH=math_dtype(x),
+        BLOCK_R=block_r,
+        BLOCK_C=block_c,
+        I64=needs_i64(x.numel()),
+        num_warps=NUM_WARPS,
+    )
     if bias is None:
         return grad_x, x.new_empty(0)
     return grad_x, partial.sum(0).to(bias.dtype)  # fixed-order torch reduction of the partial sums (no atomics)
@@ -121,9 +185,23 @@ def _as_rows(t):
 
 
 @triton.jit
-def _glu_kernel(gate_ptr, up_ptr, grad_ptr, y_ptr, gup_ptr, rows, cols, gate_stride, up_stride,
-                ACT: tl.constexpr, BACKWARD: tl.constexpr, MATH: tl.constexpr, BLOCK_R: tl.constexpr,
-                BLOCK_C: tl.constexpr, I64: tl.constexpr):
+def _glu_kernel(
+    gate_ptr,
+    up_ptr,
+    grad_ptr,
+    y_ptr,
+    gup_ptr,
+    rows,
+    cols,
+    gate_stride,
+    up_stride,
+    ACT: tl.constexpr,
+    BACKWARD: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    I64: tl.constexpr,
+):
     """Forward: y = act(gate) * up. Backward: y = grad_gate = grad * up * act'(gate), gup = grad * act(gate)."""
     row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
     r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
@@ -146,10 +224,24 @@ def _launch_glu(gate, up, grad, act, backward):
     if y.numel():
         block_r, block_c = tile(cols)
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
-        _glu_kernel[grid](g, u, grad if backward else g, y, grad_up, rows, cols, g_stride, u_stride,
-                          ACT=act, BACKWARD=backward, MATH=math_dtype(gate), BLOCK_R=block_r,
-                          BLOCK_C=block_c, I64=needs_i64(rows * max(g_stride, u_stride, cols)),
-                          num_warps=NUM_WARPS)
+        _glu_kernel[grid](
+            g,
+            u,
+            grad if backward else g,
+            y,
+            grad_up,
+            rows,
+            cols,
+            g_stride,
+            u_stride,
+            ACT=act,
+            BACKWARD=backward,
+            MATH=math_dtype(gate),
+            BLOCK_R=block_r,
+            BLOCK_C=block_c,
+            I64=needs_i64(rows * max(g_stride, u_stride, cols)),
+            num_warps=NUM_WARPS,
+        )
     return (y, grad_up) if backward else y
 
 
@@ -167,5 +259,13 @@ def glu_backward(grad, gate, up, act):
     return _launch_glu(gate, up, grad.contiguous(), act, backward=True)
 
 
-__all__ = ["bias_act", "bias_act_backward", "glu", "glu_backward", "bias_dropout_add_seeded", "dropout_backward",
-           "unary_chain", "unary_chain_backward"]
+__all__ = [
+    "bias_act",
+    "bias_act_backward",
+    "glu",
+    "glu_backward",
+    "bias_dropout_add_seeded",
+    "dropout_backward",
+    "unary_chain",
+    "unary_chain_backward",
+]

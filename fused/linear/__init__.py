@@ -1,4 +1,5 @@
 """The fused linear family: act(x @ weight.T + bias) as one GEMM with the bias and activation in its epilogue."""
+
 from typing import Optional
 
 import torch
@@ -6,8 +7,9 @@ import torch
 from fused.linear import ops as _ops  # noqa: F401  registers fake kernels, autograd, GPU routing
 
 
-def linear_act(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
-               act: str = "identity") -> torch.Tensor:
+def linear_act(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, act: str = "identity"
+) -> torch.Tensor:
     """act(x @ weight.T + bias) for x [..., in_features], weight [out_features, in_features] as in nn.Linear,
     bias [out_features]. act: identity, relu, gelu (erf), gelu_tanh, silu, sigmoid, tanh.
     Autograd saves the pre-activation only for gelu, gelu_tanh and silu (the others differentiate from the

@@ -1,5 +1,6 @@
 """Registration of the fused linear ops: the public composite linear_act, fake kernels (torch.compile),
 autograd (backward made of fused ops and matmuls), and the CUDA-device routing between CUDA C++ and Triton."""
+
 import math
 
 import torch
@@ -22,13 +23,17 @@ def check_linear(op, x, weight, bias, act):
     if x.dim() < 1:
         raise RuntimeError(f"fused.{op}: x must have at least 1 dimension, got a scalar")
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
-        raise RuntimeError(f"fused.{op}: weight must be 2-D [out_features, in_features] with in_features == "
-                           f"x.size(-1), got weight of shape {tuple(weight.shape)} for x of shape {tuple(x.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: weight must be 2-D [out_features, in_features] with in_features == "
+            f"x.size(-1), got weight of shape {tuple(weight.shape)} for x of shape {tuple(x.shape)}"
+        )
     if bias is not None:
         _checks.check_like(op, "bias", bias, "x", x)
         if bias.dim() != 1 or bias.shape[0] != weight.shape[0]:
-            raise RuntimeError(f"fused.{op}: bias must be 1-D with out_features = weight.size(0) entries, got "
-                               f"bias of shape {tuple(bias.shape)} for weight of shape {tuple(weight.shape)}")
+            raise RuntimeError(
+                f"fused.{op}: bias must be 1-D with out_features = weight.size(0) entries, got "
+                f"bias of shape {tuple(bias.shape)} for weight of shape {tuple(weight.shape)}"
+            )
 
 
 def check_grad_pre(op, grad, saved, act):

@@ -1,4 +1,5 @@
 """Plain-PyTorch reference for the fused linear family: the spec the kernels are tested against."""
+
 import torch.nn.functional as F
 
 from fused.elementwise.reference import ACT_FNS

@@ -8,6 +8,7 @@ one pass (per-row-chunk partial sums, added in a fixed order: deterministic).
 
 Launchers take the op's own arguments and run on CPU tensors under TRITON_INTERPRET=1 (a small fixed tile then,
 no autotuning)."""
+
 import math
 
 import torch
@@ -32,8 +33,9 @@ def _act_grad_from_saved(s, ACT: tl.constexpr):
 
 
 def _config(bm, bn, bk, stages, warps):
-    return triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages,
-                         num_warps=warps)
+    return triton.Config(
+        {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}, num_stages=stages, num_warps=warps
+    )
 
 
 # Hopper (228 KB shared memory per SM): large 16-bit tiles with 3-4 stages; BLOCK_K 32 keeps fp32 tiles in budget.
@@ -52,10 +54,31 @@ HOPPER_CONFIGS = [
 
 
 @triton.jit
-def _linear_act_kernel(x_ptr, w_ptr, b_ptr, y_ptr, pre_ptr, M, N, K, M_BUCKET, stride_xm, stride_xk,
-                       stride_wn, stride_wk, HAS_BIAS: tl.constexpr, SAVE_PRE: tl.constexpr, ACT: tl.constexpr,
-                       PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+def _linear_act_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    pre_ptr,
+    M,
+    N,
+    K,
+    M_BUCKET,
+    stride_xm,
+    stride_xk,
+    stride_wn,
+    stride_wk,
+    HAS_BIAS: tl.constexpr,
+    SAVE_PRE: tl.constexpr,
+    ACT: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
     # Grouped tile order: GROUP_M row-tiles share each column-tile of the weight while it is in L2.
     pid = tl.program_id(0)
     tiles_m, tiles_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
@@ -146,14 +169,32 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
     keep_pre = save_pre and act in NEEDS_PRE
     pre = torch.empty(M, N, dtype=x.dtype, device=x.device) if keep_pre else x.new_empty(0)
     if M and N:
-        args = (x2, weight, bias.contiguous() if bias is not None else y, y, pre if keep_pre else y, M, N, K,
-                m_bucket(M), x2.stride(0), x2.stride(1), weight.stride(0), weight.stride(1))
-        flags = {"HAS_BIAS": bias is not None, "SAVE_PRE": keep_pre, "ACT": act,
-                 "PRECISION": dot_precision(x.dtype),
-                 "UPCAST": bool(INTERPRET) and x.dtype == torch.bfloat16}
+        args = (
+            x2,
+            weight,
+            bias.contiguous() if bias is not None else y,
+            y,
+            pre if keep_pre else y,
+            M,
+            N,
+            K,
+            m_bucket(M),
+            x2.stride(0),
+            x2.stride(1),
+            weight.stride(0),
+            weight.stride(1),
+        )
+        flags = {
+            "HAS_BIAS": bias is not None,
+            "SAVE_PRE": keep_pre,
+            "ACT": act,
+            "PRECISION": dot_precision(x.dtype),
+            "UPCAST": bool(INTERPRET) and x.dtype == torch.bfloat16,
+        }
         if INTERPRET:
             _linear_act_fixed[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](
-                *args, **flags, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2)
+                *args, **flags, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2
+            )
         else:
             grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
             _linear_act_tuned[grid](*args, **flags)
@@ -161,8 +202,19 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
 
 
 @triton.jit
-def _grad_pre_kernel(grad_ptr, saved_ptr, grad_pre_ptr, partial_ptr, M, N, ROWS_PER_CHUNK,
-                     ACT: tl.constexpr, BIAS_GRAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _grad_pre_kernel(
+    grad_ptr,
+    saved_ptr,
+    grad_pre_ptr,
+    partial_ptr,
+    M,
+    N,
+    ROWS_PER_CHUNK,
+    ACT: tl.constexpr,
+    BIAS_GRAD: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     # Program (chunk, column tile), folded into grid axis 0 (axis 1 would stop at 65535 column tiles): grad_pre
     # for ROWS_PER_CHUNK rows, and their column sums into partial[chunk].
     chunk, pid_n = program_2d(tl.cdiv(N, BLOCK_N))
@@ -203,8 +255,19 @@ def linear_act_grad_pre(grad, saved, act, bias_grad):
     chunks = triton.cdiv(M, rows_per_chunk)
     partial = torch.empty(chunks, N, dtype=torch.float32, device=grad.device) if bias_grad else grad_pre
     _grad_pre_kernel[(chunks * triton.cdiv(N, block_n),)](
-        grad, saved, grad_pre, partial, M, N, rows_per_chunk, ACT=act, BIAS_GRAD=bias_grad,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=4)
+        grad,
+        saved,
+        grad_pre,
+        partial,
+        M,
+        N,
+        rows_per_chunk,
+        ACT=act,
+        BIAS_GRAD=bias_grad,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
     if bias_grad:
         grad_bias = partial.sum(0).to(grad.dtype)
     return grad_pre, grad_bias

@@ -10,6 +10,7 @@ in forward whenever autograd will want them, and the backward only multiplies th
 GEMMs in all, as eager); "none" needs a gradient per row, so its backward runs the chunks again, as does a second
 backward through the same graph.
 """
+
 import torch
 
 from fused import _checks
@@ -44,16 +45,20 @@ def check_target(op, target, shape, ref, logits_shape):
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"fused.{op}: target must be a tensor, got {type(target).__name__}")
     if target.is_floating_point():
-        raise RuntimeError(f"fused.{op}: target must hold class indices (int64); class-probability targets (a "
-                           f"float tensor of shape {tuple(logits_shape)}) are not supported, got {target.dtype} "
-                           f"of shape {tuple(target.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: target must hold class indices (int64); class-probability targets (a "
+            f"float tensor of shape {tuple(logits_shape)}) are not supported, got {target.dtype} "
+            f"of shape {tuple(target.shape)}"
+        )
     if target.dtype not in (torch.int64, torch.uint8):
         raise RuntimeError(f"fused.{op}: target must hold int64 (or uint8) class indices, got {target.dtype}")
     if target.device != ref.device:
         raise RuntimeError(f"fused.{op}: target is on {target.device} but the logits are on {ref.device}")
     if tuple(target.shape) != tuple(shape):
-        raise ValueError(f"fused.{op}: target must have shape {tuple(shape)} (one class index per row of logits), "
-                         f"got {tuple(target.shape)}")
+        raise ValueError(
+            f"fused.{op}: target must have shape {tuple(shape)} (one class index per row of logits), "
+            f"got {tuple(target.shape)}"
+        )
 
 
 def check_target_range(op, target, classes, ignore_index):
@@ -64,8 +69,10 @@ def check_target_range(op, target, classes, ignore_index):
         return
     bad = (target != ignore_index) & ((target < 0) | (target >= classes))
     if bad.any():
-        raise IndexError(f"fused.{op}: target {target[bad][0].item()} is out of bounds for {classes} classes "
-                         f"(ignore_index is {ignore_index})")
+        raise IndexError(
+            f"fused.{op}: target {target[bad][0].item()} is out of bounds for {classes} classes "
+            f"(ignore_index is {ignore_index})"
+        )
 
 
 def check_class_weight(op, weight, ref, classes):
@@ -73,8 +80,9 @@ def check_class_weight(op, weight, ref, classes):
     if weight.device != ref.device:
         raise RuntimeError(f"fused.{op}: weight is on {weight.device} but the logits are on {ref.device}")
     if weight.dim() != 1 or weight.shape[0] != classes:
-        raise RuntimeError(f"fused.{op}: weight must be 1-D with {classes} entries (one per class), got shape "
-                           f"{tuple(weight.shape)}")
+        raise RuntimeError(
+            f"fused.{op}: weight must be 1-D with {classes} entries (one per class), got shape {tuple(weight.shape)}"
+        )
 
 
 def check_linear(op, input, linear_weight, linear_bias):
@@ -83,16 +91,22 @@ def check_linear(op, input, linear_weight, linear_bias):
     if input.dim() < 1:
         raise RuntimeError(f"fused.{op}: input must have at least 1 dimension [..., in_features], got a scalar")
     if linear_weight.dim() != 2:
-        raise RuntimeError(f"fused.{op}: linear_weight must be 2-D [classes, in_features], got shape "
-                           f"{tuple(linear_weight.shape)} (K-dimensional weights are not supported)")
+        raise RuntimeError(
+            f"fused.{op}: linear_weight must be 2-D [classes, in_features], got shape "
+            f"{tuple(linear_weight.shape)} (K-dimensional weights are not supported)"
+        )
     if linear_weight.shape[1] != input.shape[-1]:
-        raise RuntimeError(f"fused.{op}: linear_weight has in_features {linear_weight.shape[1]} but input has "
-                           f"{input.shape[-1]} (its last dimension)")
+        raise RuntimeError(
+            f"fused.{op}: linear_weight has in_features {linear_weight.shape[1]} but input has "
+            f"{input.shape[-1]} (its last dimension)"
+        )
     if linear_bias is not None:
         _checks.check_like(op, "linear_bias", linear_bias, "input", input)
         if linear_bias.dim() != 1 or linear_bias.shape[0] != linear_weight.shape[0]:
-            raise RuntimeError(f"fused.{op}: linear_bias must be 1-D with {linear_weight.shape[0]} entries (one "
-                               f"per class), got shape {tuple(linear_bias.shape)}")
+            raise RuntimeError(
+                f"fused.{op}: linear_bias must be 1-D with {linear_weight.shape[0]} entries (one "
+                f"per class), got shape {tuple(linear_bias.shape)}"
+            )
 
 
 def check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight):
@@ -109,7 +123,7 @@ def check_logits(op, logits, target, weight):
     if logits.dim() < 1:
         raise RuntimeError(f"fused.{op}: logits must have at least 1 dimension (the classes), got a scalar")
     class_dim = min(1, logits.dim() - 1)
-    check_target(op, target, logits.shape[:class_dim] + logits.shape[class_dim + 1:], logits, logits.shape)
+    check_target(op, target, logits.shape[:class_dim] + logits.shape[class_dim + 1 :], logits, logits.shape)
     if weight is not None:
         check_class_weight(op, weight, logits, logits.shape[class_dim])
 
@@ -121,19 +135,25 @@ def check_rows(op, logits, target, weight, scale, grad, label_smoothing, softcap
         raise RuntimeError(f"fused.{op}: logits must be 2-D [rows, classes], got shape {tuple(logits.shape)}")
     rows, classes = logits.shape
     if target.dtype != torch.int64 or target.shape != (rows,) or target.device != logits.device:
-        raise RuntimeError(f"fused.{op}: target must be int64 of shape ({rows},) on {logits.device}, got "
-                           f"{target.dtype} of shape {tuple(target.shape)} on {target.device}")
+        raise RuntimeError(
+            f"fused.{op}: target must be int64 of shape ({rows},) on {logits.device}, got "
+            f"{target.dtype} of shape {tuple(target.shape)} on {target.device}"
+        )
     acc = math_dtype(logits)
     if weight is not None and (weight.shape != (classes,) or weight.dtype != acc or weight.device != logits.device):
-        raise RuntimeError(f"fused.{op}: weight must be {acc} of shape ({classes},) on {logits.device}, got "
-                           f"{weight.dtype} of shape {tuple(weight.shape)} on {weight.device}")
+        raise RuntimeError(
+            f"fused.{op}: weight must be {acc} of shape ({classes},) on {logits.device}, got "
+            f"{weight.dtype} of shape {tuple(weight.shape)} on {weight.device}"
+        )
     if scale.dtype != acc or scale.device != logits.device or tuple(scale.shape) not in ((2,), (rows, 2)):
         raise RuntimeError(f"fused.{op}: scale must be {acc} of shape (2,) or ({rows}, 2) on {logits.device}")
     if grad.numel():
         _checks.check_like(op, "grad", grad, "logits", logits)
         if grad.shape != logits.shape or (classes > 1 and grad.stride(1) != 1):
-            raise RuntimeError(f"fused.{op}: grad must be empty (no gradient) or have the shape of logits with unit "
-                               f"column stride, got shape {tuple(grad.shape)} and strides {grad.stride()}")
+            raise RuntimeError(
+                f"fused.{op}: grad must be empty (no gradient) or have the shape of logits with unit "
+                f"column stride, got shape {tuple(grad.shape)} and strides {grad.stride()}"
+            )
     if not 0.0 <= label_smoothing <= 1.0:
         raise RuntimeError(f"fused.{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     if not softcap >= 0.0:
@@ -180,8 +200,21 @@ def chunk_rows(n_rows, linear_weight):
     return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
 
 
-def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, ignore_index, label_smoothing,
-                  z_loss, softcap, grad_input, grad_weight, grad_bias):
+def linear_chunks(
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    class_weight,
+    scale,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_input,
+    grad_weight,
+    grad_bias,
+):
     """(loss rows, lse rows, grad_input, grad_weight, grad_bias) of sum_r (scale[r, 0] loss_r + scale[r, 1] z-loss_r),
     chunk by chunk over the rows of input [N, D]; gradients not asked for are empty tensors."""
     N, D = input.shape
@@ -199,14 +232,22 @@ def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale
     slice_classes = max(1, CHUNK_BYTES // max(1, D * input.element_size()))
     for r0 in range(0, N, rows):
         r1 = min(N, r0 + rows)
-        x, buf = input[r0:r1], logits[:r1 - r0]
+        x, buf = input[r0:r1], logits[: r1 - r0]
         if linear_bias is None:
             torch.mm(x, linear_weight.t(), out=buf)
         else:
             torch.addmm(linear_bias, x, linear_weight.t(), out=buf)
         loss[r0:r1], lse[r0:r1] = torch.ops.fused.cross_entropy_rows(
-            buf, target[r0:r1], class_weight, scale if scale.dim() == 1 else scale[r0:r1],
-            buf if need_grad else logits.new_empty(0), ignore_index, label_smoothing, z_loss, softcap)
+            buf,
+            target[r0:r1],
+            class_weight,
+            scale if scale.dim() == 1 else scale[r0:r1],
+            buf if need_grad else logits.new_empty(0),
+            ignore_index,
+            label_smoothing,
+            z_loss,
+            softcap,
+        )
         if grad_input:
             torch.mm(buf, linear_weight, out=gi[r0:r1])
         if grad_weight:
@@ -214,7 +255,7 @@ def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale
                 gw.addmm_(buf.t(), x)
             else:
                 for c0 in range(0, V, slice_classes):
-                    gw[c0:c0 + slice_classes] += torch.mm(buf[:, c0:c0 + slice_classes].t(), x)
+                    gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
         if grad_bias:
             gb += buf.sum(0, dtype=acc)
     return loss, lse, gi, gw.to(linear_weight.dtype), gb.to(linear_weight.dtype)
@@ -225,26 +266,77 @@ def class_weight_in(weight, like):
 
 
 # ---- kernels of the internal ops (CPU and CUDA: the GEMMs are ATen's, the row kernel is routed per device) ----
-def _linear_cross_entropy_fwd(input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                              label_smoothing, z_loss, softcap, grad_input, grad_weight, grad_bias):
+def _linear_cross_entropy_fwd(
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_input,
+    grad_weight,
+    grad_bias,
+):
     acc = math_dtype(input)
     class_weight = class_weight_in(weight, input)
     scale, denominators = row_scales(target, class_weight, reduction, ignore_index, acc)
     if reduction == "none":
         grad_input = grad_weight = grad_bias = False
-    loss_rows, lse, gi, gw, gb = linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale,
-                                               ignore_index, label_smoothing, z_loss, softcap, grad_input,
-                                               grad_weight, grad_bias and linear_bias is not None)
+    loss_rows, lse, gi, gw, gb = linear_chunks(
+        input,
+        linear_weight,
+        target,
+        linear_bias,
+        class_weight,
+        scale,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        grad_input,
+        grad_weight,
+        grad_bias and linear_bias is not None,
+    )
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), gi, gw, gb
 
 
-def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, ignore_index,
-                              label_smoothing, z_loss, softcap, grad_input, grad_weight, grad_bias):
+def _linear_cross_entropy_bwd(
+    grad_loss,
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_input,
+    grad_weight,
+    grad_bias,
+):
     class_weight = class_weight_in(weight, input)
     scale = backward_scale(grad_loss, target, class_weight, reduction, ignore_index, math_dtype(input))
-    return linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, ignore_index,
-                         label_smoothing, z_loss, softcap, grad_input, grad_weight,
-                         grad_bias and linear_bias is not None)[2:]
+    return linear_chunks(
+        input,
+        linear_weight,
+        target,
+        linear_bias,
+        class_weight,
+        scale,
+        ignore_index,
+        label_smoothing,
+        z_loss,
+        softcap,
+        grad_input,
+        grad_weight,
+        grad_bias and linear_bias is not None,
+    )[2:]
 
 
 def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap, grad):
@@ -252,8 +344,9 @@ def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_sm
     class_weight = class_weight_in(weight, logits)
     scale, denominators = row_scales(target, class_weight, reduction, ignore_index, acc)
     grad_logits = logits.new_empty(logits.shape) if grad and reduction != "none" else logits.new_empty(0)
-    loss_rows, lse = torch.ops.fused.cross_entropy_rows(logits, target, class_weight, scale, grad_logits,
-                                                        ignore_index, label_smoothing, z_loss, softcap)
+    loss_rows, lse = torch.ops.fused.cross_entropy_rows(
+        logits, target, class_weight, scale, grad_logits, ignore_index, label_smoothing, z_loss, softcap
+    )
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), grad_logits
 
 
@@ -261,23 +354,29 @@ def _cross_entropy_bwd(grad_loss, logits, target, weight, reduction, ignore_inde
     class_weight = class_weight_in(weight, logits)
     scale = backward_scale(grad_loss, target, class_weight, reduction, ignore_index, math_dtype(logits))
     grad_logits = logits.new_empty(logits.shape)
-    torch.ops.fused.cross_entropy_rows(logits, target, class_weight, scale, grad_logits, ignore_index, label_smoothing,
-                                       z_loss, softcap)
+    torch.ops.fused.cross_entropy_rows(
+        logits, target, class_weight, scale, grad_logits, ignore_index, label_smoothing, z_loss, softcap
+    )
     return grad_logits
 
 
 def _plain(fn):
     """fn without autograd (it computes gradients itself; the backward ops have no autograd of their own) and
     without autocast (the composites cast their inputs; the GEMMs must run in the dtypes they are given)."""
+
     def run(*args):
         with torch.no_grad(), torch.autocast(args[0].device.type, enabled=False):
             return fn(*args)
+
     return run
 
 
-for _name, _fn in (("linear_cross_entropy_fwd", _linear_cross_entropy_fwd),
-                   ("linear_cross_entropy_bwd", _linear_cross_entropy_bwd),
-                   ("cross_entropy_fwd", _cross_entropy_fwd), ("cross_entropy_bwd", _cross_entropy_bwd)):
+for _name, _fn in (
+    ("linear_cross_entropy_fwd", _linear_cross_entropy_fwd),
+    ("linear_cross_entropy_bwd", _linear_cross_entropy_bwd),
+    ("cross_entropy_fwd", _cross_entropy_fwd),
+    ("cross_entropy_bwd", _cross_entropy_bwd),
+):
     # Every device: ATen's GEMMs and the row kernel, routed per device.
     torch.library.impl(f"fused::{_name}", "CompositeExplicitAutograd", _plain(_fn))
 
@@ -295,30 +394,62 @@ def _(logits, target, weight, scale, grad, ignore_index, label_smoothing, z_loss
 
 
 @torch.library.register_fake("fused::linear_cross_entropy_fwd")
-def _(input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss, softcap,
-      grad_input, grad_weight, grad_bias):
+def _(
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_input,
+    grad_weight,
+    grad_bias,
+):
     check_linear_cross_entropy("linear_cross_entropy", input, linear_weight, target, linear_bias, weight)
     grads = reduction != "none"
-    return (input.new_empty(_loss_shape(reduction, input.shape[0]), dtype=math_dtype(input)),
-            input.new_empty(input.shape if grads and grad_input else (0,)),
-            linear_weight.new_empty(linear_weight.shape if grads and grad_weight else (0,)),
-            linear_weight.new_empty(linear_weight.shape[:1] if grads and grad_bias and linear_bias is not None
-                                    else (0,)))
+    return (
+        input.new_empty(_loss_shape(reduction, input.shape[0]), dtype=math_dtype(input)),
+        input.new_empty(input.shape if grads and grad_input else (0,)),
+        linear_weight.new_empty(linear_weight.shape if grads and grad_weight else (0,)),
+        linear_weight.new_empty(linear_weight.shape[:1] if grads and grad_bias and linear_bias is not None else (0,)),
+    )
 
 
 @torch.library.register_fake("fused::linear_cross_entropy_bwd")
-def _(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss,
-      softcap, grad_input, grad_weight, grad_bias):
-    return (input.new_empty(input.shape if grad_input else (0,)),
-            linear_weight.new_empty(linear_weight.shape if grad_weight else (0,)),
-            linear_weight.new_empty(linear_weight.shape[:1] if grad_bias and linear_bias is not None else (0,)))
+def _(
+    grad_loss,
+    input,
+    linear_weight,
+    target,
+    linear_bias,
+    weight,
+    reduction,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_input,
+    grad_weight,
+    grad_bias,
+):
+    return (
+        input.new_empty(input.shape if grad_input else (0,)),
+        linear_weight.new_empty(linear_weight.shape if grad_weight else (0,)),
+        linear_weight.new_empty(linear_weight.shape[:1] if grad_bias and linear_bias is not None else (0,)),
+    )
 
 
 @torch.library.register_fake("fused::cross_entropy_fwd")
 def _(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap, grad):
     check_logits("cross_entropy", logits, target, weight)
-    return (logits.new_empty(_loss_shape(reduction, logits.shape[0]), dtype=math_dtype(logits)),
-            logits.new_empty(logits.shape if grad and reduction != "none" else (0,)))
+    return (
+        logits.new_empty(_loss_shape(reduction, logits.shape[0]), dtype=math_dtype(logits)),
+        logits.new_empty(logits.shape if grad and reduction != "none" else (0,)),
+    )
 
 
 @torch.library.register_fake("fused::cross_entropy_bwd")
@@ -350,19 +481,25 @@ def _forward_grads(ctx, grad_loss, needed):
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight, reduction, *options = inputs
     grad_input, grad_weight, grad_bias = options[4:]
-    _setup(ctx, (input, linear_weight, target, linear_bias, weight), reduction, options[:4], output[1:],
-           (grad_input, grad_weight, grad_bias and linear_bias is not None))
+    _setup(
+        ctx,
+        (input, linear_weight, target, linear_bias, weight),
+        reduction,
+        options[:4],
+        output[1:],
+        (grad_input, grad_weight, grad_bias and linear_bias is not None),
+    )
 
 
 def _lce_backward(ctx, grad_loss, *_):
     need_input, need_weight, _target, need_bias = ctx.needs_input_grad[:4]
     grads = None if grad_loss is None else _forward_grads(ctx, grad_loss, (need_input, need_weight, need_bias))
     if grads is None and grad_loss is not None:
-        grads = torch.ops.fused.linear_cross_entropy_bwd(grad_loss, *ctx.saved_tensors, *ctx.options, need_input,
-                                                         need_weight, need_bias)
+        grads = torch.ops.fused.linear_cross_entropy_bwd(
+            grad_loss, *ctx.saved_tensors, *ctx.options, need_input, need_weight, need_bias
+        )
     gi, gw, gb = grads or (None, None, None)
-    return (gi if need_input else None, gw if need_weight else None, None, gb if need_bias else None,
-            *([None] * 9))
+    return (gi if need_input else None, gw if need_weight else None, None, gb if need_bias else None, *([None] * 9))
 
 
 torch.library.register_autograd("fused::linear_cross_entropy_fwd", _lce_backward, setup_context=_lce_setup)
@@ -394,8 +531,19 @@ def _loss_dtype(loss, like):
     return loss if torch.is_autocast_enabled(like.device.type) else loss.to(like.dtype)
 
 
-def _linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, weight=None, reduction="mean",
-                          ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None):
+def _linear_cross_entropy(
+    input,
+    linear_weight,
+    target,
+    *,
+    linear_bias=None,
+    weight=None,
+    reduction="mean",
+    ignore_index=-100,
+    label_smoothing=0.0,
+    z_loss=0.0,
+    softcap=None,
+):
     op = "linear_cross_entropy"
     ignore_index = -100 if ignore_index is None else ignore_index
     check_options(op, reduction, label_smoothing, z_loss, softcap)
@@ -403,20 +551,32 @@ def _linear_cross_entropy(input, linear_weight, target, *, linear_bias=None, wei
         dtype = torch.get_autocast_dtype(input.device.type)
         input, linear_weight, linear_bias = (
             t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-            for t in (input, linear_weight, linear_bias))
+            for t in (input, linear_weight, linear_bias)
+        )
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
     grads = _needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
     loss = torch.ops.fused.linear_cross_entropy_fwd(
-        input.reshape(-1, input.shape[-1]), linear_weight, target, linear_bias, weight,
-        reduction, ignore_index, float(label_smoothing), float(z_loss), float(softcap or 0.0), *grads)[0]
+        input.reshape(-1, input.shape[-1]),
+        linear_weight,
+        target,
+        linear_bias,
+        weight,
+        reduction,
+        ignore_index,
+        float(label_smoothing),
+        float(z_loss),
+        float(softcap or 0.0),
+        *grads,
+    )[0]
     loss = _loss_dtype(loss, input)
     return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
-def _cross_entropy(logits, target, *, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0,
-                   z_loss=0.0, softcap=None):
+def _cross_entropy(
+    logits, target, *, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None
+):
     op = "cross_entropy"
     check_options(op, reduction, label_smoothing, z_loss, softcap)
     check_logits(op, logits, target, weight)
@@ -428,8 +588,17 @@ def _cross_entropy(logits, target, *, weight=None, reduction="mean", ignore_inde
     flat_target = target.reshape(-1).long()
     check_target_range(op, flat_target, classes, ignore_index)
     grad = _needs_grad(logits)[0] and reduction != "none"
-    loss = torch.ops.fused.cross_entropy_fwd(rows, flat_target, weight, reduction, ignore_index,
-                                             float(label_smoothing), float(z_loss), float(softcap or 0.0), grad)[0]
+    loss = torch.ops.fused.cross_entropy_fwd(
+        rows,
+        flat_target,
+        weight,
+        reduction,
+        ignore_index,
+        float(label_smoothing),
+        float(z_loss),
+        float(softcap or 0.0),
+        grad,
+    )[0]
     loss = _loss_dtype(loss, logits)
     return loss.view(target.shape) if reduction == "none" else loss
 

@@ -6,6 +6,7 @@ from libdevice on a GPU, divisions correctly rounded (fused/triton_math.py).
 
 The launcher takes the op's own arguments and runs on CPU tensors under TRITON_INTERPRET=1 (how the tests check
 it without a GPU)."""
+
 import torch
 import triton
 import triton.language as tl
@@ -27,11 +28,31 @@ def _capped(x, softcap, CAP: tl.constexpr):
 
 
 @triton.jit
-def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, scale_ptr, scale_ld, loss_ptr,
-                               lse_ptr, V, ignore_index, label_smoothing: tl.float64, smooth_coef: tl.float64,
-                               z_loss: tl.float64, softcap: tl.float64,
-                               HAS_WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, CAP: tl.constexpr,
-                               GRAD: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr):
+def _cross_entropy_rows_kernel(
+    x_ptr,
+    ld,
+    g_ptr,
+    ldg,
+    t_ptr,
+    w_ptr,
+    w_sum_ptr,
+    scale_ptr,
+    scale_ld,
+    loss_ptr,
+    lse_ptr,
+    V,
+    ignore_index,
+    label_smoothing: tl.float64,
+    smooth_coef: tl.float64,
+    z_loss: tl.float64,
+    softcap: tl.float64,
+    HAS_WEIGHT: tl.constexpr,
+    SMOOTH: tl.constexpr,
+    CAP: tl.constexpr,
+    GRAD: tl.constexpr,
+    MATH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     t = tl.load(t_ptr + row)
     x_row = x_ptr + row * ld
@@ -65,8 +86,9 @@ def _cross_entropy_rows_kernel(x_ptr, ld, g_ptr, ldg, t_ptr, w_ptr, w_sum_ptr, s
         mask = cols < V
         z = tl.where(mask, _capped(tl.load(x_row + cols, mask=mask, other=0.0).to(MATH), cap, CAP), float("-inf"))
         m_new = tl.maximum(m, tl.max(z, axis=0))
-        s = s * tl.where(m == m_new, 1.0, tm.exp(m - m_new)) + tl.sum(tl.where(z == float("-inf"), 0.0,
-                                                                               tm.exp(z - m_new)), axis=0)
+        s = s * tl.where(m == m_new, 1.0, tm.exp(m - m_new)) + tl.sum(
+            tl.where(z == float("-inf"), 0.0, tm.exp(z - m_new)), axis=0
+        )
         if SMOOTH:
             w = tl.full((BLOCK,), 1.0, MATH)
             if HAS_WEIGHT:
@@ -132,10 +154,29 @@ def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_
     check_target_range("cross_entropy_rows", target, V, ignore_index)
     has_grad = grad.numel() > 0
     _cross_entropy_rows_kernel[(rows,)](
-        logits, logits.stride(0), grad if has_grad else logits, grad.stride(0) if has_grad else 0, target.contiguous(),
-        weight.contiguous() if weight is not None else loss, weight.double().sum() if weight is not None else loss,
-        scale.contiguous(), 2 if scale.dim() == 2 else 0, loss, lse, V, ignore_index, float(label_smoothing),
-        float(label_smoothing) / max(V, 1), float(z_loss), float(softcap), HAS_WEIGHT=weight is not None,
-        SMOOTH=label_smoothing != 0, CAP=softcap != 0, GRAD=has_grad, MATH=math_dtype(logits),
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))), num_warps=8)
+        logits,
+        logits.stride(0),
+        grad if has_grad else logits,
+        grad.stride(0) if has_grad else 0,
+        target.contiguous(),
+        weight.contiguous() if weight is not None else loss,
+        weight.double().sum() if weight is not None else loss,
+        scale.contiguous(),
+        2 if scale.dim() == 2 else 0,
+        loss,
+        lse,
+        V,
+        ignore_index,
+        float(label_smoothing),
+        float(label_smoothing) / max(V, 1),
+        float(z_loss),
+        float(softcap),
+        HAS_WEIGHT=weight is not None,
+        SMOOTH=label_smoothing != 0,
+        CAP=softcap != 0,
+        GRAD=has_grad,
+        MATH=math_dtype(logits),
+        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))),
+        num_warps=8,
+    )
     return loss, lse

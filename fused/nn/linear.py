@@ -1,4 +1,5 @@
 """FusedLinear and FusedMLP: nn.Linear-compatible layers whose bias and activation run inside the GEMM."""
+
 import math
 from typing import Sequence
 
@@ -13,8 +14,9 @@ class FusedLinear(nn.Module):
     """act(x @ weight.T + bias) with nn.Linear's parameters (weight [out, in], bias [out]), initialisation and
     state_dict keys, so an nn.Linear state_dict loads into it and back."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, act: str = "identity",
-                 device=None, dtype=None):
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool = True, act: str = "identity", device=None, dtype=None
+    ):
         super().__init__()
         check_act("nn.FusedLinear", act)
         self.in_features, self.out_features, self.act = in_features, out_features, act
@@ -34,28 +36,39 @@ class FusedLinear(nn.Module):
         return linear_act(x, self.weight, self.bias, self.act)
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, act={self.act!r}")
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"bias={self.bias is not None}, act={self.act!r}"
+        )
 
 
 class FusedMLP(nn.Module):
     """sizes = [in, hidden..., out]: FusedLinear layers in .layers, `act` between them, `final_act` after the
     last one."""
 
-    def __init__(self, sizes: Sequence[int], act: str = "gelu", bias: bool = True, final_act: str = "identity",
-                 device=None, dtype=None):
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        act: str = "gelu",
+        bias: bool = True,
+        final_act: str = "identity",
+        device=None,
+        dtype=None,
+    ):
         super().__init__()
         sizes = list(sizes)
         if len(sizes) < 2 or any(not isinstance(s, int) or s < 0 for s in sizes):
-            raise ValueError(f"fused.nn.FusedMLP: sizes must list at least 2 non-negative ints [in, ..., out], "
-                             f"got {sizes!r}")
+            raise ValueError(
+                f"fused.nn.FusedMLP: sizes must list at least 2 non-negative ints [in, ..., out], got {sizes!r}"
+            )
         check_act("nn.FusedMLP", act)
         check_act("nn.FusedMLP", final_act)
         self.sizes, self.act, self.final_act = sizes, act, final_act
         last = len(sizes) - 2
         self.layers = nn.ModuleList(
             FusedLinear(sizes[i], sizes[i + 1], bias, final_act if i == last else act, device=device, dtype=dtype)
-            for i in range(len(sizes) - 1))
+            for i in range(len(sizes) - 1)
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
@@ -83,8 +96,14 @@ class FusedMLP(nn.Module):
             folded.append((w, b, layer.act))
         # Joins that stay are those of the original: `act` between layers, `final_act` after the last.
         first = self.layers[0].weight
-        out = FusedMLP([folded[0][0].shape[1]] + [w.shape[0] for w, _, _ in folded], self.act,
-                       self.layers[0].bias is not None, self.final_act, device=first.device, dtype=first.dtype)
+        out = FusedMLP(
+            [folded[0][0].shape[1]] + [w.shape[0] for w, _, _ in folded],
+            self.act,
+            self.layers[0].bias is not None,
+            self.final_act,
+            device=first.device,
+            dtype=first.dtype,
+        )
         for layer, (w, b, _) in zip(out.layers, folded):
             layer.weight.copy_(w)
             if b is not None:

@@ -1,6 +1,7 @@
 """The global gradient norm over plain and DTensor (FSDP2) gradients, on the fused kernels: pass 1 of every
 fused optimizer step and of fused.clip_grad_norm_. Single process: one grad_norm launch that also finishes
 the norm and the clip coefficient on the device. Sharded gradients: a local sum, one all-reduce, then the finish."""
+
 import functools
 import math
 
@@ -32,8 +33,9 @@ def is_sharded(t):
 def check_one_device(op, tensors):
     devices = {t.device for t in tensors}
     if len(devices) > 1:
-        raise RuntimeError(f"fused.{op}: all parameters of one call must be on one device, got "
-                           f"{', '.join(sorted(map(str, devices)))}")
+        raise RuntimeError(
+            f"fused.{op}: all parameters of one call must be on one device, got {', '.join(sorted(map(str, devices)))}"
+        )
 
 
 def is_dense(t):
@@ -60,9 +62,11 @@ def check_grads(op, grads, written):
         if g.is_sparse or g.layout != torch.strided:
             raise RuntimeError(f"fused.{op}: sparse gradients are not supported")
         if written and overlaps_itself(local(g)):
-            raise RuntimeError(f"fused.{op}: a gradient of shape {tuple(g.shape)} overlaps itself in memory (an "
-                               f"expanded tensor, strides {local(g).stride()}): it cannot be written in place, as "
-                               "torch's in-place ops refuse it; clone() it")
+            raise RuntimeError(
+                f"fused.{op}: a gradient of shape {tuple(g.shape)} overlaps itself in memory (an "
+                f"expanded tensor, strides {local(g).stride()}): it cannot be written in place, as "
+                "torch's in-place ops refuse it; clone() it"
+            )
 
 
 def _shard_groups(t):
@@ -73,8 +77,11 @@ def _shard_groups(t):
 
 def norm_dtype(tensors):
     """The dtype of a norm over `tensors`, as torch's clip_grad_norm_ returns it: their promoted dtype."""
-    return functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype) if tensors \
+    return (
+        functools.reduce(torch.promote_types, [t.dtype for t in tensors], tensors[0].dtype)
+        if tensors
         else torch.float32
+    )
 
 
 def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, tensors=None):
@@ -90,15 +97,17 @@ def global_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, t
     if not sharded:
         return torch.ops.fused.grad_norm(tensors, found_inf, grad_scale, norm_type, max_norm, clip_value, True)
     replicated = [t for g, t in zip(grads, tensors) if not is_sharded(g)]
-    acc, _, found_inf = torch.ops.fused.grad_norm(sharded, found_inf, grad_scale, norm_type, max_norm, clip_value,
-                                                  False)
+    acc, _, found_inf = torch.ops.fused.grad_norm(
+        sharded, found_inf, grad_scale, norm_type, max_norm, clip_value, False
+    )
     op = dist.ReduceOp.MAX if math.isinf(norm_type) else dist.ReduceOp.SUM
     for group in _shard_groups(next(g for g in grads if is_sharded(g))):
         dist.all_reduce(acc, op=op, group=group)
         dist.all_reduce(found_inf, op=dist.ReduceOp.MAX, group=group)
     if replicated:
-        rest, _, found_inf = torch.ops.fused.grad_norm(replicated, found_inf, grad_scale, norm_type, max_norm,
-                                                       clip_value, False)
+        rest, _, found_inf = torch.ops.fused.grad_norm(
+            replicated, found_inf, grad_scale, norm_type, max_norm, clip_value, False
+        )
         acc = torch.maximum(acc, rest) if math.isinf(norm_type) else acc + rest
     norm = acc if norm_type in (1.0, INF) else acc.pow(1.0 / norm_type)  # float64, as the kernel's finish
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0) if not math.isinf(max_norm) else torch.ones_like(norm)

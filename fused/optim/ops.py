@@ -1,5 +1,6 @@
 """Registration of the fused optimizer ops: fake kernels (torch.compile, opcheck) and the CUDA-device routing.
 The ops mutate their arguments in place (optimizer state, found_inf) and have no autograd."""
+
 import torch
 
 from fused._backend import register_gpu
@@ -20,15 +21,54 @@ def _(grads, clip_coef):
 
 
 @torch.library.register_fake("fused::sgd_step_")
-def _(params, grads, momentum_buffers, steps, lr, momentum, dampening, weight_decay, nesterov, maximize,
-      clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None, write_grads=False):
+def _(
+    params,
+    grads,
+    momentum_buffers,
+    steps,
+    lr,
+    momentum,
+    dampening,
+    weight_decay,
+    nesterov,
+    maximize,
+    clip_coef,
+    grad_scale,
+    found_inf,
+    clip_value,
+    model_params,
+    sr_seed=None,
+    hyper=None,
+    write_grads=False,
+):
     return None
 
 
 @torch.library.register_fake("fused::adam_step_")
-def _(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-      decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
-      write_grads=False):
+def _(
+    params,
+    grads,
+    exp_avgs,
+    exp_avg_sqs,
+    max_exp_avg_sqs,
+    steps,
+    lr,
+    beta1,
+    beta2,
+    eps,
+    weight_decay,
+    amsgrad,
+    decoupled,
+    maximize,
+    clip_coef,
+    grad_scale,
+    found_inf,
+    clip_value,
+    model_params,
+    sr_seed=None,
+    hyper=None,
+    write_grads=False,
+):
     return None
 
 

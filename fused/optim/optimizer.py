@@ -18,6 +18,7 @@ accumulate_grads(): adds every parameter's 16-bit .grad into an fp32 buffer (one
 between micro-batches carries the sums ("accumulated_grads"), so a checkpoint there loses nothing; the sums are
 invisible to code that reads .grad (use max_grad_norm rather than clip_grad_norm_ on the parameters;
 fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
+
 import torch
 
 from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
@@ -36,8 +37,10 @@ def _check_not_differentiable(cls, differentiable):
     # torch's own optimizer arguments foreach, fused and capturable are taken for drop-in use and change nothing:
     # the step is always the fused two-pass one, and capturable on CUDA (no host sync). differentiable is not.
     if differentiable:
-        raise ValueError(f"fused.optim.{cls}: differentiable=True is not supported (the fused step is not "
-                         "differentiable); use torch.optim")
+        raise ValueError(
+            f"fused.optim.{cls}: differentiable=True is not supported (the fused step is not "
+            "differentiable); use torch.optim"
+        )
 
 
 class _FusedOptimizer(torch.optim.Optimizer):
@@ -101,8 +104,11 @@ class _FusedOptimizer(torch.optim.Optimizer):
             acc = local(self._grad_acc[p])
             by_dtype.setdefault(acc.dtype, []).append(acc)
         device = next(iter(by_dtype.values()))[0].device
-        found = torch.zeros((), device=device) if found_inf is None else \
-            torch.as_tensor(found_inf, dtype=torch.float32, device=device).clone()
+        found = (
+            torch.zeros((), device=device)
+            if found_inf is None
+            else torch.as_tensor(found_inf, dtype=torch.float32, device=device).clone()
+        )
         for accs in by_dtype.values():
             torch._amp_foreach_non_finite_check_and_unscale_(accs, found, inv_scale.to(device))
         return found
@@ -131,8 +137,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
             found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=device)
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
-        self.last_grad_norm, coef, found_inf = global_norm(sources, found_inf, grad_scale, 2.0, self.max_grad_norm,
-                                                           self.clip_value, [grads[p] for p in all_params])
+        self.last_grad_norm, coef, found_inf = global_norm(
+            sources, found_inf, grad_scale, 2.0, self.max_grad_norm, self.clip_value, [grads[p] for p in all_params]
+        )
         clip_value = INF if self.clip_value is None else float(self.clip_value)
         self._update_groups(groups, grads, coef, grad_scale, found_inf, clip_value, write_grads)
         if write_grads and changes:
@@ -157,8 +164,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 acc = self._grad_acc.get(p)
                 if acc is None:
                     dtype = torch.float64 if p.dtype == torch.float64 else torch.float32
-                    acc = self._grad_acc[p] = torch.empty_like(p.detach(), dtype=dtype,
-                                                               memory_format=torch.preserve_format)
+                    acc = self._grad_acc[p] = torch.empty_like(
+                        p.detach(), dtype=dtype, memory_format=torch.preserve_format
+                    )
                 lists = added if p in self._acc_live else fresh
                 lists[0].append(local(acc))
                 lists[1].append(self._grad_of(p, from_buffer=False))
@@ -239,8 +247,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return None
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             # the seed is a kernel argument: a graph would replay the same rounding noise every step
-            raise RuntimeError(f"fused.optim.{type(self).__name__}: stochastic_rounding=True cannot be captured in "
-                               "a CUDA graph (the seed would be fixed at capture); use master_weights=True instead")
+            raise RuntimeError(
+                f"fused.optim.{type(self).__name__}: stochastic_rounding=True cannot be captured in "
+                "a CUDA graph (the seed would be fixed at capture); use master_weights=True instead"
+            )
         return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
 
     def _split_master(self, params):
@@ -255,17 +265,24 @@ class _FusedOptimizer(torch.optim.Optimizer):
         state_dict = super().state_dict()
         if self._acc_live:  # mid-accumulation: the fp32 sums, by the parameter's index as in "state"
             params = [p for g in self.param_groups for p in g["params"]]
-            state_dict["accumulated_grads"] = {i: self._grad_acc[p] for i, p in enumerate(params)
-                                               if p in self._acc_live}
+            state_dict["accumulated_grads"] = {
+                i: self._grad_acc[p] for i, p in enumerate(params) if p in self._acc_live
+            }
         return state_dict
 
     def load_state_dict(self, state_dict):
         # torch casts floating state to the parameter's dtype: put fp32 master and state back as saved.
         ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        fp32 = {pid: {k: v for k, v in state_dict["state"].get(pid, {}).items()
-                      if torch.is_tensor(v) and v.dtype == torch.float32 and k != "step"}
-                for pid, p in zip(ids, params) if self._fp32_state(p)}
+        fp32 = {
+            pid: {
+                k: v
+                for k, v in state_dict["state"].get(pid, {}).items()
+                if torch.is_tensor(v) and v.dtype == torch.float32 and k != "step"
+            }
+            for pid, p in zip(ids, params)
+            if self._fp32_state(p)
+        }
         super().load_state_dict(state_dict)
         for pid, p in zip(ids, params):
             for k, v in fp32.get(pid, {}).items():
@@ -295,14 +312,38 @@ class _FusedOptimizer(torch.optim.Optimizer):
 
 
 class SGD(_FusedOptimizer):
-    def __init__(self, params, lr, momentum=0, dampening=0, weight_decay=0, nesterov=False, *,
-                 maximize=False, foreach=None, differentiable=False, fused=None, max_grad_norm=None, clip_value=None,
-                 master_weights=False, stochastic_rounding=False):
+    def __init__(
+        self,
+        params,
+        lr,
+        momentum=0,
+        dampening=0,
+        weight_decay=0,
+        nesterov=False,
+        *,
+        maximize=False,
+        foreach=None,
+        differentiable=False,
+        fused=None,
+        max_grad_norm=None,
+        clip_value=None,
+        master_weights=False,
+        stochastic_rounding=False,
+    ):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("fused.optim.SGD: nesterov needs momentum > 0 and dampening == 0")
         _check_not_differentiable("SGD", differentiable)
-        defaults = dict(lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay, nesterov=nesterov,
-                        maximize=maximize, foreach=foreach, differentiable=differentiable, fused=fused)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            dampening=dampening,
+            weight_decay=weight_decay,
+            nesterov=nesterov,
+            maximize=maximize,
+            foreach=foreach,
+            differentiable=differentiable,
+            fused=fused,
+        )
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
     def _flags(self, group):
@@ -326,10 +367,23 @@ class SGD(_FusedOptimizer):
                 bufs.append(local(state["momentum_buffer"]))
                 steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.sgd_step_([self._target(p) for p in params], [grads[p] for p in params], bufs, steps,
-                                  *self._row(group), bool(group["nesterov"]), bool(group["maximize"]),
-                                  coef, grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                  self._hyper(entries), write_grads)
+        torch.ops.fused.sgd_step_(
+            [self._target(p) for p in params],
+            [grads[p] for p in params],
+            bufs,
+            steps,
+            *self._row(group),
+            bool(group["nesterov"]),
+            bool(group["maximize"]),
+            coef,
+            grad_scale,
+            found_inf,
+            clip_value,
+            model,
+            self._sr_seed(params),
+            self._hyper(entries),
+            write_grads,
+        )
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -340,23 +394,52 @@ class SGD(_FusedOptimizer):
 class Adam(_FusedOptimizer):
     _decoupled = False
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0, amsgrad=False, *,
-                 foreach=None, maximize=False, capturable=False, differentiable=False, fused=None,
-                 decoupled_weight_decay=False, max_grad_norm=None, clip_value=None, master_weights=False,
-                 stochastic_rounding=False):
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0,
+        amsgrad=False,
+        *,
+        foreach=None,
+        maximize=False,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        decoupled_weight_decay=False,
+        max_grad_norm=None,
+        clip_value=None,
+        master_weights=False,
+        stochastic_rounding=False,
+    ):
         name = type(self).__name__
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"fused.optim.{name}: betas[{i}] must be in [0, 1), got {beta}")
         _check_not_differentiable(name, differentiable)
-        defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, amsgrad=amsgrad, maximize=maximize,
-                        foreach=foreach, capturable=capturable, differentiable=differentiable, fused=fused,
-                        decoupled_weight_decay=self._decoupled or bool(decoupled_weight_decay))
+        defaults = dict(
+            lr=lr,
+            betas=betas,
+            eps=eps,
+            weight_decay=weight_decay,
+            amsgrad=amsgrad,
+            maximize=maximize,
+            foreach=foreach,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            decoupled_weight_decay=self._decoupled or bool(decoupled_weight_decay),
+        )
         super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
 
     def _flags(self, group):
-        return (bool(group["amsgrad"]), bool(group.get("decoupled_weight_decay", self._decoupled)),
-                bool(group["maximize"]))
+        return (
+            bool(group["amsgrad"]),
+            bool(group.get("decoupled_weight_decay", self._decoupled)),
+            bool(group["maximize"]),
+        )
 
     def _row(self, group):
         beta1, beta2 = group["betas"]
@@ -381,19 +464,64 @@ class Adam(_FusedOptimizer):
                 max_sqs.append(local(state["max_exp_avg_sq"]))
             steps.append(state["step"])
         model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.adam_step_([self._target(p) for p in params], [grads[p] for p in params], exp_avgs,
-                                   exp_avg_sqs, max_sqs, steps, *self._row(group), amsgrad, decoupled, maximize, coef,
-                                   grad_scale, found_inf, clip_value, model, self._sr_seed(params),
-                                   self._hyper(entries), write_grads)
+        torch.ops.fused.adam_step_(
+            [self._target(p) for p in params],
+            [grads[p] for p in params],
+            exp_avgs,
+            exp_avg_sqs,
+            max_sqs,
+            steps,
+            *self._row(group),
+            amsgrad,
+            decoupled,
+            maximize,
+            coef,
+            grad_scale,
+            found_inf,
+            clip_value,
+            model,
+            self._sr_seed(params),
+            self._hyper(entries),
+            write_grads,
+        )
 
 
 class AdamW(Adam):
     _decoupled = True
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2, amsgrad=False, *,
-                 maximize=False, foreach=None, capturable=False, differentiable=False, fused=None,
-                 max_grad_norm=None, clip_value=None, master_weights=False, stochastic_rounding=False):
-        super().__init__(params, lr, betas, eps, weight_decay, amsgrad, foreach=foreach, maximize=maximize,
-                         capturable=capturable, differentiable=differentiable, fused=fused,
-                         max_grad_norm=max_grad_norm, clip_value=clip_value, master_weights=master_weights,
-                         stochastic_rounding=stochastic_rounding)
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=1e-2,
+        amsgrad=False,
+        *,
+        maximize=False,
+        foreach=None,
+        capturable=False,
+        differentiable=False,
+        fused=None,
+        max_grad_norm=None,
+        clip_value=None,
+        master_weights=False,
+        stochastic_rounding=False,
+    ):
+        super().__init__(
+            params,
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            amsgrad,
+            foreach=foreach,
+            maximize=maximize,
+            capturable=capturable,
+            differentiable=differentiable,
+            fused=fused,
+            max_grad_norm=max_grad_norm,
+            clip_value=clip_value,
+            master_weights=master_weights,
+            stochastic_rounding=stochastic_rounding,
+        )

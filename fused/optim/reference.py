@@ -1,5 +1,6 @@
 """The plain-PyTorch reference (the spec) of a fused clip-and-step: torch.nn.utils.clip_grad_value_ and
 clip_grad_norm_, then torch.optim's step, skipped entirely when a gradient is inf/NaN."""
+
 import math
 
 import torch
@@ -42,6 +43,7 @@ def stochastic_round_bf16(x, seed, tensor_index=0):
     of Philox4x32-10 word i (csrc/common/philox.h, key seed + tensor_index * TENSOR_KEY_STEP) to the float32 bits of
     element i and truncate to bf16. Unbiased: E[round(x)] = x. NaN becomes bf16's quiet NaN."""
     from fused.elementwise.reference import philox_words
+
     key = (seed + tensor_index * TENSOR_KEY_STEP) & ((1 << 64) - 1)
     flat = x.detach().float().contiguous().view(-1)
     words = torch.from_numpy((philox_words(key, flat.numel()) >> 16).astype("int64"))
