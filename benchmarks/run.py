@@ -142,6 +142,7 @@ def main(argv=None):
         default="",
         help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim)",
     )
+    p.add_argument("--match", default="", help="only the cases whose name contains this text")
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
     p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (median kept)")
@@ -161,7 +162,7 @@ def main(argv=None):
     modules = discover([s for s in args.only.split(",") if s])
     results = []
     with Progress() as progress:
-        cases = [c for m in modules for c in m.cases(args.device, args.quick)]
+        cases = [c for m in modules for c in m.cases(args.device, args.quick) if args.match in c["name"]]
         task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
         for case in cases:
             progress.update(task, description=case["name"])

@@ -440,6 +440,25 @@ def test_memory_without_the_logits(monkeypatch):
     assert ours <= grads_mb + 1.0 + 0.5, (ours, grads_mb)  # + one chunk of logits (1 MiB) + small vectors
 
 
+def test_memory_16bit_weight_gradient(monkeypatch):
+    """bf16: the weight gradient accumulates in fp32 (2 weight sizes) and a chunk may take one weight size (fewer
+    fp32 additions): the gradients, the accumulator and one chunk, never the N x V logits."""
+    from benchmarks.timing import peak_memory_mb
+
+    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**18)
+    x, w, b = lce_inputs((2048,), 32, 4096, torch.bfloat16)
+    t = targets((2048,), 4096)
+    assert loss_ops.chunk_rows(2048, w, True) == 32 and loss_ops.chunk_rows(2048, w) == 32  # 256 KiB: 32 rows
+    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**14)
+    assert loss_ops.chunk_rows(2048, w, True) == 32 and loss_ops.chunk_rows(2048, w) == 8  # the weight's size
+    ours = peak_memory_mb(lambda: torch.autograd.grad(lce(x, w, b, t), (x, w, b)), "cpu")
+    eager = peak_memory_mb(lambda: torch.autograd.grad(lce_ref(x, w, b, t), (x, w, b)), "cpu")
+    weight_mb = w.numel() * 2 / 2**20
+    grads_mb = (x.numel() + w.numel() + b.numel()) * 2 / 2**20
+    assert ours <= grads_mb + 2 * weight_mb + weight_mb + 0.5, (ours, grads_mb, weight_mb)
+    assert ours <= eager / 4, (ours, eager)
+
+
 # ---- fused.cross_entropy (given logits) ----
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])

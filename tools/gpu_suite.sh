@@ -3,7 +3,8 @@
 #   install   pip install --no-build-isolation --no-deps -e .  (CUDA kernels built for TORCH_CUDA_ARCH_LIST, default 9.0)
 #   cuda      the whole pytest suite with FUSED_BACKEND=cuda
 #   triton    the whole pytest suite with FUSED_BACKEND=triton
-#   sanitize  compute-sanitizer memcheck over the CUDA C++ tests, racecheck over the bias-gradient ones
+#   sanitize  compute-sanitizer over the CUDA C++ tests: memcheck over all, racecheck and synccheck over the kernels
+#             with shared memory and barriers (bias-gradient reductions, norm rows, cross-entropy rows, grad norm)
 #   bench     python -m benchmarks.run --device cuda --out $OUT/bench
 # Usage: OUT=dir bash tools/gpu_suite.sh [stage ...]   (default: every stage, in that order)
 # Device plan (10 minutes a command, 30 of device time a session), logs under $OUT so a timeout still returns them:
@@ -101,10 +102,14 @@ assert not missing" ;;
       stage memcheck "$OUT/sanitizer.log" 200 env FUSED_BACKEND=cuda PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
         "$sanitizer" --tool memcheck --target-processes all --error-exitcode 86 --print-limit 20 \
         "${pytest[@]}" tests -k "cuda and not triton and not compile and not opcheck"
-      # Shared memory is used by the bias-gradient reductions (bias_act and dropout backward).
-      stage racecheck "$OUT/sanitizer.log" 120 env FUSED_BACKEND=cuda \
-        "$sanitizer" --tool racecheck --target-processes all --error-exitcode 86 --print-limit 20 \
-        "${pytest[@]}" tests -k "cuda and not triton and not compile and not opcheck and (bias_act or dropout)" ;;
+      # Shared memory and barriers: the bias-gradient reductions (bias_act, dropout backward), the norm and
+      # cross-entropy row kernels (block reductions) and the optimizer's grad norm (last-block finish).
+      shared="(bias_act or dropout or norm or cross_entropy or clip or grad_norm)"
+      for tool in racecheck synccheck; do
+        stage $tool "$OUT/sanitizer.log" 120 env FUSED_BACKEND=cuda \
+          "$sanitizer" --tool $tool --target-processes all --error-exitcode 86 --print-limit 20 \
+          "${pytest[@]}" tests -k "cuda and not triton and not compile and not opcheck and $shared"
+      done ;;
     bench)
       rm -f "$OUT/bench.log"
       stage bench "$OUT/bench.log" 300 "$PYTHON" -m benchmarks.run --device cuda --out "$OUT/bench" ;;

@@ -20,7 +20,9 @@ TRITON = "fused.loss.triton_kernels"
 REDUCTIONS = ("none", "mean", "sum")
 # The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
 # a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
-# (and in training its gradient) takes anyway.
+# (and in training its gradient) takes anyway. A 16-bit weight gradient is added into its fp32 accumulator once per
+# chunk (12 bytes of memory traffic per weight element), so there a chunk may take the weight's whole size: a
+# quarter of the chunks, for one more weight-sized buffer next to the 3 the gradient already takes.
 CHUNK_BYTES = 64 * 2**20
 
 
@@ -195,8 +197,9 @@ def backward_scale(grad_loss, target, class_weight, reduction, ignore_index, dty
     return row_scales(target, class_weight, reduction, ignore_index, dtype)[0] * g
 
 
-def chunk_rows(n_rows, linear_weight):
-    budget = max(CHUNK_BYTES, linear_weight.numel() * linear_weight.element_size() // 4)
+def chunk_rows(n_rows, linear_weight, accumulates_16bit=False):
+    weight_bytes = linear_weight.numel() * linear_weight.element_size()
+    budget = max(CHUNK_BYTES, weight_bytes if accumulates_16bit else weight_bytes // 4)
     return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
 
 
@@ -220,7 +223,7 @@ def linear_chunks(
     N, D = input.shape
     V = linear_weight.shape[0]
     acc = math_dtype(input)
-    rows = chunk_rows(N, linear_weight)
+    rows = chunk_rows(N, linear_weight, grad_weight and input.dtype != acc)
     logits = input.new_empty(min(rows, N), V)
     loss, lse = input.new_empty(N, dtype=acc), input.new_empty(N, dtype=acc)
     need_grad = grad_input or grad_weight or grad_bias
