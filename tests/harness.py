@@ -3,6 +3,9 @@ compare our error with eager PyTorch's, and helpers for opcheck, torch.compile a
 Every op family's tests use it."""
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -17,6 +20,33 @@ ALL_DTYPES = FLOAT_DTYPES + [torch.float64]
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+
+def compile_for_sm90(*family_groups):
+    """tests/triton_sm90.py over each group of families (one process per group, in parallel), outside the
+    interpreter: the launchers' Triton kernels built for sm_90 against a stand-in driver. Returns the joined
+    stdout (one "compiled <kernel>: ..." line per kernel with its PTX instruction counts); fails on any error."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = root
+    script = os.path.join(root, "tests", "triton_sm90.py")
+    procs = [
+        subprocess.Popen(
+            [sys.executable, script, *group],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=root,
+            env=env,
+        )
+        for group in family_groups
+    ]
+    stdout = ""
+    for proc in procs:
+        out, err = proc.communicate(timeout=900)
+        assert proc.returncode == 0, out[-3000:] + err[-3000:]
+        stdout += out
+    return stdout
 
 
 def device_backends(op=None):

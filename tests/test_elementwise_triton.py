@@ -2,17 +2,23 @@
 TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small; on a GPU the same tests run on CUDA tensors.
 Each launcher is held against the CPU C++ op (torch.ops.fused.*) and the plain-PyTorch reference."""
 
-import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from harness import ALL_DTYPES, FLOAT_DTYPES, assert_accuracy, assert_close, make, noncontiguous, raises  # noqa: E402
+from harness import (  # noqa: E402
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    assert_accuracy,
+    assert_close,
+    compile_for_sm90,
+    make,
+    noncontiguous,
+    raises,
+)
 
 from fused.elementwise import encode_ops, reference  # noqa: E402
 from fused.elementwise import triton_kernels as tk  # noqa: E402
@@ -325,27 +331,8 @@ def test_triton_kernels_compile_for_sm90_through_their_launchers():
     rounded sqrt, the dropout kernel no fused multiply-add (its output must have the CPU kernel's bits), and the
     16-bit and tf32 GEMMs run on Hopper's tensor cores (wgmma) fed by a cp.async pipeline, every config within the
     227 KB of shared memory a block may use."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root
-    script = os.path.join(root, "tests", "triton_sm90.py")
     # two processes: the GEMM configs take as long to build as all the other kernels together
-    procs = [
-        subprocess.Popen(
-            [sys.executable, script, *families],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=root,
-            env=env,
-        )
-        for families in (["elementwise", "distance"], ["linear"])
-    ]
-    stdout = ""
-    for proc in procs:
-        out, err = proc.communicate(timeout=900)
-        assert proc.returncode == 0, out[-3000:] + err[-3000:]
-        stdout += out
+    stdout = compile_for_sm90(["elementwise", "distance"], ["linear"])
     stats = {
         m[0]: [int(v) for v in m[1:]]
         for m in re.findall(

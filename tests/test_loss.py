@@ -36,6 +36,7 @@ from tests.harness import (
     assert_accuracy,
     assert_close,
     check_compile,
+    compile_for_sm90,
     make,
     noncontiguous,
     raises,
@@ -762,27 +763,13 @@ def test_triton_kernel_compiles_for_sm90():
     only; the interpreter runs none of Triton's type checks or lowering): float32, bfloat16 and float64, with and
     without weights, smoothing, softcap and gradient; its softcap divisions correctly rounded (div.rn), none
     approximate."""
-    import os
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root
-    out = subprocess.run(
-        [sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "loss"],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stdout = compile_for_sm90(["loss"])
     stats = re.search(
-        r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", out.stdout
+        r"compiled _cross_entropy_rows_kernel: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", stdout
     )
-    assert stats and int(stats[1]) == 6 and int(stats[2]) > 0 and int(stats[3]) == 0, out.stdout
+    assert stats and int(stats[1]) == 6 and int(stats[2]) > 0 and int(stats[3]) == 0, stdout
 
 
 # ---- the CUDA C++ row kernel, run on the CPU by the host emulation of CUDA (tests/cuda_emulation.py) ----

@@ -8,7 +8,7 @@ import torch
 pytest.importorskip("triton")
 
 from fused.norm import triton_kernels as tk  # noqa: E402
-from tests.harness import ALL_DTYPES, assert_close, make, noncontiguous, raises  # noqa: E402
+from tests.harness import ALL_DTYPES, assert_close, compile_for_sm90, make, noncontiguous, raises  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes under the interpreter
 
@@ -138,29 +138,15 @@ def test_kernels_compile_for_sm90_through_their_launchers():
     """The norm launchers' kernels build for sm_90 (tests/triton_sm90.py: a stand-in sm_90 driver, compile only),
     for float32, bfloat16 with a bf16 or float32 residual stream, and float64, with and without residual,
     weight, bias and grad_sum; their divisions and square roots are the correctly rounded ones."""
-    import os
     import re
-    import subprocess
-    import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = root
-    out = subprocess.run(
-        [sys.executable, os.path.join(root, "tests", "triton_sm90.py"), "norm"],
-        capture_output=True,
-        text=True,
-        cwd=root,
-        env=env,
-        timeout=900,
-    )
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    stdout = compile_for_sm90(["norm"])
     stats = {
         m[0]: [int(v) for v in m[1:]]
         for m in re.findall(
-            r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 \d+, div.rn.f32 (\d+)", out.stdout
+            r"compiled (\w+): \d+ variants, sqrt.approx (\d+), fma.rn.f32 \d+, div.rn.f32 (\d+)", stdout
         )
     }
-    assert set(stats) == {"_norm_fwd_kernel", "_norm_backward_kernel"}, out.stdout
+    assert set(stats) == {"_norm_fwd_kernel", "_norm_backward_kernel"}, stdout
     for name, (sqrt_approx, div_rn) in stats.items():
         assert sqrt_approx == 0 and div_rn > 0, name
