@@ -203,23 +203,12 @@ def chunk_rows(n_rows, linear_weight, accumulates_16bit=False):
     return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
 
 
-def linear_chunks(
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    class_weight,
-    scale,
-    ignore_index,
-    label_smoothing,
-    z_loss,
-    softcap,
-    grad_input,
-    grad_weight,
-    grad_bias,
-):
+def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads):
     """(loss rows, lse rows, grad_input, grad_weight, grad_bias) of sum_r (scale[r, 0] loss_r + scale[r, 1] z-loss_r),
-    chunk by chunk over the rows of input [N, D]; gradients not asked for are empty tensors."""
+    chunk by chunk over the rows of input [N, D]. row_options: the row kernel's (ignore_index, label_smoothing,
+    z_loss, softcap); grads: which of (grad_input, grad_weight, grad_bias) to compute, the others empty tensors."""
+    grad_input, grad_weight, grad_bias = grads
+    grad_bias = grad_bias and linear_bias is not None
     N, D = input.shape
     V = linear_weight.shape[0]
     acc = math_dtype(input)
@@ -246,10 +235,7 @@ def linear_chunks(
             class_weight,
             scale if scale.dim() == 1 else scale[r0:r1],
             buf if need_grad else logits.new_empty(0),
-            ignore_index,
-            label_smoothing,
-            z_loss,
-            softcap,
+            *row_options,
         )
         if grad_input:
             torch.mm(buf, linear_weight, out=gi[r0:r1])
@@ -269,77 +255,26 @@ def class_weight_in(weight, like):
 
 
 # ---- kernels of the internal ops (CPU and CUDA: the GEMMs are ATen's, the row kernel is routed per device) ----
-def _linear_cross_entropy_fwd(
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    weight,
-    reduction,
-    ignore_index,
-    label_smoothing,
-    z_loss,
-    softcap,
-    grad_input,
-    grad_weight,
-    grad_bias,
-):
+def _linear_cross_entropy_fwd(input, linear_weight, target, linear_bias, weight, reduction, *options):
+    """options: (ignore_index, label_smoothing, z_loss, softcap, grad_input, grad_weight, grad_bias), the schema's."""
+    row_options, grads = options[:4], options[4:]
+    ignore_index, z_loss = row_options[0], row_options[2]
     acc = math_dtype(input)
     class_weight = class_weight_in(weight, input)
     scale, denominators = row_scales(target, class_weight, reduction, ignore_index, acc)
     if reduction == "none":
-        grad_input = grad_weight = grad_bias = False
+        grads = (False, False, False)
     loss_rows, lse, gi, gw, gb = linear_chunks(
-        input,
-        linear_weight,
-        target,
-        linear_bias,
-        class_weight,
-        scale,
-        ignore_index,
-        label_smoothing,
-        z_loss,
-        softcap,
-        grad_input,
-        grad_weight,
-        grad_bias and linear_bias is not None,
+        input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads
     )
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), gi, gw, gb
 
 
-def _linear_cross_entropy_bwd(
-    grad_loss,
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    weight,
-    reduction,
-    ignore_index,
-    label_smoothing,
-    z_loss,
-    softcap,
-    grad_input,
-    grad_weight,
-    grad_bias,
-):
+def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, *options):
+    row_options, grads = options[:4], options[4:]
     class_weight = class_weight_in(weight, input)
-    scale = backward_scale(grad_loss, target, class_weight, reduction, ignore_index, math_dtype(input))
-    return linear_chunks(
-        input,
-        linear_weight,
-        target,
-        linear_bias,
-        class_weight,
-        scale,
-        ignore_index,
-        label_smoothing,
-        z_loss,
-        softcap,
-        grad_input,
-        grad_weight,
-        grad_bias and linear_bias is not None,
-    )[2:]
+    scale = backward_scale(grad_loss, target, class_weight, reduction, row_options[0], math_dtype(input))
+    return linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads)[2:]
 
 
 def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap, grad):
@@ -397,23 +332,10 @@ def _(logits, target, weight, scale, grad, ignore_index, label_smoothing, z_loss
 
 
 @torch.library.register_fake("fused::linear_cross_entropy_fwd")
-def _(
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    weight,
-    reduction,
-    ignore_index,
-    label_smoothing,
-    z_loss,
-    softcap,
-    grad_input,
-    grad_weight,
-    grad_bias,
-):
+def _(input, linear_weight, target, linear_bias, weight, reduction, *options):
     check_linear_cross_entropy("linear_cross_entropy", input, linear_weight, target, linear_bias, weight)
     grads = reduction != "none"
+    grad_input, grad_weight, grad_bias = options[4:]
     return (
         input.new_empty(_loss_shape(reduction, input.shape[0]), dtype=math_dtype(input)),
         input.new_empty(input.shape if grads and grad_input else (0,)),
@@ -423,22 +345,8 @@ def _(
 
 
 @torch.library.register_fake("fused::linear_cross_entropy_bwd")
-def _(
-    grad_loss,
-    input,
-    linear_weight,
-    target,
-    linear_bias,
-    weight,
-    reduction,
-    ignore_index,
-    label_smoothing,
-    z_loss,
-    softcap,
-    grad_input,
-    grad_weight,
-    grad_bias,
-):
+def _(grad_loss, input, linear_weight, target, linear_bias, weight, reduction, *options):
+    grad_input, grad_weight, grad_bias = options[4:]
     return (
         input.new_empty(input.shape if grad_input else (0,)),
         linear_weight.new_empty(linear_weight.shape if grad_weight else (0,)),
