@@ -15,66 +15,13 @@ def _(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, finish=True
     return norm, coef, torch.empty((), dtype=torch.float32, device=device)
 
 
-@torch.library.register_fake("fused::scale_grads_")
-def _(grads, clip_coef):
+def _mutates_only(*args, **kwargs):
+    """The fake kernel of an op that only writes its arguments in place: it returns nothing."""
     return None
 
 
-@torch.library.register_fake("fused::sgd_step_")
-def _(
-    params,
-    grads,
-    momentum_buffers,
-    steps,
-    lr,
-    momentum,
-    dampening,
-    weight_decay,
-    nesterov,
-    maximize,
-    clip_coef,
-    grad_scale,
-    found_inf,
-    clip_value,
-    model_params,
-    sr_seed=None,
-    hyper=None,
-    write_grads=False,
-):
-    return None
-
-
-@torch.library.register_fake("fused::adam_step_")
-def _(
-    params,
-    grads,
-    exp_avgs,
-    exp_avg_sqs,
-    max_exp_avg_sqs,
-    steps,
-    lr,
-    beta1,
-    beta2,
-    eps,
-    weight_decay,
-    amsgrad,
-    decoupled,
-    maximize,
-    clip_coef,
-    grad_scale,
-    found_inf,
-    clip_value,
-    model_params,
-    sr_seed=None,
-    hyper=None,
-    write_grads=False,
-):
-    return None
-
-
-@torch.library.register_fake("fused::accumulate_grads_")
-def _(accs, grads, overwrite):
-    return None
+for _op in ("scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
+    torch.library.register_fake(f"fused::{_op}", _mutates_only)
 
 
 # CUDA C++ only (no Triton versions): fused::cuda_<op> from csrc/optim/optim_cuda.cpp where it was built.
