@@ -585,6 +585,10 @@ def test_errors_name_op_and_argument():
         lce(x, w, b, torch.tensor([1, 10, 3, 4]))
     with pytest.raises(IndexError, match="fused.cross_entropy: target -5 is out of bounds"):
         fused.cross_entropy(make((4, 10)), torch.tensor([1, -5, 3, 4]))
+    with pytest.raises(IndexError, match="fused.cross_entropy: target 1 is out of bounds for 0 classes"):
+        fused.cross_entropy(make((4, 0)), torch.tensor([1, -100, 3, 4]))
+    with pytest.raises(IndexError, match=f"{op}: target 1 is out of bounds for 0 classes"):
+        lce(x, w[:0], b[:0], t)
     with raises(f"{op}: linear_weight has in_features 7 but input has 8"):
         lce(x, w[:, :7], b, t)
     with raises(f"{op}: linear_weight must be 2-D \\[classes, in_features\\].*K-dimensional"):
@@ -758,6 +762,22 @@ def test_triton_confident_prediction_and_bad_target():
 
 
 @requires_triton
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_triton_no_classes_reads_nothing(monkeypatch):
+    """V = 0 (an empty linear_weight) with targets that are not ignored, as a GPU runs it (no host-side range
+    check): those rows get NaN, read from no address (an empty tensor's data pointer is null: a read faults)."""
+    from fused.loss import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "check_target_range", lambda *args: None)
+    t = torch.tensor([0, -100, 5])
+    for weight in (None, torch.empty(0)):
+        logits = torch.empty(3, 0)
+        loss, lse = triton_kernels.cross_entropy_rows(logits, t, weight, torch.ones(2), logits, -100, 0.1, 0.0, 0.0)
+        for got in (loss, lse):
+            assert got[[0, 2]].isnan().all() and got[1] == 0
+
+
+@requires_triton
 def test_triton_kernel_compiles_for_sm90():
     """The row kernel builds for sm_90 through its launcher (tests/triton_sm90.py: a stand-in sm_90 driver, compile
     only; the interpreter runs none of Triton's type checks or lowering): float32, bfloat16 and float64, with and
@@ -879,6 +899,41 @@ def test_cuda_emulation_rows_special_cases(emu):
         emu, buf(masked[:0]), torch.zeros(0, dtype=torch.long), None, torch.ones(2), None, -100, 0.0, 0.0, 0.0
     )
     assert empty[0].shape == (0,)
+
+
+def zero_weight_sum_cases():
+    """Class weights with label smoothing where a thread's (or a block's) weight sum is 0: weight 0 on a -inf logit
+    (eager's loss is NaN: 0 * inf), and weights +1 / -1 that cancel in every thread's stride of 512 columns.
+    (logits, target, weight) per case, float32."""
+    masked = make((1, 8), seed=4)
+    masked[0, 0] = float("-inf")
+    w_masked = torch.ones(8)
+    w_masked[0] = 0.0
+    cancelling = torch.where(torch.arange(1024) < 512, 1.0, -1.0)
+    return [(masked, torch.tensor([3]), w_masked), (make((2, 1024), seed=5), torch.tensor([5, 700]), cancelling)]
+
+
+@requires_emulation
+def test_cuda_emulation_smoothing_with_zero_weight_sums(emu):
+    """The block's combine keeps a thread's smoothing sum when its weight sum is 0, and folds in the smoothing terms
+    of threads that saw only -inf logits: eager's loss, as accurate as eager's against float64."""
+    for logits, t, w in zero_weight_sum_cases():
+        got, _ = emu_rows(emu, buf(logits), t, w, torch.ones(2), None, -100, 0.1, 0.0, 0.0)
+        eager = F.cross_entropy(logits, t, weight=w, reduction="none", label_smoothing=0.1)
+        exact = F.cross_entropy(logits.double(), t, weight=w.double(), reduction="none", label_smoothing=0.1)
+        assert_accuracy(got, eager, exact)
+
+
+@requires_emulation
+def test_cuda_emulation_no_classes_reads_nothing(emu):
+    """V = 0 with targets that are not ignored: those rows get NaN, read from no address (null logits, as an empty
+    CUDA tensor has: a read faults)."""
+    loss, lse = out((3,), torch.float32), out((3,), torch.float32)
+    no_logits = (None, 0, None, 0)  # logits, ld, grad, ldg
+    targets_, scale = buf(torch.tensor([0, -100, 5])), buf(torch.ones(2))
+    launch(emu.cross_entropy_rows, 0, *no_logits, targets_, None, None, scale, 0, loss, lse, 3, 0, -100, 0.1, 0.0, 0.0)
+    for got in (loss, lse):
+        assert got[[0, 2]].isnan().all() and got[1] == 0
 
 
 # ---- a real client: a GPT-2-style model trained with the fused loss on its tied embedding ----

@@ -134,10 +134,26 @@ def test_errors():
         tk.norm_fwd(torch.empty(1, 65537, device=DEVICE), None, [65537], None, None, 1e-5, True)
 
 
+@pytest.mark.parametrize("rms", [True, False])
+def test_backward_takes_strided_statistics(rms):
+    """mean and rstd as strided views (what a caller's slice of saved statistics gives): the CPU op's gradients,
+    as the CUDA binding makes them contiguous too."""
+    x, _, w, b = fwd_inputs((6, 24), 24, torch.float32, None, "same", rms)
+    _, _, mean, rstd = F.norm_fwd(x, None, [24], w, b, 1e-5, rms)
+    g = make(x.shape, seed=4)
+    want = F.norm_backward(g, None, x, mean, rstd, w, [24], rms, True, False)
+    strided = [noncontiguous(t) if t.numel() else t for t in (mean, rstd)]
+    got = tk.norm_backward(dev(g), None, dev(x), *map(dev, strided), dev(w), [24], rms, True, False)
+    for ours, theirs in zip(got, want):
+        assert_close(ours.cpu(), theirs, scale=4)
+
+
 def test_kernels_compile_for_sm90_through_their_launchers():
     """The norm launchers' kernels build for sm_90 (tests/triton_sm90.py: a stand-in sm_90 driver, compile only),
     for float32, bfloat16 with a bf16 or float32 residual stream, and float64, with and without residual,
-    weight, bias and grad_sum; their divisions and square roots are the correctly rounded ones."""
+    weight, bias and grad_sum; their divisions and square roots are the correctly rounded ones; the float64
+    kernels take eps and C as float64 parameters (the script fails on a float32 scalar parameter there: an fp32
+    eps would be 9.99999974738e-06 for 1e-5, and 0 below fp32's range)."""
     import re
 
     stdout = compile_for_sm90(["norm"])
@@ -148,5 +164,7 @@ def test_kernels_compile_for_sm90_through_their_launchers():
         )
     }
     assert set(stats) == {"_norm_fwd_kernel", "_norm_backward_kernel"}, stdout
+    float64_variants = dict(re.findall(r"compiled (\w+): .*, float64 variants (\d+)", stdout))
+    assert all(int(float64_variants[name]) > 0 for name in stats), stdout
     for name, (sqrt_approx, div_rn) in stats.items():
         assert sqrt_approx == 0 and div_rn > 0, name

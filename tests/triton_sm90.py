@@ -41,6 +41,7 @@ driver.set_active(Sm90Driver())
 _run = JITFunction.run
 FAILURES = []
 PTX = {}  # kernel name -> set of PTX texts
+PTX_F64 = {}  # kernel name -> set of PTX texts of its launches on float64 tensors
 # (dtype, dot precision) of the linear GEMM -> {config: (shared bytes, wgmma count, cp.async count)}, from the
 # launches with 16-byte aligned rows (a ragged K loads without cp.async)
 GEMM = {}
@@ -56,6 +57,8 @@ def compile_only(self, *args, grid, warmup, **kwargs):
     ptx = kernel.asm["ptx"]
     PTX.setdefault(self.fn.__name__, set()).add(ptx)
     x = args[0] if args else None
+    if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+        PTX_F64.setdefault(self.fn.__name__, set()).add(ptx)
     if self.fn.__name__ == "_linear_act_kernel" and x.stride(0) * x.element_size() % 16 == 0:  # aligned rows
         config = tuple(kwargs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "num_stages", "num_warps"))
         GEMM.setdefault((str(args[0].dtype), kwargs["PRECISION"]), {})[config] = (
@@ -192,11 +195,16 @@ if __name__ == "__main__":
         print(
             f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
             f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
-            f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}"
+            f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}, "
+            f"float64 variants {len(PTX_F64.get(name, ()))}"
         )
         # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
         if count(ptxs, "div.full.f32", "div.approx"):
             FAILURES.append(f"{name}: approximate float32 division (div.full / div.approx) in its PTX")
+        # A Python float reaches a kernel as an fp32 parameter unless annotated tl.float64: a float64 kernel
+        # would compute with an fp32-rounded scalar (eps = 1e-5 as 9.99999974738e-06, 1e-50 as 0).
+        if count(PTX_F64.get(name, ()), ".param .f32"):
+            FAILURES.append(f"{name}: a float32 scalar parameter in its float64 PTX (annotate it tl.float64)")
     for (dtype, precision), configs in sorted(GEMM.items()):
         shared = [s for s, _, _ in configs.values()]
         fit = sum(s <= SHARED_LIMIT for s in shared)

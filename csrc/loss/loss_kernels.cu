@@ -31,14 +31,19 @@ template <typename M> struct Partial {
   M m, s, sm, w;  // max, sum exp(z - m), sum w (z - m), sum w
 };
 
-// b folded into a; m = -inf means nothing seen yet (then the other side is taken as is).
+// p's smoothing sum re-based from p.m to m >= p.m. With nothing finite seen (p.m = -inf) p.sm holds its -inf terms
+// as they are, as in the per-thread loop; with no weight (p.w = 0) there is nothing to shift (and 0 * inf is NaN).
+template <typename M> __device__ __forceinline__ M rebased_smooth(const Partial<M>& p, M m) {
+  return p.m == M(-INFINITY) || p.w == M(0) ? p.sm : p.sm + p.w * (p.m - m);
+}
+
+// b folded into a; m = -inf means nothing finite seen yet (its exp sum is 0, its smoothing terms still count).
 template <typename M> __device__ __forceinline__ void combine(Partial<M>& a, const Partial<M>& b) {
   const M inf = M(INFINITY);
   const M m = a.m > b.m ? a.m : b.m;
-  if (m == -inf) return;
   const M ea = a.m == -inf ? M(0) : p_exp(a.m - m), eb = b.m == -inf ? M(0) : p_exp(b.m - m);
   a.s = a.s * ea + b.s * eb;
-  a.sm = (a.w == M(0) ? M(0) : a.sm + a.w * (a.m - m)) + (b.w == M(0) ? M(0) : b.sm + b.w * (b.m - m));
+  a.sm = rebased_smooth(a, m) + rebased_smooth(b, m);
   a.w += b.w;
   a.m = m;
 }
@@ -94,8 +99,9 @@ __global__ void __launch_bounds__(kThreads)
   }
   if (tid == 0) {
     const Partial<M> r = part[0];
-    const M log_s = bad ? M(NAN) : p_log(r.s), zt = capped(to_math(x[t]), cap) - r.m;
-    const M w_t = weight ? weight[t] : M(1);
+    // a bad target's row reads nothing at t (V may be 0: no x[0] to read) and gets NaN
+    const M log_s = bad ? M(NAN) : p_log(r.s), zt = bad ? M(NAN) : capped(to_math(x[t]), cap) - r.m;
+    const M w_t = weight && !bad ? weight[t] : M(1);
     const fused::loss::Params<M> params{ls, eps, weight ? M(*a.weight_sum) : M(V), z_loss, cap};
     loss[row] = fused::loss::row_loss(log_s, zt, w_t, r.sm, params);
     lse[row] = r.m + log_s;

@@ -493,7 +493,7 @@ def _cross_entropy(
     check_logits(op, logits, target, weight)
     classes = logits.shape[min(1, logits.dim() - 1)]
     rows = logits.movedim(1, -1) if logits.dim() > 2 else logits  # (N, C, d1, ...): classes last (a copy)
-    rows = rows.reshape(-1, classes)
+    rows = rows.reshape(target.numel(), classes)  # (-1 cannot size it when classes is 0)
     if rows.stride(-1) != 1 and classes > 1:
         rows = rows.contiguous()
     flat_target = target.reshape(-1).long()

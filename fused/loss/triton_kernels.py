@@ -103,17 +103,21 @@ def _cross_entropy_rows_kernel(
         m = m_new
     log_s = tl.where(bad, float("nan"), tm.log(s))
     lse = m + log_s
-    z_t = _capped(tl.load(x_row + t).to(MATH), cap, CAP)
+    # a bad target's row reads nothing at t (V may be 0: no x[0] to read)
+    z_t = _capped(tl.load(x_row + t, mask=~bad, other=float("nan")).to(MATH), cap, CAP)
     zt = z_t - m
     w_t = tl.full((), 1.0, MATH)
     if HAS_WEIGHT:
-        w_t = tl.load(w_ptr + t).to(MATH)
+        w_t = tl.load(w_ptr + t, mask=~bad, other=1.0).to(MATH)
     loss = (1.0 - ls) * w_t * (log_s - zt)
     if SMOOTH:
         loss += eps * (weight_sum * log_s - sm)
     tl.store(loss_ptr + row, loss)
     tl.store(lse_ptr + row, lse)
     if GRAD:
+        # The gradient may be written over the logits (linear_cross_entropy's buffer): no thread may store before
+        # every thread has read z_t above.
+        tl.debug_barrier()
         a = tl.load(scale_ptr + row * scale_ld).to(MATH)
         b = tl.load(scale_ptr + row * scale_ld + 1).to(MATH)
         coef_t = a * (1.0 - ls) * w_t
