@@ -22,6 +22,7 @@ from tests.harness import (
     backend,
     check_compile,
     check_compile_grads,
+    compile_for_sm90,
     device_backends,
     make,
     noncontiguous,
@@ -766,3 +767,88 @@ def test_cuda_topk_memory_does_not_grow_with_n_times_m():
     assert torch.cuda.max_memory_allocated() - base < 64 * 2**20  # the matrix would be 1.6 GB
     rv, ri = ref.pairwise_topk(a[:5].cpu(), b.cpu(), 8)
     assert_close(v[:5].cpu(), rv)
+
+
+@requires_triton
+def test_triton_bfloat16_outputs_round_to_nearest_even():
+    """Distances rounded to bfloat16 as a GPU rounds them (to nearest even; the interpreter's own conversion
+    truncates), in the output and in the ranking: 1 + 5/256 and 1 + 3/256 (p = 1, exact in float32) both round to
+    1 + 4/256, a tie that goes to the lower index (truncated, 1 + 3/256 would become 1 + 2/256 and rank first)."""
+    tk = triton_kernels()
+    a = torch.zeros(1, 2, dtype=torch.bfloat16, device=TRITON_DEVICE)
+    b = torch.tensor([[1.0, 5 / 256], [1.0, 3 / 256]], dtype=torch.bfloat16, device=TRITON_DEVICE)
+    tie = torch.tensor([[1 + 4 / 256] * 2], dtype=torch.bfloat16)
+    assert torch.equal(tk.pairwise_distances(a, b, 1.0).cpu(), tie)
+    v, i = tk.pairwise_topk(a, b, 2, 1.0)
+    assert torch.equal(v.cpu(), tie) and i.tolist() == [[0, 1]]
+    cpu = torch.ops.fused.pairwise_topk(a.cpu(), b.cpu(), 2, 1.0, False, False, None, None)
+    assert torch.equal(v.cpu(), cpu[0]) and torch.equal(i.cpu(), cpu[1])
+
+
+@requires_triton
+def test_triton_topk_backward_skips_the_missing_pairs():
+    """The segment sum leaves the run of missing pairs (key = number of points, sorted last) alone, as the CUDA
+    kernel does: no program walks it (a sparse radius_neighbors has millions of them)."""
+    tk = triton_kernels()
+    points, d = 3, 4
+    keys = torch.tensor([0, 0, 2, points, points, points, -1], device=TRITON_DEVICE)  # sorted, then the sentinel
+    term = make((6, d), torch.float32, TRITON_DEVICE, seed=69)
+    out = torch.full((points + 1, d), 7.0, device=TRITON_DEVICE)  # row `points`: must stay untouched
+    order = torch.arange(6, device=TRITON_DEVICE)
+    tk._segment_sum_kernel[(6, 1)](term, order, keys, out, points, d, tk.tl.float32, d)
+    assert torch.equal(out[0], -(term[0] + term[1])) and torch.equal(out[2], -term[2])
+    assert (out[[1, points]] == 7.0).all()
+
+
+@requires_triton
+def test_triton_select_by_chunks_bounds_the_chunk_over_the_batch(monkeypatch):
+    """Many neighbours per row: each chunk holds at most SELECT_CHUNK distances over the whole batch (rows of a x
+    batch x M), and the results are the reference's."""
+    tk = triton_kernels()
+    chunks = []
+    distances = tk.pairwise_distances
+
+    def spy(*args):
+        out = distances(*args)
+        chunks.append(out.numel())
+        return out
+
+    monkeypatch.setattr(tk, "pairwise_distances", spy)
+    monkeypatch.setattr(tk, "MAX_TOPK_REGISTERS", 2)
+    monkeypatch.setattr(tk, "SELECT_CHUNK", 256)
+    a = make((4, 10, 3), torch.float64, TRITON_DEVICE, seed=70)
+    b = make((4, 20, 3), torch.float64, TRITON_DEVICE, seed=71)
+    v, i = tk.pairwise_topk(a, b, 6, 1.0)
+    rv, ri = ref.pairwise_topk(a.cpu(), b.cpu(), 6, 1.0)
+    assert torch.equal(i.cpu(), ri) and torch.equal(v.cpu(), rv)
+    assert len(chunks) == 4 and max(chunks) <= 256, chunks  # 3 rows x 4 batches x 20 points per chunk
+
+
+def test_selection_routes_long_rows_to_triton():
+    """Under `auto` with the CUDA kernels built, rows longer than the CUDA select kernel's shared-memory tile
+    (8192 coordinates in float32 and 16-bit, 4096 in float64) go to Triton, which takes any D."""
+    from fused.distance import ops
+
+    def routed(dtype, d, p):
+        a, b = torch.empty(2, 5, d, dtype=dtype, device="meta"), torch.empty(2, 7, d, dtype=dtype, device="meta")
+        topk, radius = ops._topk_triton_path(a, b, 3, p), ops._radius_triton_path(a, b, 1.0, 3, None, None, p)
+        assert topk == radius
+        return topk
+
+    header = open(os.path.join(os.path.dirname(__file__), "..", "csrc", "distance", "distance_kernels.h")).read()
+    assert f"constexpr int kSelectTileBytes = {ops.SELECT_TILE_BYTES};" in header
+    for dtype, limit in ((torch.float32, 8192), (torch.bfloat16, 8192), (torch.float16, 8192), (torch.float64, 4096)):
+        for p in (1.0, math.inf, 3.0) + ((2.0,) if dtype == torch.float64 else ()):
+            assert not routed(dtype, limit, p) and routed(dtype, limit + 1, p), (dtype, p)
+
+
+@requires_triton
+def test_triton_p2_accumulates_with_fma_without_fp_fusion():
+    """The p = 2 direct path built for sm_90 with Triton's FP fusion off (Triton 3.10's default): its
+    accumulation is still an fma (tl.fma), the C++ kernels' arithmetic, so ties rank the same on every backend."""
+    import re
+
+    stdout = compile_for_sm90(["distance_unfused"])
+    for name in ("_distances_kernel", "_topk_kernel"):
+        m = re.search(rf"compiled {name}: .*fma.rn.f32 (\d+), .*float64 variants (\d+), fma.rn.f64 (\d+)", stdout)
+        assert m and int(m[1]) > 0 and int(m[2]) > 0 and int(m[3]) > 0, stdout

@@ -25,6 +25,7 @@ from tests.harness import (
     ALL_DTYPES,
     FLOAT_DTYPES,
     HAS_CUDA,
+    HAS_TRITON,
     assert_accuracy,
     assert_close,
     check_compile,
@@ -590,3 +591,25 @@ def test_triton_select_by_chunks():
         assert_close(v.cpu(), rv)
     finally:
         tk.MAX_TOPK_REGISTERS = old
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("p", [2.0, math.inf])
+def test_radius_neighbors_gradient_without_points_in_b(dtype, p):
+    """No rows in b: no neighbours, and zero gradients (16-bit p = inf recomputes the pairs in float32: nothing to
+    gather), from the op and from each backward kernel, Triton's included."""
+    a = make((2, 5, 3), dtype, requires_grad=True, seed=72)
+    b = make((2, 0, 3), dtype, requires_grad=True, seed=73)
+    v, i = fused.radius_neighbors(a, b, 1.0, 4, p=p)
+    assert (i == -1).all()
+    v.float().sum().backward()
+    assert a.grad.shape == a.shape and (a.grad == 0).all() and b.grad.shape == b.shape
+    args = [t.detach() for t in (torch.ones_like(v), a, b, v, i)]
+    kernels = [(torch.ops.fused.pairwise_topk_backward, "cpu")]
+    if HAS_TRITON:
+        from fused.distance import triton_kernels as tk
+
+        kernels.append((tk.pairwise_topk_backward, TRITON_DEVICE))
+    for kernel, device in kernels:
+        grad_a, grad_b = kernel(*(t.to(device) for t in args), p, False)
+        assert (grad_a == 0).all() and grad_b.shape == b.shape, kernel

@@ -4,7 +4,8 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family (elementwise, distance, linear, loss)."""
+compiles one family (elementwise, distance, linear, norm, loss; distance_unfused, which turns Triton's FP fusion
+off for the rest of its process, only by name)."""
 
 import contextlib
 import math
@@ -112,6 +113,19 @@ def distance():
                     tk.pairwise_distances_backward(torch.ones_like(dist), a, b, dist, p, False, la, lb)
 
 
+def distance_unfused():
+    """p = 2 on the direct path with Triton's FP fusion off (Triton 3.10's default; 3.9's is on): the accumulation
+    must stay one fma per coordinate, as the C++ kernels' explicit fma, so that every backend ranks the same
+    values. float32 and float64, distances and topk."""
+    os.environ["TRITON_DEFAULT_FP_FUSION"] = "0"
+    import fused.distance.triton_kernels as tk
+
+    for dt in (torch.float32, torch.float64):
+        a, b = torch.randn(2, 40, 3, dtype=dt), torch.randn(1, 70, 3, dtype=dt)
+        tk.pairwise_distances(a, b, 2.0)
+        tk.pairwise_topk(a, b, 5, 2.0)
+
+
 @contextlib.contextmanager
 def one_config(tuned, config):
     """The autotuned kernel with only `config`: no tuning, one compile (each config costs seconds to build)."""
@@ -196,7 +210,7 @@ if __name__ == "__main__":
             f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
             f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
             f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}, "
-            f"float64 variants {len(PTX_F64.get(name, ()))}"
+            f"float64 variants {len(PTX_F64.get(name, ()))}, fma.rn.f64 {count(ptxs, 'fma.rn.f64')}"
         )
         # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
         if count(ptxs, "div.full.f32", "div.approx"):

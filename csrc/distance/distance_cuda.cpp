@@ -140,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
   const auto math = at::toOpMathType(a_in.scalar_type());
   at::Tensor ga = at::zeros({x.B, x.N, x.D}, a_in.options().dtype(math));
   at::Tensor gb = at::zeros({x.B, x.M, x.D}, a_in.options().dtype(math));
-  if (x.B * x.N * k * x.D > 0 && p != 0) {
+  if (x.B * x.N * x.M * k * x.D > 0 && p != 0) {  // (M = 0: every index is -1, nothing to add)
     at::Tensor idx = indices_in.reshape({x.B, x.N, k}).contiguous();
     at::Tensor batch_start = at::arange(x.B, idx.options()).mul_(x.M).view({x.B, 1, 1});
     at::Tensor keys = at::where(idx < 0, at::full({}, x.B * x.M, idx.options()), idx + batch_start).reshape(-1);

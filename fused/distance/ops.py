@@ -177,7 +177,7 @@ def _selected_setup(ctx, values, indices, a, b, p, squared):
 def _selected_backward(ctx, grad_values):
     """Through the selected pairs (pairwise_topk, radius_neighbors): grad_a, grad_b."""
     a, b, values, indices = ctx.saved_tensors
-    if _rounded_max_norm(a, ctx.p):  # the selected pairs' distances recomputed in float32
+    if _rounded_max_norm(a, ctx.p) and b.shape[-2] > 0:  # the selected pairs' distances recomputed in float32
         a32, b32 = a.float(), b.float()
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         (n, d), m, k = a.shape[-2:], b.shape[-2], indices.shape[-1]
@@ -279,9 +279,15 @@ def _tensor_core_path(a, b, p=2.0, *rest):
     return _tensor_core(a, p)
 
 
-# The selection ops also go to Triton when they keep more neighbours per row than the CUDA C++ kernel does.
+# The selection ops also go to Triton when they keep more neighbours per row, or take longer rows, than the CUDA
+# C++ kernel does (csrc/distance/distance_cuda.cpp's select_cuda refuses those): its tile of b in shared memory
+# holds D coordinates of the math type in csrc/distance/distance_kernels.h's kSelectTileBytes.
+SELECT_TILE_BYTES = 32768
+
+
 def _topk_triton_path(a, b, k, p=2.0, *rest):
-    return _tensor_core(a, p) or min(k, b.shape[-2]) > MAX_SELECT
+    math_bytes = 8 if a.dtype == torch.float64 else 4
+    return _tensor_core(a, p) or min(k, b.shape[-2]) > MAX_SELECT or a.shape[-1] * math_bytes > SELECT_TILE_BYTES
 
 
 def _radius_triton_path(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None, p=2.0):

@@ -33,7 +33,7 @@ from fused.distance.ops import (
     check_radius,
 )
 from fused.distance.reference import select_sorted
-from fused.triton_utils import on_device_of, program_2d
+from fused.triton_utils import on_device_of, program_2d, to_out
 
 # The metric codes of csrc/common/op_codes.h (host code gets them from fused._codes.metric_of).
 P0, P1, P2, PINF, PGEN = (tl.constexpr(METRIC_CODES[name]) for name in ("P0", "P1", "P2", "PInf", "PGen"))
@@ -122,7 +122,7 @@ def _accumulate(acc, diff, p: tl.constexpr, METRIC: tl.constexpr):
     elif METRIC == P1:
         acc += tl.abs(diff)
     elif METRIC == P2:
-        acc += diff * diff
+        acc = tl.fma(diff, diff, acc)  # explicit, as the C++ kernels' (Triton may not contract a * b + c)
     elif METRIC == PINF:
         acc = tl.maximum(acc, tl.abs(diff), propagate_nan=tl.PropagateNan.ALL)
     else:
@@ -245,7 +245,7 @@ def _distances_kernel(
         acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
     out = tl.where(mask_n[:, None] & mask_m[None, :], _finish(acc, 1.0 / P, METRIC, SQUARED), 0.0)  # padded: 0
     offs = bi * N * M + rn.to(tl.int64)[:, None] * M + rm[None, :]
-    tl.store(out_ptr + offs, out.to(out_ptr.dtype.element_ty), mask=(rn < N)[:, None] & (rm < M)[None, :])
+    tl.store(out_ptr + offs, to_out(out, out_ptr.dtype.element_ty), mask=(rn < N)[:, None] & (rm < M)[None, :])
 
 
 DIRECT_TILE = (32, 64, 16)  # BN, BM, BK of the distances kernel on the direct path
@@ -368,7 +368,7 @@ def _topk_kernel(
             acc = _matmul_tile(a_rows, b_rows, c_ptr + bi * D, mask_n, mask_m, D, CENTER, PREC, BN, BM, BK)
         else:
             acc = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, P, METRIC, ACC, BN, BM)
-        v = _finish(acc, 1.0 / P, METRIC, SQUARED).to(val_ptr.dtype.element_ty).to(ACC)  # output's ties
+        v = to_out(_finish(acc, 1.0 / P, METRIC, SQUARED), val_ptr.dtype.element_ty).to(ACC)  # output's ties
         cand_n = tl.where(v != v, NAN_FLAG, 1 - NAN_FLAG)
         live = mask_n[:, None] & mask_m[None, :]
         if WITHIN:
@@ -408,7 +408,7 @@ def _topk_kernel(
         else:
             val = tl.where(n == NAN_FLAG, float("nan"), tl.where(n >= 2, float("inf"), k))
         idx = tl.where(n >= 2, -1, i.to(tl.int64))
-        tl.store(val_ptr + out_rows + t, val.to(val_ptr.dtype.element_ty), mask=rn < N)
+        tl.store(val_ptr + out_rows + t, to_out(val, val_ptr.dtype.element_ty), mask=rn < N)
         tl.store(idx_ptr + out_rows + t, idx, mask=rn < N)
         best_n = tl.where((best_n == n[:, None]) & (best_k == k[:, None]) & (best_i == i[:, None]), 4, best_n)
 
@@ -491,11 +491,14 @@ def radius_neighbors(a, b, radius, max_neighbors, lengths_a=None, lengths_b=None
     return _select("radius_neighbors", a, b, max_neighbors, p, False, False, radius, lengths_a, lengths_b)
 
 
+SELECT_CHUNK = 2**24  # distances per chunk of _select_by_chunks (with their int64 sort indices: ~200 MB)
+
+
 def _select_by_chunks(a3, b3, width, p, squared, largest, bound, la, lb, values, indices):
     """Many candidates per row: distances for a few rows at a time (O(rows x M) memory), then a stable sort
     (select_sorted: torch.topk's order, ties to the lower index)."""
     bsz, n, m = a3.shape[0], a3.shape[1], b3.shape[1]
-    rows = max(1, 2**24 // max(m, 1))
+    rows = max(1, SELECT_CHUNK // max(bsz * m, 1))  # rows of a per chunk, over the whole batch
     v3, i3 = values.view(bsz, n, width), indices.view(bsz, n, width)
     cols = torch.arange(m, device=a3.device)
     for r0 in range(0, n, rows):
@@ -642,7 +645,7 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     a3, b3, bsz, n, m, d = _flatten(a, b, batch)
     metric = metric_of(p)
     k = values.shape[-1]
-    if metric == P0 or bsz * n * k * d == 0:
+    if metric == P0 or bsz * n * m * k * d == 0:  # (m = 0: every index is -1, no pair)
         return torch.zeros_like(a, memory_format=torch.contiguous_format), torch.zeros_like(
             b, memory_format=torch.contiguous_format
         )
@@ -668,27 +671,28 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
         term = torch.where(diff == 0, zero, w[..., None] * diff.sign() * diff.abs().pow(p - 1))
     term = torch.where(missing[..., None], zero, term)
     ga = term.sum(2)
-    gb = torch.zeros(bsz * m + 1, d, device=a.device, dtype=acc)  # row bsz * m: where missing pairs go
+    gb = torch.zeros(bsz * m, d, device=a.device, dtype=acc)
     flat = torch.where(missing, bsz * m, idx + torch.arange(bsz, device=a.device).view(bsz, 1, 1) * m).reshape(-1)
     keys, order = torch.sort(flat, stable=True)
     keys = torch.cat([keys, keys.new_full((1,), -1)])  # a sentinel ends the last run
     pairs, bd = flat.numel(), min(64, triton.next_power_of_2(d))
     _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](
-        term.reshape(pairs, d).contiguous(), order, keys, gb, d, _acc_type(a.dtype), bd
+        term.reshape(pairs, d).contiguous(), order, keys, gb, bsz * m, d, _acc_type(a.dtype), bd
     )
-    return _reduce_to(ga, batch, n, a), _reduce_to(gb[:-1], batch, m, b)
+    return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
 
 @triton.jit
-def _segment_sum_kernel(term_ptr, order_ptr, key_ptr, out_ptr, D, ACC: tl.constexpr, BD: tl.constexpr):
+def _segment_sum_kernel(term_ptr, order_ptr, key_ptr, out_ptr, points, D, ACC: tl.constexpr, BD: tl.constexpr):
     """out[key] = -sum of term[order[e]] over the run of sorted pairs e with that key (a flat point of b), added
-    in sorted order by the program at the run's first pair; the other programs have nothing to do."""
+    in sorted order by the program at the run's first pair; the other programs have nothing to do, nor has the
+    run of missing pairs (key = points, last: it may hold most pairs, which one program would walk serially)."""
     e = tl.program_id(0)
     cols = tl.program_id(1) * BD + tl.arange(0, BD)
     mask = cols < D
     key = tl.load(key_ptr + e)
     prev = tl.load(key_ptr + e - 1, mask=e > 0, other=-1)
-    if key != prev:
+    if (key != prev) & (key < points):
         acc = tl.zeros([BD], dtype=ACC)
         while tl.load(key_ptr + e) == key:
             src = tl.load(order_ptr + e).to(tl.int64)
