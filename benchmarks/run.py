@@ -1,5 +1,6 @@
 """The benchmark suite: every benchmarks/bench_<family>.py case, each implementation timed on one device.
-Writes a markdown table, JSON and a PNG chart to benchmarks/results/, named by device and date.
+Writes a markdown table and JSON to benchmarks/results/, named by device and date, then a PNG chart (with
+matplotlib; without it, the run says how to get it).
 
     python -m benchmarks.run [--device cpu|cuda] [--only elementwise,distance] [--quick] [--thp] [--out DIR]
 
@@ -107,8 +108,13 @@ def markdown(results, header):
 
 
 def chart(results, path, title):
-    """One bar per case and backend of ours: its speedup over eager and over the best alternative (log scale)."""
-    import matplotlib
+    """One bar per case and backend of ours: its speedup over eager and over the best alternative (log scale).
+    Without matplotlib: no chart, and one line that says how to get it; returns whether it wrote the chart."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"chart skipped: matplotlib is not installed (pip install matplotlib, or pip install .[bench]); {path}")
+        return False
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -132,6 +138,7 @@ def chart(results, path, title):
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main(argv=None):
@@ -195,9 +202,10 @@ def main(argv=None):
         f.write(table)
     with open(base + ".json", "w") as f:
         json.dump({"device": name, "date": date, "torch": torch.__version__, "results": results}, f, indent=1)
-    chart(results, base + ".png", header[3:])
     print(table)
-    print(f"wrote {base}.md, .json, .png")
+    print(f"wrote {base}.md, .json")
+    if chart(results, base + ".png", header[3:]):
+        print(f"wrote {base}.png")
 
 
 if __name__ == "__main__":

@@ -155,3 +155,23 @@ def test_cpu_peak_memory():
     assert peak_memory_mb(one_at_a_time, "cpu") == pytest.approx(4.0, abs=0.01)
     assert peak_memory_mb(two_at_once, "cpu") == pytest.approx(12.0, abs=0.01)
     del live_before
+
+
+def test_benchmark_run_writes_table_and_json_without_matplotlib(monkeypatch, tmp_path, capsys):
+    """Without matplotlib, a run still writes its table and JSON (and prints the table), and says in one line how
+    to get the chart."""
+    import sys
+    import types
+
+    from benchmarks import run
+
+    tiny = types.SimpleNamespace(cases=lambda device, quick: [{"name": "tiny", "impls": {"eager": lambda: None}}])
+    monkeypatch.setattr(run, "discover", lambda only: [tiny])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib: ModuleNotFoundError
+    run.main(["--device", "cpu", "--quick", "--out", str(tmp_path)])
+    written = sorted(p.suffix for p in tmp_path.iterdir())
+    assert written == [".json", ".md"], written
+    out = capsys.readouterr().out
+    assert "| tiny | eager |" in out
+    skipped = [line for line in out.splitlines() if "chart" in line]
+    assert len(skipped) == 1 and "pip install matplotlib" in skipped[0], out
