@@ -6,7 +6,7 @@ PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 RUFF_VERSION = 0.17.6
 CLANG_FORMAT_VERSION = 23.1.5
 
-.PHONY: setup test bench lint cuda-check clean
+.PHONY: setup test bench lint cuda-check torch-headers-check clean
 
 setup:
 	@# Never an unpinned torch: on a CPU machine it pulls gigabytes of CUDA packages.
@@ -19,7 +19,7 @@ setup:
 		$(PIP) ruff==$(RUFF_VERSION) clang-format==$(CLANG_FORMAT_VERSION)
 	$(PIP) --no-build-isolation --no-deps -e .
 
-test: setup lint cuda-check
+test: setup lint cuda-check torch-headers-check
 	$(PYTHON) -m pytest -q tests
 
 bench: setup
@@ -40,6 +40,11 @@ lint:
 # Compiles every CUDA source with nvcc (sm_90, compile only) when nvcc is present, GPU or not.
 cuda-check:
 	@if command -v nvcc >/dev/null 2>&1; then PYTHON=$(PYTHON) bash tools/check_cuda.sh; else echo "nvcc not found: CUDA compile check skipped"; fi
+
+# Every csrc/*.cpp through g++ -fsyntax-only against the newest torch's headers (2.14: C++20), taken once from its
+# wheel into ~/.cache/fused; skipped with one line where pip cannot get the wheel.
+torch-headers-check:
+	$(PYTHON) tools/check_torch_headers.py
 
 clean:
 	rm -rf build *.egg-info fused/_C*.so

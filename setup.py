@@ -4,13 +4,16 @@ Environment:
   FUSED_NO_CUDA=1        CPU-only build even where CUDA is available
   DEBUG=1                -O0 -g
   TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0")
-  FUSED_CPU_ARCH         -march value for the CPU kernels (default: AVX-512 or AVX2 when the build machine has it)
+  FUSED_CPU_ARCH         the CPU kernels' vector ISA: avx512, avx2 or default (at::vec's scalar code); unset: the
+                         widest of them the build machine has
+The C++ standard is torch's: torch.utils.cpp_extension adds the -std its headers need (c++20 in torch 2.13 and 2.14).
 """
 
 import glob
 import importlib.util
 import os
 import shutil
+import sys
 
 from setuptools import find_packages, setup
 
@@ -33,7 +36,12 @@ if not os.environ.get("CUDA_HOME") and not os.environ.get("CUDA_PATH"):
     if _home:
         os.environ["CUDA_HOME"] = _home
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError:
+    # pip's build isolation hides the installed torch; [build-system].requires leaves torch out on purpose (it would
+    # fetch the newest torch, gigabytes, and build against a torch other than the one the extension runs with).
+    sys.exit("fused: building needs the installed torch: run `pip install --no-build-isolation .` (torch first)")
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 DEBUG = os.environ.get("DEBUG", "0") == "1"
@@ -46,32 +54,32 @@ def cuda_wanted():
     return torch.version.cuda is not None and has_nvcc
 
 
-def cpu_arch_flags():
+# FUSED_CPU_ARCH -> (the /proc/cpuinfo flags the ISA needs, compiler flags). at::vec picks its implementation from
+# CPU_CAPABILITY_<ISA>; the -m flags must agree, so each ISA sets both. Widest first: auto-detection takes the first
+# the build machine has (pip builds on the machine that runs the kernels, as torch's own kernels pick at run time).
+CPU_ARCHES = {
+    "avx512": (
+        {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma", "f16c"},
+        ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
+        + ["-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512"],
+    ),
+    "avx2": ({"avx2", "fma", "f16c"}, ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]),
+    "default": (set(), ["-DCPU_CAPABILITY_DEFAULT", "-DCPU_CAPABILITY=DEFAULT"]),
+}
+
+
+def cpu_arch():
     arch = os.environ.get("FUSED_CPU_ARCH")
     if arch:
-        return [f"-march={arch}"]
+        if arch not in CPU_ARCHES:
+            sys.exit(f"fused: FUSED_CPU_ARCH={arch} is not one of {', '.join(CPU_ARCHES)}")
+        return arch
     try:
         with open("/proc/cpuinfo") as f:
-            info = f.read()
+            flags = set(f.read().split())
     except OSError:
-        return []
-    # at::vec picks its implementation from CPU_CAPABILITY_<ISA>; the -m flags must agree. pip builds on the
-    # machine that runs the kernels, so the widest ISA it has is the one torch's own kernels use too.
-    flags = set(info.split())
-    if {"avx512f", "avx512bw", "avx512vl", "avx512dq", "fma"} <= flags:
-        return [
-            "-mavx512f",
-            "-mavx512bw",
-            "-mavx512vl",
-            "-mavx512dq",
-            "-mfma",
-            "-mf16c",
-            "-DCPU_CAPABILITY_AVX512",
-            "-DCPU_CAPABILITY=AVX512",
-        ]
-    if {"avx2", "fma"} <= flags:
-        return ["-mavx2", "-mfma", "-mf16c", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2"]
-    return []
+        flags = set()
+    return next(name for name, (needs, _) in CPU_ARCHES.items() if needs <= flags)
 
 
 def sources(pattern):
@@ -80,12 +88,13 @@ def sources(pattern):
 
 def extension():
     opt = ["-O0", "-g"] if DEBUG else ["-O3"]
-    cxx = opt + ["-std=c++17", "-fopenmp"] + cpu_arch_flags()
+    # No -std: torch's BuildExtension adds the standard its headers need, to cxx and nvcc alike.
+    cxx = opt + ["-fopenmp"] + CPU_ARCHES[cpu_arch()][1]
     # Binding files that touch torch's CUDA headers end in _cuda.cpp; kernels are torch-free .cu files.
     cpu_sources = [s for s in sources("*.cpp") if not s.endswith("_cuda.cpp")]
     if cuda_wanted():
         os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
-        nvcc = opt + ["-std=c++17", "-lineinfo", "--expt-relaxed-constexpr"]
+        nvcc = opt + ["-lineinfo", "--expt-relaxed-constexpr"]
         return CUDAExtension(
             "fused._C",
             cpu_sources + sources("*_cuda.cpp") + sources("*.cu"),
@@ -104,10 +113,12 @@ def extension():
     )
 
 
-setup(
-    name="fused",
-    version="0.1.0",
-    packages=find_packages(include=["fused", "fused.*"]),
-    ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-)
+# Run by pip and `python setup.py` as __main__; tools/check_torch_headers.py and tests load it for CPU_ARCHES.
+if __name__ == "__main__":
+    setup(
+        name="fused",
+        version="0.1.0",
+        packages=find_packages(include=["fused", "fused.*"]),
+        ext_modules=[extension()],
+        cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    )

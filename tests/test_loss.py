@@ -33,7 +33,9 @@ from tests.harness import (
     ALL_DTYPES,
     FLOAT_DTYPES,
     HAS_CUDA,
+    SEEDS,
     assert_accuracy,
+    assert_accuracy_over_seeds,
     assert_close,
     check_compile,
     compile_for_sm90,
@@ -984,8 +986,8 @@ def gpt_batch(step, rank=0, batch=4, seq=16, vocab=96):
     return tokens[:, :-1], targets
 
 
-def train_gpt(loss_fn, dtype, steps=3):
-    torch.manual_seed(0)
+def train_gpt(loss_fn, dtype, steps=3, seed=0):
+    torch.manual_seed(seed)
     model = TinyGPT().to(dtype)
     opt = torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9)
     losses = []
@@ -999,14 +1001,21 @@ def train_gpt(loss_fn, dtype, steps=3):
 
 
 def test_gpt2_training_matches_eager():
-    """Losses and parameters after 3 SGD steps: the fused loss's error against a float64 run is no worse than the
-    eager loss's (x2)."""
-    exact_losses, exact_params = train_gpt(eager_loss, torch.float64)
-    eager_losses, eager_params = train_gpt(eager_loss, torch.float32)
-    ours_losses, ours_params = train_gpt(fused_loss, torch.float32)
-    assert (ours_losses[-1] < ours_losses[0]).item()
-    assert_accuracy(ours_losses, eager_losses, exact_losses)
-    assert_accuracy(ours_params, eager_params, exact_params)
+    """Losses and parameters after 3 SGD steps (lr=0.5, momentum 0.9): the fused loss's error against a float64 run
+    is no worse than the eager loss's (x2), judged over SEEDS initialisations (assert_accuracy_over_seeds: training
+    grows a rounding difference, so one run's error moves with the machine's GEMM)."""
+    losses, params = [], []
+    for seed in range(SEEDS):
+        runs = [
+            train_gpt(fn, dtype, seed=seed)
+            for fn, dtype in ((fused_loss, torch.float32), (eager_loss, torch.float32), (eager_loss, torch.float64))
+        ]
+        losses.append(tuple(r[0] for r in runs))
+        params.append(tuple(r[1] for r in runs))
+        assert (runs[0][0][-1] < runs[0][0][0]).item()
+    assert_accuracy_over_seeds(losses)
+    assert_accuracy_over_seeds(params)
+    exact_losses, exact_params = losses[0][2], params[0][2]
     f64_losses, f64_params = train_gpt(fused_loss, torch.float64)
     assert_close(f64_losses, exact_losses)
     assert_close(f64_params, exact_params, scale=100)
