@@ -22,8 +22,8 @@ def eager_distances(a, b):
     return ((a[..., :, None, :] - b[..., None, :, :]) ** 2).sum(-1).sqrt()
 
 
-def eager_topk(a, b):
-    return eager_distances(a, b).topk(K, largest=False)
+def eager_topk(a, b, k=K):
+    return eager_distances(a, b).topk(k, largest=False)
 
 
 def cdist_mm(a, b):
@@ -128,6 +128,8 @@ def cases(device: str, quick: bool) -> list:
         b = torch.randn(m, d, device=device, generator=g)
         size = a.element_size()
         impls = {}
+        if n * m * d * size <= EAGER_LIMIT:
+            impls["eager"] = lambda a=a, b=b, k=k: eager_topk(a, b, k)
         if n * m * size <= EAGER_LIMIT // 4:  # the N x M matrix: 256 MB at most
             impls["torch.cdist+topk"] = lambda a=a, b=b, k=k: cdist_topk(a, b, k)
         if faiss is not None and device == "cpu":
