@@ -22,8 +22,9 @@ setup:
 test: setup lint cuda-check torch-headers-check
 	$(PYTHON) -m pytest -q tests
 
+# make bench: a representative case per op and dtype (about 10 minutes on 2 CPU cores); make bench FULL=1: all.
 bench: setup
-	$(PYTHON) -m benchmarks.run
+	$(PYTHON) -m benchmarks.run $(if $(FULL),--full)
 
 # The pinned clang-format (the pip package's binary), whatever else is on PATH.
 CLANG_FORMAT = $(shell $(PYTHON) -c "import clang_format; print(clang_format.get_executable('clang-format'))" 2>/dev/null)

@@ -1,8 +1,14 @@
 """Benchmark cases of the fused distance family: all-pairs distances (forward, forward+backward) and k nearest
-neighbours, against the broadcasting formula (eager, and compiled), torch.cdist in both compute modes, and
-cdist + topk."""
+neighbours, against the broadcasting formula (eager, and compiled), torch.cdist in both compute modes, cdist + topk,
+and faiss's exact search (faiss-cpu's IndexFlatL2, where it imports: an optional dependency). Cases marked
+"default" are the ones `make bench` times; FULL=1 times them all."""
 
 import torch
+
+try:
+    import faiss
+except ImportError:  # optional: its rows are left out
+    faiss = None
 
 import fused
 from benchmarks.common import forward_and_backward, our_labels, with_backend
@@ -16,8 +22,8 @@ def eager_distances(a, b):
     return ((a[..., :, None, :] - b[..., None, :, :]) ** 2).sum(-1).sqrt()
 
 
-def eager_topk(a, b):
-    return eager_distances(a, b).topk(K, largest=False)
+def eager_topk(a, b, k=K):
+    return eager_distances(a, b).topk(k, largest=False)
 
 
 def cdist_mm(a, b):
@@ -28,8 +34,22 @@ def cdist_direct(a, b):
     return torch.cdist(a, b, compute_mode="donot_use_mm_for_euclid_dist")
 
 
-def cdist_topk(a, b):
-    return torch.cdist(a, b).topk(K, largest=False)
+def cdist_topk(a, b, k=K):
+    return torch.cdist(a, b).topk(k, largest=False)
+
+
+def faiss_topk(a, b, k=K):
+    """faiss's exact k-NN on the CPU: the index (a copy of b) built and searched, as a user runs it once."""
+    index = faiss.IndexFlatL2(b.shape[1])
+    index.add(b.numpy())
+    return index.search(a.numpy(), k)
+
+
+def topk_shapes(device, quick):
+    """(N, M, D, k): the point-cloud size (D = 3) and embedding sizes (D = 64 to 768), as issue 22 measured them."""
+    if quick:
+        return [(256, 1024, 3, K), (256, 1024, 64, K)]
+    return [(16384, 16384, 3, K), (4096, 65536, 64, K), (4096, 65536, 128, 10), (2048, 32768, 768, K)]
 
 
 def shapes(device, quick):
@@ -80,6 +100,7 @@ def cases(device: str, quick: bool) -> list:
                 "bytes": io_bytes + n * m * size,
                 "flops": flops,
                 "impls": impls,
+                "default": d == 64,
             }
         )
 
@@ -102,18 +123,26 @@ def cases(device: str, quick: bool) -> list:
             }
         )
 
+    for n, m, d, k in topk_shapes(device, quick):
+        a = torch.randn(n, d, device=device, generator=g)
+        b = torch.randn(m, d, device=device, generator=g)
+        size = a.element_size()
         impls = {}
-        if small:
-            impls["eager"] = lambda a=a, b=b: eager_topk(a, b)
-        impls["torch.cdist+topk"] = lambda a=a, b=b: cdist_topk(a, b)
+        if n * m * d * size <= EAGER_LIMIT:
+            impls["eager"] = lambda a=a, b=b, k=k: eager_topk(a, b, k)
+        if n * m * size <= EAGER_LIMIT // 4:  # the N x M matrix: 256 MB at most
+            impls["torch.cdist+topk"] = lambda a=a, b=b, k=k: cdist_topk(a, b, k)
+        if faiss is not None and device == "cpu":
+            impls["faiss IndexFlatL2"] = lambda a=a, b=b, k=k: faiss_topk(a, b, k)
         for label, backend in ours(device).items():
-            impls[label] = with_backend(backend, lambda a=a, b=b: fused.pairwise_topk(a, b, K))
+            impls[label] = with_backend(backend, lambda a=a, b=b, k=k: fused.pairwise_topk(a, b, k))
         out.append(
             {
-                "name": f"pairwise_topk k={K} {shape} fwd",
-                "bytes": io_bytes + n * K * (size + 8),
-                "flops": flops,
+                "name": f"pairwise_topk k={k} ({n},{d})x({m},{d}) float32 fwd",
+                "bytes": (n + m) * d * size + n * k * (size + 8),
+                "flops": 2 * n * m * d,
                 "impls": impls,
+                "default": d == 64,
             }
         )
     return out

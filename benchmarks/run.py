@@ -2,7 +2,11 @@
 Writes a markdown table and JSON to benchmarks/results/, named by device and date, then a PNG chart (with
 matplotlib; without it, the run says how to get it).
 
-    python -m benchmarks.run [--device cpu|cuda] [--only elementwise,distance] [--quick] [--thp] [--out DIR]
+    python -m benchmarks.run [--device cpu|cuda] [--only elementwise,distance] [--full] [--quick] [--thp] [--out DIR]
+
+By default a representative case per op and dtype (the cases a family marks "default", else its first case of
+each op and dtype), 3 rounds: the whole table in about 10 minutes on a 2-core CPU. --full (make bench FULL=1):
+every case, 5 rounds.
 
 --thp runs with THP_MEM_ALLOC_ENABLE=1 (torch's CPU allocator then backs large tensors with transparent huge
 pages). On Linux with THP in madvise mode, a fresh 32 MB output otherwise costs 8192 page faults, each zeroing
@@ -30,6 +34,25 @@ OURS = ("fused", "fused[cuda]", "fused[triton]")
 def discover(only):
     names = sorted(m.name for m in pkgutil.iter_modules([os.path.dirname(__file__)]) if m.name.startswith("bench_"))
     return [importlib.import_module(f"benchmarks.{n}") for n in names if not only or n[len("bench_") :] in only]
+
+
+def op_and_dtype(name):
+    """A case's op and dtype: its name without the direction (fwd, fwd+bwd) and the tokens other than dtypes that
+    hold a number (shapes, sizes, k=16)."""
+    dtypes = ("float16", "bfloat16", "float32", "float64", "fp16", "bf16")
+    words = [t for t in name.split() if t in dtypes or not re.search(r"\d", t)]
+    return " ".join(t for t in words if t not in ("fwd", "fwd+bwd"))
+
+
+def default_cases(cases):
+    """One family's representative cases: those it marks "default" when it marks any, else its first case of each
+    op and dtype."""
+    if any(c.get("default") for c in cases):
+        return [c for c in cases if c.get("default")]
+    first = {}
+    for c in cases:
+        first.setdefault(op_and_dtype(c["name"]), c)
+    return list(first.values())
 
 
 def measure(case, device, min_run_time, rounds):
@@ -152,7 +175,8 @@ def main(argv=None):
     p.add_argument("--match", default="", help="only the cases whose name contains this text")
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds per case (median kept)")
+    p.add_argument("--full", action="store_true", help="every case (default: a representative case per op and dtype)")
+    p.add_argument("--rounds", type=int, help="interleaved timing rounds per case, median kept (default 3; --full 5)")
     p.add_argument("--thp", action="store_true", help="CPU: transparent huge pages for large tensors (see above)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     args = p.parse_args(argv)
@@ -169,7 +193,13 @@ def main(argv=None):
     modules = discover([s for s in args.only.split(",") if s])
     results = []
     with Progress() as progress:
-        cases = [c for m in modules for c in m.cases(args.device, args.quick) if args.match in c["name"]]
+        rounds = args.rounds or (5 if args.full else 3)
+        cases = []
+        for m in modules:
+            found = m.cases(args.device, args.quick)
+            cases += [
+                c for c in (found if args.full or args.quick else default_cases(found)) if args.match in c["name"]
+            ]
         task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
         for case in cases:
             progress.update(task, description=case["name"])
@@ -178,7 +208,7 @@ def main(argv=None):
                     "name": case["name"],
                     "bytes": case.get("bytes"),
                     "flops": case.get("flops"),
-                    "rows": measure(case, args.device, 0.05 if args.quick else 0.3, 1 if args.quick else args.rounds),
+                    "rows": measure(case, args.device, 0.05 if args.quick else 0.3, 1 if args.quick else rounds),
                 }
             )
             progress.advance(task)
@@ -188,7 +218,7 @@ def main(argv=None):
     header = (
         f"## Benchmarks on {name} ({date}; torch {torch.__version__}, fused backend "
         f"{fused.get_backend()}{', THP_MEM_ALLOC_ENABLE=1' if args.thp else ''}"
-        f"{', quick' if args.quick else ''})"
+        f"{', quick' if args.quick else ''}{', full' if args.full else ''})"
     )
     slug = (
         re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()

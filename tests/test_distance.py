@@ -300,14 +300,23 @@ def test_topk_parity(dev, dtype, D, p, largest):
     b = make((2, 37, D), dtype, dev, seed=42)
     v, i = fused.pairwise_topk(a, b, 5, p, largest=largest)
     assert i.dtype == torch.int64 and v.shape == i.shape == (2, 9, 5)
+    rv, ri = ref.pairwise_topk(a, b, 5, p, largest=largest)
+    assert_close(v, rv, scale=2.0)
+    if dev == "cpu" and p == 2 and D >= MATMUL_MIN_D:
+        # The CPU's GEMM path re-ranks exactly: a float64 search's indices, its values rounded once.
+        rv64, ri64 = ref.pairwise_topk(a.double(), b.double(), 5, p, largest=largest)
+        assert torch.equal(i, ri64)
+        if dtype == torch.float32:
+            assert torch.equal(v, rv64.to(dtype))
+        else:
+            assert_close(v, rv64.to(dtype))
+        return
     # Our values are the pairwise_distances at our indices (bitwise on CPU: the same tile kernels), sorted.
     full = fused.pairwise_distances(a, b, p)
     if dev == "cpu":
         assert torch.equal(v, full.gather(-1, i))
     else:
         assert_close(v, full.gather(-1, i))
-    rv, ri = ref.pairwise_topk(a, b, 5, p, largest=largest)
-    assert_close(v, rv, scale=2.0)
     if dtype == torch.float64:
         assert torch.equal(i, ri)
 
@@ -351,9 +360,8 @@ if given is not None:
     def test_distances_and_topk_hypothesis_cpu(batch_a, batch_b, n, m, d, p, largest, data):
         """Random broadcast shapes on both paths (D across the matmul threshold), points on a small integer grid
         so that duplicates and ties are common: distances against float64, topk equal to the stable-sort
-        reference (indices included where the distances are exact: on the direct path, for every p but 0.5,
-        whose sums of square roots round; the matmul path is within an ulp or two, which may order a true tie
-        either way), its values the distances at its indices."""
+        reference (indices included where the distances are exact: for every p but 0.5, whose sums of square roots
+        round; on the GEMM path the selection re-ranks exactly), its values the distances at its indices."""
         k = data.draw(st.integers(0, m))
         gen = torch.Generator().manual_seed(n * 7919 + m * 104729 + d)
         a = torch.randint(-2, 3, (*batch_a, n, d), generator=gen).float()
@@ -361,7 +369,7 @@ if given is not None:
         dist = fused.pairwise_distances(a, b, p)
         want = ref64(a, b, p)
         assert dist.shape == want.shape
-        exact = p != 0.5 and not (p == 2 and d >= MATMUL_MIN_D)
+        exact = p != 0.5
         # a few fp32 roundings; the 1/p root doubles the sum's relative error at p = 0.5
         torch.testing.assert_close(dist.double(), want, rtol=1e-6 if p == 0.5 else 4e-7, atol=0)
         v, i = fused.pairwise_topk(a, b, k, p, largest=largest)
@@ -371,6 +379,78 @@ if given is not None:
             assert torch.equal(i, ri), (p, k, largest)
         else:
             torch.testing.assert_close(v.double(), rv, rtol=1e-6, atol=0)
+
+
+def gemm_adversarial(dtype, seed):
+    """Two batches of points at D = 96 against which the GEMM's candidates are least reliable: b in two clusters
+    1e4 apart (its mean, where the points are centered, lies between them: |x|^2 + |y|^2 - 2 x.y cancels to
+    about 1e-8 relative), near-ties (copies of a row of b moved by 2^-20 relative, below float32's resolution of
+    the formula), exact duplicates, and rows of a on top of rows of b."""
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn(2, 150, 96, generator=g, dtype=torch.float64)
+    b = torch.randn(2, 600, 96, generator=g, dtype=torch.float64)
+    shift = torch.zeros(96, dtype=torch.float64)
+    shift[0] = 1e4
+    b[0, :300] += shift
+    b[0, 300:] -= shift
+    a[0, :75] += shift
+    a[0, 75:] -= shift
+    b[1, 1:40] = b[1, 0] * (1 + 2.0**-20 * torch.randn(39, 1, generator=g, dtype=torch.float64))
+    b[1, 40:50] = b[1, 0]
+    a[1, :20] = b[1, 0]
+    a[0, 100:110] = b[0, 300:310]
+    return a.to(dtype), b.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("squared,largest", [(False, False), (True, False), (False, True)])
+def test_topk_gemm_path_is_exact(dtype, squared, largest):
+    """p = 2 at large D on the CPU: GEMM candidates, then an exact re-rank: the indices of a float64 search of
+    the same inputs (ties to the lower index), its values rounded once to float32; padded batches too (their
+    padded rows are NaN, never read)."""
+    a, b = gemm_adversarial(dtype, seed=91)
+    la, lb = torch.tensor([150, 37]), torch.tensor([600, 45])
+    a_nan, b_nan = a.clone(), b.clone()
+    a_nan[1, 37:], b_nan[1, 45:] = math.nan, math.nan
+    for k, lengths in ((12, (None, None)), (45, (la, lb))):
+        x, y = (a, b) if lengths[0] is None else (a_nan, b_nan)
+        v, i = fused.pairwise_topk(
+            x, y, k, squared=squared, largest=largest, lengths_a=lengths[0], lengths_b=lengths[1]
+        )
+        rv, ri = ref.pairwise_topk(
+            a.double(), b.double(), k, squared=squared, largest=largest, lengths_a=lengths[0], lengths_b=lengths[1]
+        )
+        assert torch.equal(i, ri)
+        if dtype == torch.float32:
+            assert torch.equal(v, rv.to(dtype))
+        else:  # float64: another summation order; bf16: double -> bf16 may round through float
+            torch.testing.assert_close(v, rv.to(dtype), rtol=1e-14 if dtype == torch.float64 else 2**-7, atol=0)
+
+
+def test_topk_gemm_path_non_finite_rows():
+    """inf and NaN in rows of a and b at D = 64 (no GEMM bound holds for them): ranked as torch.topk ranks them."""
+    a, b = make((6, 64), torch.float64, seed=92), make((40, 64), torch.float64, seed=93)
+    a[1, 3], a[2, 0], b[5, 7], b[9, 1], b[11, 2] = math.inf, math.nan, math.inf, math.nan, 1e200
+    for largest in (False, True):
+        v, i = fused.pairwise_topk(a.float(), b.float(), 40, largest=largest)
+        rv, ri = ref.pairwise_topk(a.float().double(), b.float().double(), 40, largest=largest)
+        assert torch.equal(i, ri)
+        torch.testing.assert_close(v, rv.float(), rtol=0, atol=0, equal_nan=True)
+
+
+def test_topk_takes_the_gemm_path_by_d_alone():
+    """The path follows (p, D): at D >= MATMUL_MIN_D, p = 2, pairwise_topk runs at::mm whatever N and M (one
+    row against three, or 300 against 1000), and never below that D or for another p."""
+
+    def runs_mm(n, m, d, p):
+        a, b = make((n, d), seed=94), make((m, d), seed=95)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fused.pairwise_topk(a, b, 1, p)
+        return any(e.key == "aten::mm" for e in prof.key_averages())
+
+    for n, m in ((1, 3), (300, 1000)):
+        assert runs_mm(n, m, MATMUL_MIN_D, 2.0) and runs_mm(n, m, 200, 2.0)
+        assert not runs_mm(n, m, MATMUL_MIN_D - 1, 2.0) and not runs_mm(n, m, 200, 1.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

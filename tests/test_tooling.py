@@ -175,3 +175,22 @@ def test_benchmark_run_writes_table_and_json_without_matplotlib(monkeypatch, tmp
     assert "| tiny | eager |" in out
     skipped = [line for line in out.splitlines() if "chart" in line]
     assert len(skipped) == 1 and "pip install matplotlib" in skipped[0], out
+
+
+def test_bench_default_is_a_case_per_op_and_dtype():
+    """make bench's default: the cases a family marks "default"; else its first case of each op and dtype (shapes,
+    sizes and the direction do not make another op; a dtype does)."""
+    from benchmarks.run import default_cases
+
+    names = [
+        "linear_cross_entropy 4096x1024x32768 float32 fwd",
+        "linear_cross_entropy 4096x1024x32768 float32 fwd+bwd",
+        "linear_cross_entropy 4096x1024x131072 float32 fwd",
+        "linear_cross_entropy 4096x1024x32768 bfloat16 fwd",
+        "pairwise_topk k=16 (100,2)x(200,2) float32 fwd",
+        "pairwise_topk k=10 (4096,128)x(65536,128) float32 fwd",
+    ]
+    picked = [c["name"] for c in default_cases([{"name": n} for n in names])]
+    assert picked == [names[0], names[3], names[4]]
+    marked = [{"name": n, "default": i == 2} for i, n in enumerate(names)]
+    assert [c["name"] for c in default_cases(marked)] == [names[2]]

@@ -1,6 +1,7 @@
 // CPU kernels of the distance family: pairwise_distances (forward, backward), pairwise_topk and radius_neighbors
-// (one running k-best; backward on the selected pairs). Math in float (double for double); the path follows (p, D)
-// only. Padded batches: rows past lengths_a / lengths_b take no part (distances 0, no neighbour, no gradient).
+// (one running k-best; backward on the selected pairs; pairwise_topk's p=2 path at large D is knn_gemm_cpu.cpp). Math
+// in float (double for double); the path follows (p, D) only. Padded batches: rows past lengths_a / lengths_b take no
+// part (distances 0, no neighbour, no gradient).
 #include <torch/library.h>
 
 #include <algorithm>
@@ -12,6 +13,8 @@
 
 #include "distance/distance_args.h"
 #include "distance/distance_cpu.h"
+#include "distance/knn_gemm_cpu.h"
+#include "distance/select_order.h"
 
 namespace fused {
 namespace distance {
@@ -288,41 +291,6 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
 
 // ---- pairwise_topk and radius_neighbors: distances and a running k-best per row, never the N x M matrix ----
 
-// The selection order as one integer per candidate: the value's rank key in the high 64 bits (smallest first,
-// or largest first; NaN last, or first, as torch.topk ranks it; -0 == +0) and the column in the low 64 bits, so
-// ties go to the lower index and every comparison is a plain integer compare.
-using Key = unsigned __int128;
-struct Order {
-  bool largest;
-  static uint64_t monotone(double v) {  // bits of v, mapped so that unsigned order is numeric order
-    uint64_t u;
-    v += 0.0;  // -0 -> +0
-    std::memcpy(&u, &v, sizeof u);
-    return u >> 63 ? ~u : u | (uint64_t(1) << 63);
-  }
-  uint64_t rank(double v) const {
-    if (std::isnan(v)) return largest ? 0 : ~uint64_t(0);
-    return largest ? ~monotone(v) : monotone(v);
-  }
-  double value(Key key) const {
-    uint64_t r = static_cast<uint64_t>(key >> 64);
-    if (r == (largest ? 0 : ~uint64_t(0))) return std::numeric_limits<double>::quiet_NaN();
-    if (largest) r = ~r;
-    const uint64_t u = r >> 63 ? r & ~(uint64_t(1) << 63) : ~r;
-    double v;
-    std::memcpy(&v, &u, sizeof v);
-    return v;
-  }
-  Key key(double v, int64_t j) const { return Key(rank(v)) << 64 | Key(static_cast<uint64_t>(j)); }
-};
-
-// Slots without a neighbour: index -1, value inf (-inf when largest, so that the values stay sorted).
-template <typename scalar_t> void write_missing(scalar_t* values, int64_t* indices, int64_t n, bool largest) {
-  const double inf = std::numeric_limits<double>::infinity();
-  std::fill(values, values + n, static_cast<scalar_t>(largest ? -inf : inf));
-  std::fill(indices, indices + n, int64_t(-1));
-}
-
 // radius_neighbors' bound in the output dtype S, whose values the selection compares: `floor`, the largest S
 // value not above the radius (a candidate is in when its rounded value is <= floor), and `next`, the S value
 // after it (a candidate not yet rounded can only be in when it is below next: KBest::may_beat's prefilter).
@@ -479,6 +447,10 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
   if (values.numel() == 0) return {values, indices};
   const int64_t k = std::max<int64_t>(1, std::min(width, x.M));  // candidates kept per row
   const Metric metric = metric_of(p);
+  if (use_matmul(metric, x.D) && !radius_in.has_value()) {  // pairwise_topk: GEMM candidates, exact re-rank
+    knn_gemm_cpu(x, la, lb, squared, largest, values, indices);
+    return {values, indices};
+  }
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "select_cpu", [&] {
     using T = at::opmath_type<scalar_t>;
     const Order order{largest};
@@ -487,7 +459,7 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
     const int64_t N = x.N, M = x.M, D = x.D;
-    if (use_matmul(metric, D)) {
+    if (use_matmul(metric, D)) {  // radius_neighbors: the norms formula's tiles (matmul_tile) and a KBest per row
       const auto operands = matmul_operands<T>(x, la, lb);
       for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
         const int64_t valid = std::clamp<int64_t>(la(bi) - r0, 0, nr), cols = lb(bi);

@@ -1,0 +1,191 @@
+// pairwise_topk for p = 2 at large D on the CPU: candidates from a blocked GEMM, then an exact re-rank.
+//
+// Per tile of rows of a and columns of b, one at::mm gives x.y for the rows centered at the mean of b, and
+// d^2 ~ |x|^2 + |y|^2 - 2 x.y within err = gemm_error(D) * (|x|^2 + |y|^2) of the exact value. Each row keeps the
+// columns whose lower bound (d^2 - err) is within `bound`, the k-th smallest upper bound (d^2 + err) seen so far:
+// every true k-best column has a lower bound at or below the final bound, so it is kept. The kept columns are then
+// ranked by their distance in double from the uncentered inputs (exact differences and squares of float inputs):
+// the same indices as a float64 search, ties to the lower index, whatever the GEMM's rounding.
+#include "distance/knn_gemm_cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "common/cpu_utils.h"
+#include "distance/distance_cpu.h"
+#include "distance/select_order.h"
+
+namespace fused {
+namespace distance {
+namespace {
+
+// The GEMM's relative error bound, u = epsilon / 2 the unit roundoff: the centering's rounding (4u), the two norms'
+// and the dot's sums (gamma_D each, the dot's twice), the final additions (6u): (2D + 12) u, plus slack for
+// the filter's own rounding; the result is a multiple of |x|^2 + |y|^2 (an absolute floor covers subnormals).
+template <typename T> T gemm_error(int64_t D) { return T(D + 32) * std::numeric_limits<T>::epsilon(); }
+
+// One row's kept columns: lower and upper bounds of the selection score (d^2, or -d^2 when largest) and the column.
+template <typename T> struct Kept {
+  struct Entry {
+    T lo, hi;
+    int64_t j;
+  };
+  std::vector<Entry> list;
+  T bound = std::numeric_limits<T>::infinity();  // the k-th smallest upper bound seen so far
+  int64_t k = 1, capacity = 64;
+
+  void reset(int64_t k_) {
+    list.clear();
+    bound = std::numeric_limits<T>::infinity();
+    k = k_;
+    capacity = std::max<int64_t>(4 * k, 64);
+  }
+  void add(T lo, T hi, int64_t j) {
+    list.push_back({lo, hi, j});
+    if (static_cast<int64_t>(list.size()) >= capacity) prune();
+  }
+  // Tightens bound to the k-th smallest upper bound and drops the columns whose lower bound is above it. Many
+  // columns within the bound (near-ties, duplicates) grow the capacity, so that pruning stays linear overall.
+  void prune() {
+    if (static_cast<int64_t>(list.size()) >= k) {
+      std::nth_element(list.begin(), list.begin() + (k - 1), list.end(),
+                       [](const Entry& x, const Entry& y) { return x.hi < y.hi; });
+      bound = std::min(bound, list[k - 1].hi);
+    }
+    const T t = bound;
+    list.erase(std::remove_if(list.begin(), list.end(), [t](const Entry& e) { return e.lo > t; }), list.end());
+    if (2 * static_cast<int64_t>(list.size()) > capacity) capacity *= 2;
+  }
+};
+
+// The exact p=2 distance (its square when squared) of two rows in double.
+template <typename T> double exact_distance(const T* a, const T* b, int64_t D, bool squared) {
+  double acc = 0;
+  for (int64_t d = 0; d < D; ++d) {
+    const double diff = static_cast<double>(a[d]) - static_cast<double>(b[d]);
+    acc += diff * diff;
+  }
+  return squared ? acc : std::sqrt(acc);
+}
+
+template <typename scalar_t>
+void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest, scalar_t* vp,
+              int64_t* ip, int64_t width) {
+  using T = at::opmath_type<scalar_t>;
+  using V = Vec<T>;
+  constexpr int64_t L = V::size();
+  const int64_t N = x.N, M = x.M, D = x.D;
+  const int64_t k = std::max<int64_t>(1, std::min(width, M));
+  // Tiles of 128 rows x 512 columns (256 KB in float): the GEMM writes one and the filter reads it from L2.
+  constexpr int64_t kRows = 128, kCols = 512;
+  const T g = gemm_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
+  const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
+  const Order order{largest};
+
+  // Per batch: the centered operands, and per column of b c_j = nb_j (sign - g), so that the lower bound of the
+  // score is c_i + c_j - 2 sign x.y with c_i = na_i (sign - g) - floor. Columns with a non-finite or huge norm
+  // (inf, NaN, overflow) take no part in the GEMM filter: every row re-ranks them directly.
+  std::vector<MatmulOperands<T>> ops;
+  std::vector<at::Tensor> col_terms;
+  std::vector<std::vector<int64_t>> bad_cols(x.B);
+  for (int64_t bi = 0; bi < x.B; ++bi) {
+    ops.emplace_back(x.a[bi].narrow(0, 0, la(bi)), x.b[bi].narrow(0, 0, lb(bi)));
+    at::Tensor c = ops.back().nb * (sign - g);
+    const T* nb = ops.back().nb.template data_ptr<T>();
+    T* cp = c.template data_ptr<T>();
+    for (int64_t j = 0; j < lb(bi); ++j)
+      if (!(nb[j] <= limit)) {
+        bad_cols[bi].push_back(j);
+        cp[j] = std::numeric_limits<T>::quiet_NaN();  // never passes the filter below
+      }
+    col_terms.push_back(c);
+  }
+
+  const int64_t chunks = (N + kRows - 1) / kRows;
+  at::parallel_for(0, x.B * chunks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> tile(kRows * kCols);
+    std::vector<Kept<T>> kept(kRows);
+    std::vector<Key> keys;
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t bi = t / chunks, r0 = (t % chunks) * kRows;
+      const int64_t rows = std::min(kRows, N - r0), valid = std::clamp<int64_t>(la(bi) - r0, 0, rows);
+      const int64_t cols = lb(bi);
+      const MatmulOperands<T>& op = ops[bi];
+      for (int64_t i = valid; i < rows; ++i) {
+        const int64_t row = (bi * N + r0 + i) * width;
+        write_missing(vp + row, ip + row, width, largest);
+      }
+      if (valid == 0) continue;
+      const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
+      const T* cj = col_terms[bi].template data_ptr<T>();
+      for (int64_t i = 0; i < valid; ++i) kept[i].reset(k);
+      for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
+        const int64_t nc = std::min(kCols, cols - c0);
+        at::Tensor out = at::from_blob(tile.data(), {valid, nc}, op.a.options());
+        at::mm_out(out, op.ac.narrow(0, r0, valid), op.bc.narrow(0, c0, nc).t());
+        for (int64_t i = 0; i < valid; ++i) {
+          if (!(na[i] <= limit)) continue;  // a non-finite row: re-ranked against every column below
+          Kept<T>& row = kept[i];
+          const T ci = na[i] * (sign - g) - floor;
+          const T* dot = tile.data() + i * nc;
+          // The score's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
+          const V m(T(-2) * sign);
+          T thr = row.bound - ci;
+          auto take = [&](int64_t j) {
+            const T s = na[i] + nb[c0 + j], score = sign * (s - T(2) * dot[j]), err = g * s + floor;
+            row.add(score - err, score + err, c0 + j);
+            thr = row.bound - ci;
+          };
+          int64_t j = 0;
+          for (; j + L <= nc; j += L) {
+            const V lo = at::vec::fmadd(m, V::loadu(dot + j), V::loadu(cj + c0 + j));
+            for (int mask = (lo <= V(thr)).zero_mask() ^ ((1 << L) - 1); mask; mask &= mask - 1) {
+              const int64_t l = j + __builtin_ctz(mask);
+              if (cj[c0 + l] - T(2) * sign * dot[l] <= thr) take(l);  // thr may have tightened in this vector
+            }
+          }
+          for (; j < nc; ++j)
+            if (cj[c0 + j] - T(2) * sign * dot[j] <= thr) take(j);
+        }
+      }
+      // Exact re-rank of the kept columns within the final bound (every column for a non-finite row).
+      const T* a = op.a.template data_ptr<T>() + r0 * D;
+      const T* b = op.b.template data_ptr<T>();
+      for (int64_t i = 0; i < valid; ++i) {
+        keys.clear();
+        auto rank = [&](int64_t j) { keys.push_back(order.key(exact_distance(a + i * D, b + j * D, D, squared), j)); };
+        if (na[i] <= limit) {
+          Kept<T>& row = kept[i];
+          row.prune();
+          for (const auto& e : row.list) rank(e.j);
+          for (int64_t j : bad_cols[bi]) rank(j);
+        } else {
+          for (int64_t j = 0; j < cols; ++j) rank(j);
+        }
+        const int64_t n = std::min<int64_t>(static_cast<int64_t>(keys.size()), k);
+        std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
+        const int64_t row = (bi * N + r0 + i) * width;
+        for (int64_t s = 0; s < n; ++s) {
+          vp[row + s] = static_cast<scalar_t>(order.value(keys[s]));
+          ip[row + s] = static_cast<int64_t>(static_cast<uint64_t>(keys[s]));
+        }
+        write_missing(vp + row + n, ip + row + n, width - n, largest);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
+                  at::Tensor& values, at::Tensor& indices) {
+  FUSED_DISPATCH_FLOATING(values.scalar_type(), "knn_gemm_cpu", [&] {
+    knn_gemm<scalar_t>(x, la, lb, squared, largest, values.data_ptr<scalar_t>(), indices.data_ptr<int64_t>(),
+                       values.size(-1));
+  });
+}
+
+}  // namespace distance
+}  // namespace fused
