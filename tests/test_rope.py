@@ -233,7 +233,7 @@ def test_bad_input_names_op_and_argument(device):
     with raises(r"fused.rope: k has dtype torch.float64 but q has dtype torch.float32"):
         rope(q, k.double(), cos, sin)
     with raises(r"fused.rope: cos has dtype torch.float16 but q has dtype torch.float32"):
-        rope(q, k, cos.half(), sin)
+        torch.ops.fused.rope(q, k, cos.half(), sin)  # fused.rope promotes mixed dtypes first
     with raises(r"fused.rope: q must be 4-D \[batch, heads, seq, head_dim\]"):
         rope(q[0], k, cos, sin)
     with raises(r"fused.rope: k must be 4-D \[batch, seq, heads, head_dim\]"):
@@ -256,6 +256,22 @@ def test_bad_input_names_op_and_argument(device):
         rope(q, k, cos, sin, 3)
     with raises(r"fused.rope_backward: grad_k has dtype torch.float64 but grad_q"):
         torch.ops.fused.rope_backward(q, k.double(), cos, sin, 1, False)
+
+
+def test_mixed_dtypes_promote_as_eager():
+    """float32 tables with bf16 q / k (autocast): float32 outputs, as apply_rotary_pos_emb gives; gradients flow
+    back to the bf16 inputs in their dtype."""
+    q, k = qk(2, 4, 2, 5, 16, dtype=torch.bfloat16, requires_grad=True)
+    cos, sin = tables(torch.arange(5), 16)
+    ours, eager = fused.rope(q, k, cos, sin), llama(q, k, cos, sin)
+    for o, e in zip(ours, eager):
+        assert o.dtype == e.dtype == torch.float32
+        assert_close(o, e)
+    grads = torch.autograd.grad(ours, (q, k), [torch.ones_like(o) for o in ours])
+    expected = torch.autograd.grad(eager, (q, k), [torch.ones_like(e) for e in eager])
+    for g, e in zip(grads, expected):
+        assert g.dtype == torch.bfloat16
+        assert_close(g, e)
 
 
 def test_negative_unsqueeze_dims_name_the_same_layouts():
