@@ -70,22 +70,26 @@ int threads_for(int64_t work) {
   return t;
 }
 
+template <typename S, bool kInterleaved, bool kBackward>
+cudaError_t launch(const Heads& q, const Heads& k, const void* cos, const void* sin, int64_t b, int64_t s, int64_t d,
+                   int64_t r, int64_t cos_batch_stride, cudaStream_t stream) {
+  const int threads = threads_for((q.heads + k.heads) * (d - r / 2));
+  FUSED_LAUNCH(unsigned(b * s), threads, 0, stream, rope_kernel<S, kInterleaved, kBackward>)(
+      q, k, static_cast<const S*>(cos), static_cast<const S*>(sin), s, d, r, cos_batch_stride);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t rope(DType dtype, const Heads& q, const Heads& k, const void* cos, const void* sin, int64_t b, int64_t s,
                  int64_t d, int64_t r, int64_t cos_batch_stride, bool interleaved, bool backward, cudaStream_t stream) {
   if (b * s <= 0 || d <= 0) return cudaSuccess;
   if (b * s > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  const int threads = threads_for((q.heads + k.heads) * (d - r / 2));
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
-    auto launch = [&](auto kernel) {
-      FUSED_LAUNCH(unsigned(b * s), threads, 0, stream, kernel)(q, k, static_cast<const S*>(cos),
-                                                                static_cast<const S*>(sin), s, d, r, cos_batch_stride);
-      return cudaGetLastError();
-    };
-    if (interleaved) return backward ? launch(rope_kernel<S, true, true>) : launch(rope_kernel<S, true, false>);
-    return backward ? launch(rope_kernel<S, false, true>) : launch(rope_kernel<S, false, false>);
+    const auto f = interleaved ? (backward ? launch<S, true, true> : launch<S, true, false>)
+                               : (backward ? launch<S, false, true> : launch<S, false, false>);
+    return f(q, k, cos, sin, b, s, d, r, cos_batch_stride, stream);
   });
 }
 
