@@ -1,7 +1,7 @@
 """Benchmark cases of the rope family: rotary embedding of q and k at a Llama-like shape (b=4, 32 query heads and 8
 key/value heads, s=512, d=128; q and k strided views of their projections, as transformers makes them), float32 and
-bfloat16, forward and forward+backward. Alternatives: eager transformers' apply_rotary_pos_emb and torch.compile
-of it."""
+bfloat16, forward and forward+backward (gradients of q and k; the tables are constants, as in a model).
+Alternatives: eager transformers' apply_rotary_pos_emb and torch.compile of it."""
 
 import torch
 
@@ -35,12 +35,17 @@ def cases(device, quick):
         k = torch.randn(b, s, hk * d, device=device, dtype=dtype).view(b, s, hk, d).transpose(1, 2)
         cos, sin = tables(s, d, device, dtype)
         grads = [torch.randn_like(q), torch.randn_like(k)]
-        impls = {"eager": (apply_rotary_pos_emb, None), "torch.compile": (torch.compile(apply_rotary_pos_emb), None)}
+        # the tables are constants, as a model's rotary module makes them (no gradient); q and k get gradients
+        compiled = torch.compile(apply_rotary_pos_emb)
+        impls = {
+            "eager": (lambda q, k: apply_rotary_pos_emb(q, k, cos, sin), None),
+            "torch.compile": (lambda q, k: compiled(q, k, cos, sin), None),
+        }
         for label, backend in our_labels(device, lambda: fused.rope(q, k, cos, sin)).items():
-            impls[label] = (fused.rope, backend)
+            impls[label] = (lambda q, k: fused.rope(q, k, cos, sin), backend)
         # bytes that must move: q and k read and written (cos / sin once); backward: their gradients likewise
         n = (q.numel() + k.numel()) * q.element_size()
         tables_bytes = 2 * cos.numel() * cos.element_size()
         name = f"rope b{b} h{hq}/{hk} s{s} d{d} {str(dtype)[6:]}"
-        out += make_cases(device, name, impls, [q, k, cos, sin], grads, 2 * n + tables_bytes, 2 * n + tables_bytes)
+        out += make_cases(device, name, impls, [q, k], grads, 2 * n + tables_bytes, 2 * n + tables_bytes)
     return out
