@@ -17,6 +17,7 @@ from tests.harness import (
     check_compile_grads,
     compile_for_sm90,
     make,
+    noncontiguous,
     raises,
     requires_triton,
 )
@@ -73,6 +74,25 @@ def test_matches_reference(dev, dtype, case, unsqueeze_dim, interleaved):
         assert o.shape == x.shape and o.dtype == x.dtype and o.stride() == torch.empty_like(x).stride()
         assert_close(o, e)
         assert torch.equal(o[..., r:], x[..., r:])  # passed through, bit for bit
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_packed_projection_and_strided_head_dim(dev, interleaved):
+    """q / k sliced out of one packed qkv projection (not dense: outputs come out contiguous) and a head_dim with
+    stride 2 (read through a copy); gradients land in the inputs' layouts."""
+    b, hq, hk, s, d = 2, 4, 2, 5, 16
+    qkv = make((b, s, (hq + 2 * hk) * d), device=dev, seed=41, requires_grad=True)
+    q = qkv[..., : hq * d].view(b, s, hq, d).transpose(1, 2)
+    k = qkv[..., hq * d : (hq + hk) * d].view(b, s, hk, d).transpose(1, 2)
+    cos, sin = tables(torch.arange(s), d, device=dev)
+    for q_in in (q, noncontiguous(q.detach()).requires_grad_()):
+        out = fused.rope(q_in, k, cos, sin, interleaved=interleaved)
+        expected = ref.rope(q_in, k, cos, sin, interleaved=interleaved)
+        for o, e in zip(out, expected):
+            assert_close(o, e)
+        grads = [make(o.shape, device=dev, seed=43 + i) for i, o in enumerate(out)]
+        for g, e in zip(torch.autograd.grad(out, (q_in, k), grads), torch.autograd.grad(expected, (q_in, k), grads)):
+            assert_close(g, e)
 
 
 @pytest.mark.parametrize("unsqueeze_dim", [1, 2])
