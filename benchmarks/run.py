@@ -170,7 +170,7 @@ def main(argv=None):
     p.add_argument(
         "--only",
         default="",
-        help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim)",
+        help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim, rope)",
     )
     p.add_argument("--match", default="", help="only the cases whose name contains this text")
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")

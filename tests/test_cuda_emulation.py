@@ -1678,3 +1678,48 @@ def test_every_launch_is_emulated():
     for path in sources:
         assert "<<<" not in open(path).read(), f"{path} launches without FUSED_LAUNCH"
     assert len(ce.kernel_wrappers()) == len(sources)
+
+
+def emu_rope(emu, q, k, cos, sin, unsqueeze_dim, interleaved, backward):
+    """As rope_cuda calls it: [b, h, s, d] views of q, k and outputs laid out like them, by strides."""
+    swap = (lambda t: t.transpose(1, 2)) if unsqueeze_dim == 2 else (lambda t: t)
+    out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+    heads = [
+        (x.data_ptr(), o.data_ptr(), list(swap(x).stride()[:3]), list(swap(o).stride()[:3]), swap(x).shape[1])
+        for x, o in ((q, out_q), (k, out_k))
+    ]
+    b, _, s, d = swap(q).shape
+    r = cos.shape[-1]
+    emu.rope(
+        code(q.dtype), *heads, cos.data_ptr(), sin.data_ptr(), b, s, d, r, 0 if cos.shape[0] == 1 else s * r,
+        interleaved, backward,
+    )  # fmt: skip
+    return out_q, out_k
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_rope_forward_and_backward(emu, dtype, unsqueeze_dim, interleaved):
+    """A block per position over q's heads then k's (GQA), partial rotary (features past r copied), strided q (a
+    transposed projection), a per-batch table; forward and backward against the CPU op and float64."""
+    from fused.rope import reference as rref
+
+    q = make((2, 3, 5, 20), dtype, seed=0)
+    q = q.transpose(1, 2) if unsqueeze_dim == 1 else q  # [b, h, s, d] read through [b, s, h, d] memory
+    k = make((2, 2, 3, 20) if unsqueeze_dim == 1 else (2, 3, 2, 20), dtype, seed=1)
+    cos, sin = make((2, 3, 12), dtype, seed=2), make((2, 3, 12), dtype, seed=3)
+    for backward in (False, True):
+        got = emu_rope(emu, q, k, cos, sin, unsqueeze_dim, interleaved, backward)
+        args = (q, k, cos, sin, unsqueeze_dim)
+        if backward:
+            cpu = F.rope_backward(*args, interleaved)
+            exact = rref.rope_backward(*(t.double() for t in args[:4]), unsqueeze_dim, interleaved)
+        else:
+            cpu = F.rope(*args, interleaved=interleaved)
+            exact = rref.rope(*(t.double() for t in args[:4]), unsqueeze_dim, interleaved)
+        for g, c, e, x in zip(got, cpu, exact, (q, k)):
+            assert g.stride() == x.stride() or not x.is_contiguous()
+            assert_close(g, c)
+            assert_accuracy(g, c, e)
+            assert torch.equal(g[..., 12:], x[..., 12:])

@@ -4,8 +4,8 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family (elementwise, distance, linear, norm, loss; distance_unfused, which turns Triton's FP fusion
-off for the rest of its process, only by name)."""
+compiles one family (elementwise, distance, linear, norm, loss, rope; distance_unfused, which turns Triton's FP
+fusion off for the rest of its process, only by name)."""
 
 import contextlib
 import math
@@ -194,12 +194,27 @@ def loss():
         tk.cross_entropy_rows(logits, t, None, scale[0], logits.new_empty(0), -100, 0.0, 0.0, 0.0)
 
 
+def rope():
+    from fused.rope import triton_kernels as tk  # fused.rope, the attribute, is the op
+
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        q = torch.randn(2, 3, 4, 20, dtype=dt).transpose(1, 2)  # a transposed projection
+        k, cos, sin = (
+            torch.randn(2, 1, 3, 20, dtype=dt),
+            torch.randn(1, 3, 12, dtype=dt),
+            torch.randn(1, 3, 12, dtype=dt),
+        )
+        for interleaved in (False, True):
+            tk.rope(q, k, cos, sin, 1, interleaved=interleaved)
+            tk.rope_backward(q, k, cos, sin, 1, interleaved)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts
