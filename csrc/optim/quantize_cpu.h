@@ -47,10 +47,14 @@ template <typename code_t> inline void quantize_block(const float* x, code_t* q,
     std::memset(q, 0, n * sizeof(code_t));
     return;
   }
-  const V va(a), levels(kSigned ? 127.f : 255.f);
+  // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
+  const float inv = 1.f / a;
+  const bool by_inverse = inv <= std::numeric_limits<float>::max();
+  const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f);
   for (i = 0; i < n; i += V::size()) {
     const int64_t cnt = std::min<int64_t>(V::size(), n - i);
-    ((V::loadu(mag + i, cnt) / va).sqrt() * levels).round().store(mag + i, cnt);
+    const V x = V::loadu(mag + i, cnt);
+    ((by_inverse ? x * vinv : x / va).sqrt() * levels).round().store(mag + i, cnt);
   }
   for (i = 0; i < n; ++i) {
     if constexpr (kSigned) q[i] = int8_t(x[i] < 0.f ? -mag[i] : mag[i]);

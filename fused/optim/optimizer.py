@@ -21,8 +21,10 @@ fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
 
 import torch
 
-from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
-from fused.optim import quantize
+from fused.optim import (
+    ops,  # noqa: F401  fake kernels and GPU routing
+    quantize,
+)
 from fused.optim.functional import check_grads, check_one_device, global_norm, local
 
 INF = float("inf")

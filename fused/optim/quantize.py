@@ -35,7 +35,9 @@ def encode_(codes, scales, values):
     mag = padded.abs() if signed else padded.sqrt()
     scale = mag.amax(dim=1)  # NaN propagates, as in the kernel
     usable = (scale > 0) & (scale <= torch.finfo(torch.float32).max)
-    q = torch.round((mag / scale[:, None]).sqrt() * LEVELS[codes.dtype])
+    inv = 1.0 / scale[:, None]  # mag / scale as mag * (1 / scale), but for a denormal scale (inverse inf)
+    ratio = torch.where(torch.isinf(inv), mag / scale[:, None], mag * inv)
+    q = torch.round(ratio.sqrt() * LEVELS[codes.dtype])
     q = torch.where(usable[:, None], q, 0.0)
     if signed:
         q = torch.where(padded < 0, -q, q)
