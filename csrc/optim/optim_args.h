@@ -100,10 +100,10 @@ inline void check_state_list(const char* op, const char* name, at::TensorList ts
                 " but the scales list has ", scales.size(), " tensors, not ", params.size());
     const int64_t blocks = (ts[i].numel() + 255) / 256;
     const auto& s = scales[i];
-    TORCH_CHECK(s.device() == ts[i].device() && s.scalar_type() == at::kFloat && s.is_contiguous() &&
-                    s.numel() == blocks,
-                "fused.", op, ": the scales of ", name, "[", i, "] must be a contiguous float32 tensor of ", blocks,
-                " elements on ", ts[i].device(), ", got ", s.scalar_type(), " ", s.sizes(), " on ", s.device());
+    TORCH_CHECK(
+        s.device() == ts[i].device() && s.scalar_type() == at::kFloat && s.is_contiguous() && s.numel() == blocks,
+        "fused.", op, ": the scales of ", name, "[", i, "] must be a contiguous float32 tensor of ", blocks,
+        " elements on ", ts[i].device(), ", got ", s.scalar_type(), " ", s.sizes(), " on ", s.device());
   }
 }
 

@@ -375,27 +375,27 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     const int64_t t = ch.tensor;
     const bool is_first = first[t];
     const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
-    run_chunk<3>(
-        {Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
-         Operand{use_momentum ? &bufs[t] : nullptr, true}},
-        model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
-          using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-          using V = Vec<T>;
-          const auto tr = GradTransform<T>::of(*s, maximize);
-          for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-            V p = ld(b[0] + i, cnt);
-            V d = tr.clipped(ld(b[1] + i, cnt));
-            if (s->write_back) st(d, b[1] + i, cnt);
-            d = tr.signed_(d);
-            if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
-            if (use_momentum) {
-              V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-              st(buf, b[2] + i, cnt);
-              d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
-            }
-            st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
-          });
-        });
+    run_chunk<3>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
+                  Operand{use_momentum ? &bufs[t] : nullptr, true}},
+                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
+                   using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+                   using V = Vec<T>;
+                   const auto tr = GradTransform<T>::of(*s, maximize);
+                   for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+                     V p = ld(b[0] + i, cnt);
+                     V d = tr.clipped(ld(b[1] + i, cnt));
+                     if (s->write_back) st(d, b[1] + i, cnt);
+                     d = tr.signed_(d);
+                     if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+                     if (use_momentum) {
+                       V buf =
+                           is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+                       st(buf, b[2] + i, cnt);
+                       d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+                     }
+                     st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
+                   });
+                 });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
@@ -476,11 +476,10 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
 void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwrite) {
   check_accumulate("accumulate_grads_", accs, grads, kCpu);
   parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
-    run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch,
-                 [&](auto b, int64_t len) {
-                   if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-                   else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
-                 });
+    run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch, [&](auto b, int64_t len) {
+      if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+      else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+    });
   });
 }
 
