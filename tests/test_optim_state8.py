@@ -206,7 +206,7 @@ def test_bad_state_dtype_and_kernel_arguments():
     zero = torch.zeros(())
     args = ([p.detach()], [torch.randn(5000)], [codes], [sq], [], [torch.zeros(())], 1e-3, 0.9, 0.999, 1e-8, 0.0)
     flags = (False, True, False, one, None, zero, math.inf, [])
-    with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] is .* but the scales list"):
+    with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] holds 8-bit codes but the scales list"):
         torch.ops.fused.adam_step_(*args, *flags)
     with pytest.raises(RuntimeError, match="fused.adam_step_: the scales of exp_avgs\\[0\\] must be"):
         torch.ops.fused.adam_step_(*args, *flags, exp_avg_scales=[torch.zeros(19)], exp_avg_sq_scales=[torch.zeros(20)])
