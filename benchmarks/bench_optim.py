@@ -2,10 +2,10 @@
 flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
 Every one leaves the clipped gradient in .grad. First, plain AdamW with no clipping (fused's one-pass step, with
 fp32, bf16 and int8 state, against torch's fused AdamW and bitsandbytes' AdamW8bit, with state bytes/param).
-Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32 (reads p, g, m, v; writes p, g, m, v); SGD with momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30
-(against fp32 masters in torch's fused AdamW with casts of the gradients in and the parameters out). The write of
-g is the .grad write-back: 4 B per parameter in fp32, 2 B in bf16. torch.compile of a whole optimizer step is
-left out: it compiles for minutes at this size.
+Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32 (reads p, g, m, v; writes p, g, m, v); SGD with
+momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30 (against fp32 masters in torch's fused AdamW with
+casts of the gradients in and the parameters out). The write of g is the .grad write-back: 4 B per parameter in
+fp32, 2 B in bf16. torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
 
 python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
 """
