@@ -96,7 +96,8 @@ inline void check_state_list(const char* op, const char* name, at::TensorList ts
     const bool low_bit = params[i].scalar_type() != at::kDouble && (dtype == at::kBFloat16 || dtype == code);
     check_alongside(op, name, i, ts[i], params[i], low_bit);
     if (dtype != code) continue;
-    TORCH_CHECK(scales.size() == params.size(), "fused.", op, ": ", name, "[", i, "] holds 8-bit codes but the scales list has ", scales.size(), " tensors, not ", params.size());
+    TORCH_CHECK(scales.size() == params.size(), "fused.", op, ": ", name, "[", i,
+                "] holds 8-bit codes but the scales list has ", scales.size(), " tensors, not ", params.size());
     const int64_t blocks = (ts[i].numel() + 255) / 256;
     const auto& s = scales[i];
     TORCH_CHECK(
