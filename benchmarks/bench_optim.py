@@ -1,10 +1,11 @@
 """Clip-and-step: fused.optim.X(max_grad_norm=1.0).step() against clip_grad_norm_ + torch.optim.X, in three
 flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
-Every one leaves the clipped gradient in .grad. Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32
-(reads p, g, m, v; writes p, g, m, v); SGD with momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30
-(against fp32 masters in torch's fused AdamW with casts of the gradients in and the parameters out). The write of
-g is the .grad write-back: 4 B per parameter in fp32, 2 B in bf16. torch.compile of a whole optimizer step is
-left out: it compiles for minutes at this size.
+Every one leaves the clipped gradient in .grad. First, plain AdamW with no clipping (fused's one-pass step, with
+fp32, bf16 and int8 state, against torch's fused AdamW and bitsandbytes' AdamW8bit, with state bytes/param).
+Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32 (reads p, g, m, v; writes p, g, m, v); SGD with
+momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30 (against fp32 masters in torch's fused AdamW with
+casts of the gradients in and the parameters out). The write of g is the .grad write-back: 4 B per parameter in
+fp32, 2 B in bf16. torch.compile of a whole optimizer step is left out: it compiles for minutes at this size.
 
 python benchmarks/bench_optim.py [cpu|cuda] [--quick] times the cases alone (and counts GPU kernel launches).
 """
@@ -93,6 +94,48 @@ def master_impls(shapes, device):
     return out, resident
 
 
+def state_bytes(opt):
+    """Bytes of optimizer state held per parameter: every state tensor but "step" and fp32 master copies (each
+    storage counted once), over the parameters' elements."""
+    params = [p for g in opt.param_groups for p in g["params"]]
+    held = [
+        v
+        for state in opt.state.values()
+        for k, v in state.items()
+        if torch.is_tensor(v) and k not in ("step", "master_param") and v.dim() > 0
+    ]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in held}
+    return sum(storages.values()) / sum(p.numel() for p in params)
+
+
+def plain_adamw_impls(shapes, device):
+    """AdamW with no clipping and no scaler, the case most users try first: torch's fused step against fused's
+    one-pass step, with fp32, bf16 and int8 state, and the 8-bit optimizers of bitsandbytes where it imports
+    (torchao's AdamW8bit compiles per parameter for minutes at this size: left out). Also returns, per impl, a
+    call giving its state's bytes per parameter ("resident_mb" of the case holds that figure, not MB)."""
+    out, state = {}, {}
+
+    def add(label, make):
+        p = make_params(shapes, torch.float32, device)
+        opt = make(p)
+        out[label] = opt.step
+        state[label] = lambda opt=opt: state_bytes(opt)
+
+    add("torch.optim.AdamW(fused=True)", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))
+    ours = "fused" if device == "cpu" else "fused[cuda]"
+    add(ours, lambda p: fused.optim.AdamW(p, lr=1e-3))
+    if device == "cpu":  # low-bit state: the CPU kernel only
+        add("fused state_dtype=bf16", lambda p: fused.optim.AdamW(p, lr=1e-3, state_dtype=torch.bfloat16))
+        add("fused state_dtype=int8", lambda p: fused.optim.AdamW(p, lr=1e-3, state_dtype="int8"))
+    try:
+        import bitsandbytes as bnb
+
+        add("bitsandbytes AdamW8bit", lambda p: bnb.optim.AdamW8bit(p, lr=1e-3, min_8bit_size=4096))
+    except ImportError:
+        pass
+    return out, state
+
+
 def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
@@ -104,6 +147,19 @@ def cases(device: str, quick: bool) -> list:
         )
     n = sum(torch.Size(s).numel() for s in shapes)
     out = []
+    # no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter)
+    plain_shapes = (model_shapes(32, 4) if quick else model_shapes(360, 32)) if device == "cpu" else shapes
+    n_plain = sum(torch.Size(s).numel() for s in plain_shapes)
+    plain, state_per_param = plain_adamw_impls(plain_shapes, device)
+    out.append(
+        {
+            "name": f"AdamW (no clipping) {n_plain / 1e6:.1f}M params in {len(plain_shapes)} tensors float32",
+            "bytes": 28 * n_plain,
+            "flops": None,
+            "impls": plain,
+            "state_bytes_per_param": state_per_param,
+        }
+    )
     for dtype in dtypes:
         size = torch.finfo(dtype).bits // 8
         for name, hyper, state_tensors in [("AdamW", dict(lr=1e-3), 2), ("SGD", dict(lr=1e-2, momentum=0.9), 1)]:
@@ -155,6 +211,8 @@ def main():
             fn()  # state allocation, warm-up
             t = benchmark.Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=2.0).median
             extra = f"  launches/step {kernel_launches(fn, device)}" if device == "cuda" else ""
+            if label in case.get("state_bytes_per_param", {}):
+                extra += f"  state {case['state_bytes_per_param'][label]():.2f} B/param"
             print(f"{label:34s} {t * 1e3:9.2f} ms  {case['bytes'] / t / 1e9:7.1f} GB/s{extra}")
         case["impls"].clear()
 

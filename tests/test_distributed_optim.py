@@ -156,3 +156,41 @@ def master_worker(rank, mode):
 def test_master_weights_distributed(mode):
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(run_worker, args=(master_worker, os.path.join(tmp, "init"), mode), nprocs=WORLD, join=True)
+
+
+def int8_worker(rank, mode):
+    """int8 Adam state under DDP / FSDP2: each rank quantizes its own shard (blocks never straddle shards; here the
+    shards are whole blocks), and the parameters equal one process's stepping fused.optim.AdamW(state_dtype="int8")
+    on the same full gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 128), nn.Tanh(), nn.Linear(128, 64), nn.Tanh(), nn.Linear(64, 4))
+    start = [p.detach().clone() for p in model.parameters()]
+    model = distribute(model, mode)
+    hyper = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=MAX_NORM, state_dtype="int8")
+    opt = fused.optim.AdamW(model.parameters(), **hyper)
+    seen = []
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = batch(step, rank)
+        loss_fn(model, x, y).backward()
+        seen.append([full(p.grad).clone() for p in model.parameters()])
+        opt.step()
+    big = list(model.parameters())[2]  # 64 x 128: quantized, 4096 elements per FSDP2 shard
+    codes = opt.state[big]["exp_avg"]
+    local_codes = codes.to_local() if hasattr(codes, "to_local") else codes
+    assert local_codes.dtype == torch.int8
+    assert opt.state[big]["exp_avg_scale"].numel() == -(-local_codes.numel() // 256)
+    ref_params = [p.clone().requires_grad_() for p in start]
+    ref = fused.optim.AdamW(ref_params, **hyper)
+    for grads in seen:
+        for p, g in zip(ref_params, grads):
+            p.grad = g
+        ref.step()
+    for p, q in zip(model.parameters(), ref_params):
+        torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["ddp", "fsdp2"])
+def test_int8_state_distributed(mode):
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(run_worker, args=(int8_worker, os.path.join(tmp, "init"), mode), nprocs=WORLD, join=True)

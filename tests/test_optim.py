@@ -452,3 +452,37 @@ def test_two_fused_ops_per_step_whatever_the_number_of_tensors(name):
     scaler.scale(torch.ones(()))
     assert fused_ops(lambda: scaler.step(opt)) == ["fused::grad_norm", step_op]
     assert fused_ops(lambda: fused.clip_grad_norm_(params, 1.0)) == ["fused::grad_norm", "fused::scale_grads_"]
+
+
+@pytest.mark.parametrize("options,passes", [({}, 1), ({"track_grad_norm": True}, 2), ({"max_grad_norm": 1.0}, 2)])
+def test_plain_step_is_one_pass_and_the_norm_is_there_when_asked(monkeypatch, options, passes):
+    """No clipping, no scaler, no track_grad_norm: the update alone (no grad_norm), as torch's step, with
+    last_grad_norm None; asked for or clipping, the norm pass runs and last_grad_norm holds the norm."""
+    import fused.optim.optimizer as optimizer
+
+    calls = []
+    real = optimizer.global_norm
+    monkeypatch.setattr(optimizer, "global_norm", lambda *a, **k: calls.append(1) or real(*a, **k))
+    params = make_params()
+    theirs = clone(params)
+    opt = fused.optim.AdamW(params, lr=1e-2, **options)
+    ref = torch.optim.AdamW(theirs, lr=1e-2)
+    for step in range(3):
+        set_grads([params, theirs], step)
+        if "max_grad_norm" in options:
+            torch.nn.utils.clip_grad_norm_(theirs, options["max_grad_norm"])
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        opt.step()
+        ref.step()
+        assert_params_close(params, theirs)
+        if passes == 1:
+            assert opt.last_grad_norm is None
+        else:
+            torch.testing.assert_close(opt.last_grad_norm, norm, rtol=1e-5, atol=0)
+    assert len(calls) == (passes - 1) * 3
+    # one pass has no finite check: a NaN gradient reaches its parameter, as in torch
+    if passes == 1:
+        set_grads([params], 3)
+        params[0].grad.view(-1)[5] = math.nan
+        opt.step()
+        assert params[0].detach().view(-1)[5].isnan() and params[0].detach().view(-1)[6].isfinite()

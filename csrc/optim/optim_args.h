@@ -11,6 +11,10 @@
 
 namespace fused {
 
+// A `Tensor[]?` argument of a schema; none reads as an empty list.
+using OptionalTensorList = std::optional<at::TensorList>;
+inline at::TensorList or_empty(const OptionalTensorList& ts) { return ts ? *ts : at::TensorList(); }
+
 inline bool is_16bit(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
 
 // The dtype of the norm grad_norm returns, as torch's clip_grad_norm_ returns it: the gradients' promoted dtype
@@ -60,19 +64,46 @@ inline void check_steps(const char* op, at::TensorList steps, size_t n, const at
 }
 
 // ts[i] alongside params[i] (gradients, state): on its device, with its shape and strides, and its dtype, or
-// float32 for 16-bit params (accumulated gradients, fp32 state).
-inline void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params) {
+// float32 for 16-bit params (accumulated gradients, fp32 state), or (low_bit) a dtype the caller has checked.
+inline void check_alongside(const char* op, const char* name, size_t i, const at::Tensor& t, const at::Tensor& param,
+                            bool low_bit = false) {
+  check_on(op, name, t, param.device());
+  TORCH_CHECK(low_bit || t.scalar_type() == param.scalar_type() || (is_16bit(param) && t.scalar_type() == at::kFloat),
+              "fused.", op, ": ", name, "[", i, "] has dtype ", t.scalar_type(), " but params[", i, "] has ",
+              param.scalar_type(), " (float32 is allowed only with 16-bit params)");
+  TORCH_CHECK(t.sizes() == param.sizes() && t.strides() == param.strides(), "fused.", op, ": ", name, "[", i,
+              "] must have the shape and strides of params[", i, "], got ", t.sizes(), " vs ", param.sizes());
+}
+
+inline void check_count(const char* op, const char* name, at::TensorList ts, at::TensorList params) {
   TORCH_CHECK(ts.size() == params.size(), "fused.", op, ": ", name, " has ", ts.size(), " tensors but params has ",
               params.size());
+}
+
+inline void check_list(const char* op, const char* name, at::TensorList ts, at::TensorList params) {
+  check_count(op, name, ts, params);
+  for (size_t i = 0; i < ts.size(); ++i) check_alongside(op, name, i, ts[i], params[i]);
+}
+
+// Adam's state tensors ts (alongside params) may also be low-bit (fused.optim state_dtype): bfloat16 for any
+// param but a float64 one, or `code` (int8 for exp_avgs, uint8 for exp_avg_sqs) with float32 scales[i] of
+// ceil(numel / 256) elements on its device.
+inline void check_state_list(const char* op, const char* name, at::TensorList ts, at::TensorList params,
+                             at::ScalarType code, at::TensorList scales) {
+  check_count(op, name, ts, params);
   for (size_t i = 0; i < ts.size(); ++i) {
-    check_on(op, name, ts[i], params[i].device());
+    const auto dtype = ts[i].scalar_type();
+    const bool low_bit = params[i].scalar_type() != at::kDouble && (dtype == at::kBFloat16 || dtype == code);
+    check_alongside(op, name, i, ts[i], params[i], low_bit);
+    if (dtype != code) continue;
+    TORCH_CHECK(scales.size() == params.size(), "fused.", op, ": ", name, "[", i,
+                "] holds 8-bit codes but the scales list has ", scales.size(), " tensors, not ", params.size());
+    const int64_t blocks = (ts[i].numel() + 255) / 256;
+    const auto& s = scales[i];
     TORCH_CHECK(
-        ts[i].scalar_type() == params[i].scalar_type() || (is_16bit(params[i]) && ts[i].scalar_type() == at::kFloat),
-        "fused.", op, ": ", name, "[", i, "] has dtype ", ts[i].scalar_type(), " but params[", i, "] has ",
-        params[i].scalar_type(), " (float32 is allowed only with 16-bit params)");
-    TORCH_CHECK(ts[i].sizes() == params[i].sizes() && ts[i].strides() == params[i].strides(), "fused.", op, ": ", name,
-                "[", i, "] must have the shape and strides of params[", i, "], got ", ts[i].sizes(), " vs ",
-                params[i].sizes());
+        s.device() == ts[i].device() && s.scalar_type() == at::kFloat && s.is_contiguous() && s.numel() == blocks,
+        "fused.", op, ": the scales of ", name, "[", i, "] must be a contiguous float32 tensor of ", blocks,
+        " elements on ", ts[i].device(), ", got ", s.scalar_type(), " ", s.sizes(), " on ", s.device());
   }
 }
 

@@ -11,6 +11,7 @@
 #include "common/cpu_utils.h"
 #include "common/philox_cpu.h"
 #include "optim/optim_args.h"
+#include "optim/quantize_cpu.h"
 
 namespace fused {
 namespace {
@@ -234,6 +235,7 @@ struct Rounding {
   uint64_t key = 0;  // this tensor's Philox key
 };
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
+constexpr uint64_t kStateKeyStep = 0xD1B54A32D192ED03ull;
 
 // index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
@@ -263,31 +265,49 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
   }
 }
 
-// Converts n elements of t from element `offset` into the math type, and back (bf16 stochastically if asked).
-template <typename T> void load_any(const at::Tensor& t, int64_t offset, T* dst, int64_t n) {
+// One tensor of an update as run_chunk walks it: whether it is written back, how a bf16 copy is rounded, and for
+// 8-bit state (int8 / uint8 codes) its per-block scales.
+struct Operand {
+  const at::Tensor* t = nullptr;
+  bool write = false;
+  Rounding rnd{};
+  const at::Tensor* scales = nullptr;
+};
+
+// Converts n elements of o from element `offset` into the math type, and back (bf16 stochastically if asked; 8-bit
+// codes block by block, offset a multiple of 256).
+template <typename T> void load_any(const Operand& o, int64_t offset, T* dst, int64_t n) {
+  const at::Tensor& t = *o.t;
+  if constexpr (std::is_same_v<T, float>) {
+    if (t.scalar_type() == at::kChar)
+      return dequantize(t.const_data_ptr<int8_t>(), o.scales->const_data_ptr<float>(), offset, dst, n);
+    if (t.scalar_type() == at::kByte)
+      return dequantize(t.const_data_ptr<uint8_t>(), o.scales->const_data_ptr<float>(), offset, dst, n);
+  }
   FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_load",
                           [&] { widen_block(t.const_data_ptr<scalar_t>() + offset, dst, n); });
 }
-template <typename T>
-void store_any(const T* src, const at::Tensor& t, int64_t offset, int64_t n, const Rounding& rnd) {
+template <typename T> void store_any(const T* src, const Operand& o, int64_t offset, int64_t n) {
+  const at::Tensor& t = *o.t;
   if constexpr (std::is_same_v<T, float>) {
-    if (rnd.stochastic && t.scalar_type() == at::kBFloat16) {
-      store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, rnd.key);
-      return;
-    }
+    if (o.rnd.stochastic && t.scalar_type() == at::kBFloat16)
+      return store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, o.rnd.key);
+    if (t.scalar_type() == at::kChar)
+      return quantize(src, t.data_ptr<int8_t>(), o.scales->data_ptr<float>(), offset, n);
+    if (t.scalar_type() == at::kByte)
+      return quantize(src, t.data_ptr<uint8_t>(), o.scales->data_ptr<float>(), offset, n);
   }
   FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_store",
                           [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
 }
 
-// Runs body(std::array<T*, K>, len) over chunk ch of the K tensors lists[k] (k = 0: the parameter, k = 1: the
-// gradient; null entries stay null), block by block in the math type T (double for double params, else float).
-// Each tensor has its own dtype: memory already in T is used in place, other memory goes through L1 buffers
-// (only `writes` are stored back; the parameter with `rnd`). With master weights, `model` (16-bit) receives the
-// rounded parameter and is never read.
+// Runs body(std::array<T*, K>, len) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient;
+// null tensors stay null), block by block in the math type T (double for double params, else float). Each tensor
+// has its own dtype: memory already in T is used in place, other memory goes through L1 buffers (only operands
+// marked `write` are stored back). With master weights, `model` (16-bit) receives the rounded parameter and is
+// never read.
 template <int K, typename F>
-void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<bool, K>& writes,
-               const at::Tensor* model, const Rounding& rnd, const Chunk& ch, const F& body) {
+void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const Chunk& ch, const F& body) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
     T buf[K][kBlock];
@@ -295,29 +315,30 @@ void run_chunk(const std::array<const at::Tensor*, K>& lists, const std::array<b
       const int64_t len = std::min(kBlock, ch.len - i), off = ch.start + i;
       std::array<T*, K> b;
       for (int k = 0; k < K; ++k) {
-        const at::Tensor* t = lists[k];
+        const at::Tensor* t = ops[k].t;
         if (!t) b[k] = nullptr;
         else if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
-          b[k] = (writes[k] ? t->template data_ptr<T>() : const_cast<T*>(t->template const_data_ptr<T>())) + off;
+          b[k] = (ops[k].write ? t->template data_ptr<T>() : const_cast<T*>(t->template const_data_ptr<T>())) + off;
         else {
-          load_any(*t, off, buf[k], len);
+          load_any(ops[k], off, buf[k], len);
           b[k] = buf[k];
         }
       }
       body(b, len);
       for (int k = 0; k < K; ++k)
-        if (lists[k] && writes[k] && b[k] == buf[k]) store_any(buf[k], *lists[k], off, len, k == 0 ? rnd : Rounding{});
-      if (model) store_any(b[0], *model, off, len, Rounding{});
+        if (ops[k].t && ops[k].write && b[k] == buf[k]) store_any(buf[k], ops[k], off, len);
+      if (model) store_any(b[0], Operand{model}, off, len);
     }
   };
-  if (lists[0]->scalar_type() == at::kDouble) run(double{});
+  if (ops[0].t->scalar_type() == at::kDouble) run(double{});
   else run(float{});
 }
 
-// The per-tensor rounding of the parameter: stochastic for bf16 params when a seed is given.
-Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor) {
+// The rounding of tensor `tensor`'s parameter (k = 0) or its k-th state tensor: stochastic for bf16 when a seed
+// is given, each with its own Philox key.
+Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor, int k = 0) {
   if (!seed) return {};
-  return {true, *seed + uint64_t(tensor) * kTensorKeyStep};
+  return {true, *seed + uint64_t(tensor) * kTensorKeyStep + uint64_t(k) * kStateKeyStep};
 }
 
 // The checks the SGD and Adam kernels share: parameters, gradients (with master weights, alongside the model
@@ -354,26 +375,27 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     const int64_t t = ch.tensor;
     const bool is_first = first[t];
     const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
-    run_chunk<3>(
-        {&params[t], &grads[t], use_momentum ? &bufs[t] : nullptr}, {true, s->write_back, true},
-        model_params.empty() ? nullptr : &model_params[t], rounding_for(seed, t), ch, [&](auto b, int64_t len) {
-          using T = std::remove_pointer_t<typename decltype(b)::value_type>;
-          using V = Vec<T>;
-          const auto tr = GradTransform<T>::of(*s, maximize);
-          for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-            V p = ld(b[0] + i, cnt);
-            V d = tr.clipped(ld(b[1] + i, cnt));
-            if (s->write_back) st(d, b[1] + i, cnt);
-            d = tr.signed_(d);
-            if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
-            if (use_momentum) {
-              V buf = is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-              st(buf, b[2] + i, cnt);
-              d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
-            }
-            st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
-          });
-        });
+    run_chunk<3>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
+                  Operand{use_momentum ? &bufs[t] : nullptr, true}},
+                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
+                   using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+                   using V = Vec<T>;
+                   const auto tr = GradTransform<T>::of(*s, maximize);
+                   for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+                     V p = ld(b[0] + i, cnt);
+                     V d = tr.clipped(ld(b[1] + i, cnt));
+                     if (s->write_back) st(d, b[1] + i, cnt);
+                     d = tr.signed_(d);
+                     if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+                     if (use_momentum) {
+                       V buf =
+                           is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+                       st(buf, b[2] + i, cnt);
+                       d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+                     }
+                     st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
+                   });
+                 });
   });
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
@@ -383,12 +405,17 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                    const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                    const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper, bool write_grads) {
+                   const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper, bool write_grads,
+                   const OptionalTensorList& exp_avg_scales, const OptionalTensorList& exp_avg_sq_scales,
+                   const OptionalTensorList& max_exp_avg_sq_scales, const std::optional<at::Tensor>& state_seed) {
   const char* op = "adam_step_";
   const auto seed = check_update(op, params, grads, model_params, sr_seed);
-  check_list(op, "exp_avgs", exp_avgs, params);
-  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
-  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
+  const auto state_key = seed_value(op, state_seed);
+  const at::TensorList m_scales = or_empty(exp_avg_scales), v_scales = or_empty(exp_avg_sq_scales),
+                       max_scales = or_empty(max_exp_avg_sq_scales);
+  check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);
+  check_state_list(op, "exp_avg_sqs", exp_avg_sqs, params, at::kByte, v_scales);
+  if (amsgrad) check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
   check_steps(op, steps, params.size(), kCpu);
   // (lr, beta1, beta2, eps, weight_decay) per tensor
   const auto hp = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
@@ -406,9 +433,13 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   parallel_chunks(make_chunks(params), [&](int64_t, const Chunk& ch) {
     const int64_t t = ch.tensor;
     const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
-    run_chunk<5>({&params[t], &grads[t], &exp_avgs[t], &exp_avg_sqs[t], amsgrad ? &max_exp_avg_sqs[t] : nullptr},
-                 {true, s->write_back, true, true, true}, model_params.empty() ? nullptr : &model_params[t],
-                 rounding_for(seed, t), ch, [&](auto b, int64_t len) {
+    auto state = [&](int k, at::TensorList ts, at::TensorList scales) {
+      return Operand{&ts[t], true, rounding_for(state_key, t, k), scales.empty() ? nullptr : &scales[t]};
+    };
+    run_chunk<5>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
+                  state(1, exp_avgs, m_scales), state(2, exp_avg_sqs, v_scales),
+                  amsgrad ? state(3, max_exp_avg_sqs, max_scales) : Operand{}},
+                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
                    using T = std::remove_pointer_t<typename decltype(b)::value_type>;
                    using V = Vec<T>;
                    const auto tr = GradTransform<T>::of(*s, maximize);
@@ -445,11 +476,10 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
 void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwrite) {
   check_accumulate("accumulate_grads_", accs, grads, kCpu);
   parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
-    run_chunk<2>({&accs[ch.tensor], &grads[ch.tensor]}, {true, false}, nullptr, Rounding{}, ch,
-                 [&](auto b, int64_t len) {
-                   if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-                   else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
-                 });
+    run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch, [&](auto b, int64_t len) {
+      if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+      else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+    });
   });
 }
 

@@ -262,9 +262,13 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
                     const at::Tensor& clip_coef, const std::optional<at::Tensor>& grad_scale,
                     const at::Tensor& found_inf, double clip_value, at::TensorList model_params,
-                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper,
-                    bool write_grads) {
+                    const std::optional<at::Tensor>& sr_seed, const std::optional<at::Tensor>& hyper, bool write_grads,
+                    const OptionalTensorList& exp_avg_scales, const OptionalTensorList& exp_avg_sq_scales,
+                    const OptionalTensorList& max_exp_avg_sq_scales, const std::optional<at::Tensor>& state_seed) {
   const char* op = "adam_step_";
+  TORCH_CHECK(!exp_avg_scales && !exp_avg_sq_scales && !max_exp_avg_sq_scales && !state_seed, "fused.", op,
+              ": 8-bit and stochastically rounded bf16 state (fused.optim state_dtype) have no CUDA "
+              "kernel yet; step on the CPU or use state_dtype=None");
   if (params.empty()) return;
   const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
   check_list(op, "exp_avgs", exp_avgs, params);

@@ -38,13 +38,18 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   // scalar): bf16 params are rounded stochastically, element i of tensor t by Philox(seed + t * golden, i).
   // hyper (float64 CPU [n, H]): per-tensor hyperparameters in place of the scalars, so that every param group
   // updates in one call: SGD (lr, momentum, dampening, weight_decay), Adam (lr, beta1, beta2, eps, weight_decay).
+  // Adam's low-bit state (fused.optim state_dtype; CPU kernel only): a state tensor of any param but a float64 one
+  // may be bfloat16 (rounded stochastically on write when state_seed, an int64 CPU scalar, is given), or 8-bit:
+  // exp_avg int8, exp_avg_sq and max_exp_avg_sq uint8, each with its float32 scales [ceil(numel / 256)] at index i
+  // of the matching *_scales list (entries of other tensors are ignored). Codes: csrc/optim/quantize_cpu.h.
   def_with_cuda_twin(m,
                      "adam_step_(Tensor(a!)[] params, Tensor(g!)[] grads, Tensor(b!)[] exp_avgs, "
                      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] max_exp_avg_sqs, Tensor(e!)[] steps, float lr, "
                      "float beta1, float beta2, float eps, float weight_decay, bool amsgrad, bool decoupled, "
                      "bool maximize, Tensor clip_coef, Tensor? grad_scale, Tensor found_inf, float clip_value, "
                      "Tensor(f!)[] model_params, Tensor? sr_seed=None, Tensor? hyper=None, "
-                     "bool write_grads=False) -> ()");
+                     "bool write_grads=False, Tensor(h!)[]? exp_avg_scales=None, Tensor(i!)[]? exp_avg_sq_scales=None, "
+                     "Tensor(j!)[]? max_exp_avg_sq_scales=None, Tensor? state_seed=None) -> ()");
   // accs += grads (accs = grads when overwrite): fp32 accumulation (fp64 for fp64 grads) of micro-batch gradients.
   def_with_cuda_twin(m, "accumulate_grads_(Tensor(a!)[] accs, Tensor[] grads, bool overwrite) -> ()");
 }

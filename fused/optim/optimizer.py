@@ -21,7 +21,10 @@ fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
 
 import torch
 
-from fused.optim import ops  # noqa: F401  fake kernels and GPU routing
+from fused.optim import (
+    ops,  # noqa: F401  fake kernels and GPU routing
+    quantize,
+)
 from fused.optim.functional import check_grads, check_one_device, global_norm, local
 
 INF = float("inf")
@@ -51,7 +54,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
     # torch.amp.GradScaler hands `grad_scale` and `found_inf` to optimizers that declare this (no unscale pass).
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding):
+    def __init__(
+        self, params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding, track_grad_norm
+    ):
         name = type(self).__name__
         for key in ("lr", "eps", "weight_decay", "momentum"):
             if key in defaults:
@@ -64,7 +69,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.stochastic_rounding = bool(stochastic_rounding)
         self._grad_acc = {}  # param -> fp32 buffer of accumulated micro-batch gradients (kept across steps)
         self._acc_live = set()  # params whose buffer holds sums since the last step
-        self.last_grad_norm = None  # after each step: the unscaled norm before clipping (device, the grads' dtype)
+        self.track_grad_norm = bool(track_grad_norm)
+        # after each step that runs pass 1: the unscaled norm before clipping (device, the grads' dtype); None after
+        # a one-pass step (no max_grad_norm, clip_value, scaler or track_grad_norm)
+        self.last_grad_norm = None
         super().__init__(params, defaults)
 
     @torch.no_grad()
@@ -137,9 +145,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
             found_inf = torch.as_tensor(found_inf, dtype=torch.float32, device=device)
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
-        self.last_grad_norm, coef, found_inf = global_norm(
-            sources, found_inf, grad_scale, 2.0, self.max_grad_norm, self.clip_value, [grads[p] for p in all_params]
-        )
+        if self._needs_norm(grad_scale, found_inf):
+            self.last_grad_norm, coef, found_inf = global_norm(
+                sources, found_inf, grad_scale, 2.0, self.max_grad_norm, self.clip_value, [grads[p] for p in all_params]
+            )
+        else:  # nothing reads the norm or the finite check: the update is the only pass
+            self.last_grad_norm = None
+            coef = torch.ones((), dtype=torch.float64, device=device)
+            found_inf = torch.zeros((), dtype=torch.float32, device=device)
         clip_value = INF if self.clip_value is None else float(self.clip_value)
         self._update_groups(groups, grads, coef, grad_scale, found_inf, clip_value, write_grads)
         if write_grads and changes:
@@ -147,6 +160,16 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 grad.copy_(copy)
         self._acc_live.clear()  # the buffers are overwritten by the next accumulate_grads (no zeroing pass)
         return found_inf
+
+    def _needs_norm(self, grad_scale, found_inf):
+        """Whether the step runs pass 1 (the norm and the finite check): for clipping, a scaler, or on request."""
+        return (
+            self.track_grad_norm
+            or grad_scale is not None
+            or found_inf is not None
+            or self.max_grad_norm is not None
+            or self.clip_value is not None
+        )
 
     def _has_grad(self, p):
         return p.grad is not None or p in self._acc_live
@@ -189,7 +212,31 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if kind:
                     calls.setdefault((self._uses_master(kind[0]),) + self._flags(group), []).append((group, kind))
         for entries in calls.values():
-            self._update(entries, grads, coef, grad_scale, found_inf, clip_value, write_grads)
+            group = entries[0][0]
+            params = [p for _, ps in entries for p in ps]
+            for p in params:
+                self._ensure_master(p)
+                self._init_state(group, p)
+            self._step_op(
+                [self._target(p) for p in params],
+                [grads[p] for p in params],
+                *self._state_lists(group, params),
+                *self._row(group),
+                *self._op_flags(group),
+                coef,
+                grad_scale,
+                found_inf,
+                clip_value,
+                [local(p) for p in params] if self._uses_master(params[0]) else [],
+                self._sr_seed(params),
+                self._hyper(entries),
+                write_grads,
+                **self._state_options(params),
+            )
+
+    def _state_options(self, params):
+        """Extra keyword arguments of the update op for this call (Adam's low-bit state)."""
+        return {}
 
     def _hyper(self, entries):
         """Per-tensor hyperparameter rows (float64 [n, H]) for several groups; None for one (the scalars)."""
@@ -251,6 +298,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 f"fused.optim.{type(self).__name__}: stochastic_rounding=True cannot be captured in "
                 "a CUDA graph (the seed would be fixed at capture); use master_weights=True instead"
             )
+        return self._fresh_seed()
+
+    @staticmethod
+    def _fresh_seed():
         return torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)
 
     def _split_master(self, params):
@@ -271,21 +322,25 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict):
-        # torch casts floating state to the parameter's dtype: put fp32 master and state back as saved.
+        # torch casts all state to the parameter's dtype: put fp32 master and state, 8-bit codes and their scales
+        # back as saved.
         ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
         params = [p for g in self.param_groups for p in g["params"]]
-        fp32 = {
-            pid: {
-                k: v
-                for k, v in state_dict["state"].get(pid, {}).items()
-                if torch.is_tensor(v) and v.dtype == torch.float32 and k != "step"
-            }
+
+        def keep(p, k, v):
+            if not torch.is_tensor(v) or k == "step":
+                return False
+            return (
+                v.dtype in quantize.LEVELS or k.endswith("_scale") or (v.dtype == torch.float32 and self._fp32_state(p))
+            )
+
+        saved = {
+            pid: {k: v for k, v in state_dict["state"].get(pid, {}).items() if keep(p, k, v)}
             for pid, p in zip(ids, params)
-            if self._fp32_state(p)
         }
         super().load_state_dict(state_dict)
         for pid, p in zip(ids, params):
-            for k, v in fp32.get(pid, {}).items():
+            for k, v in saved[pid].items():
                 self.state[p][k] = v.to(device=local(p).device, copy=True)
             state = self.state.get(p)
             if state and self._fp32_state(p):  # e.g. a torch.optim state dict: moments in 16-bit, no master
@@ -329,6 +384,7 @@ class SGD(_FusedOptimizer):
         clip_value=None,
         master_weights=False,
         stochastic_rounding=False,
+        track_grad_norm=False,
     ):
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("fused.optim.SGD: nesterov needs momentum > 0 and dampening == 0")
@@ -344,46 +400,32 @@ class SGD(_FusedOptimizer):
             differentiable=differentiable,
             fused=fused,
         )
-        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
+        super().__init__(
+            params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding, track_grad_norm
+        )
+
+    _step_op = staticmethod(lambda *args, **kwargs: torch.ops.fused.sgd_step_(*args, **kwargs))
 
     def _flags(self, group):
         return group["momentum"] != 0, bool(group["nesterov"]), bool(group["maximize"])
 
+    def _op_flags(self, group):
+        return bool(group["nesterov"]), bool(group["maximize"])
+
     def _row(self, group):
         return [float(group["lr"]), float(group["momentum"]), float(group["dampening"]), float(group["weight_decay"])]
 
-    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
-        group = entries[0][0]
-        params = [p for _, ps in entries for p in ps]
-        use_momentum = group["momentum"] != 0
-        bufs, steps = [], []
-        for p in params:
-            state = self.state[p]
-            if use_momentum and state.get("momentum_buffer") is None:
-                state["momentum_buffer"] = self._state_like(p)
-                state["step"] = self._new_step(p)  # step 0: the buffer starts as the gradient itself
-            self._ensure_master(p)
-            if use_momentum:
-                bufs.append(local(state["momentum_buffer"]))
-                steps.append(state["step"])
-        model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.sgd_step_(
-            [self._target(p) for p in params],
-            [grads[p] for p in params],
-            bufs,
-            steps,
-            *self._row(group),
-            bool(group["nesterov"]),
-            bool(group["maximize"]),
-            coef,
-            grad_scale,
-            found_inf,
-            clip_value,
-            model,
-            self._sr_seed(params),
-            self._hyper(entries),
-            write_grads,
-        )
+    def _init_state(self, group, p):
+        state = self.state[p]
+        if group["momentum"] != 0 and state.get("momentum_buffer") is None:
+            state["momentum_buffer"] = self._state_like(p)
+            state["step"] = self._new_step(p)  # step 0: the buffer starts as the gradient itself
+
+    def _state_lists(self, group, params):
+        """(momentum_buffers, steps): empty without momentum."""
+        if group["momentum"] == 0:
+            return [], []
+        return [local(self.state[p]["momentum_buffer"]) for p in params], [self.state[p]["step"] for p in params]
 
     def _after_load(self, group, p, state):
         # A torch.optim.SGD buffer has seen at least one step.
@@ -391,7 +433,16 @@ class SGD(_FusedOptimizer):
             state["step"] = torch.ones((), dtype=torch.float32, device=local(p).device)
 
 
+MOMENTS = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
+
+
 class Adam(_FusedOptimizer):
+    """torch.optim.Adam's drop-in (see the module docstring), plus state_dtype: None keeps the moments as torch
+    does (fp32, or the master's dtype); torch.bfloat16 keeps them in bf16, rounded stochastically on every write;
+    "int8" keeps each tensor's moments of 4096 elements or more blockwise-quantized (fused.optim.quantize): codes
+    under the state's own keys, an fp32 scale per 256 elements under "<key>_scale". float64 parameters keep
+    float64 state. Both low-bit forms are CPU-kernel only for now."""
+
     _decoupled = False
 
     def __init__(
@@ -413,12 +464,19 @@ class Adam(_FusedOptimizer):
         clip_value=None,
         master_weights=False,
         stochastic_rounding=False,
+        track_grad_norm=False,
+        state_dtype=None,
     ):
         name = type(self).__name__
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"fused.optim.{name}: betas[{i}] must be in [0, 1), got {beta}")
         _check_not_differentiable(name, differentiable)
+        if not (state_dtype is None or state_dtype == torch.bfloat16 or state_dtype == "int8"):
+            raise ValueError(
+                f'fused.optim.{name}: state_dtype must be None, torch.bfloat16 or "int8", got {state_dtype!r}'
+            )
+        self.state_dtype = state_dtype
         defaults = dict(
             lr=lr,
             betas=betas,
@@ -432,7 +490,11 @@ class Adam(_FusedOptimizer):
             fused=fused,
             decoupled_weight_decay=self._decoupled or bool(decoupled_weight_decay),
         )
-        super().__init__(params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding)
+        super().__init__(
+            params, defaults, max_grad_norm, clip_value, master_weights, stochastic_rounding, track_grad_norm
+        )
+
+    _step_op = staticmethod(lambda *args, **kwargs: torch.ops.fused.adam_step_(*args, **kwargs))
 
     def _flags(self, group):
         return (
@@ -441,49 +503,84 @@ class Adam(_FusedOptimizer):
             bool(group["maximize"]),
         )
 
+    _op_flags = _flags
+
     def _row(self, group):
         beta1, beta2 = group["betas"]
         return [float(group["lr"]), float(beta1), float(beta2), float(group["eps"]), float(group["weight_decay"])]
 
-    def _update(self, entries, grads, coef, grad_scale, found_inf, clip_value, write_grads):
-        group = entries[0][0]
-        params = [p for _, ps in entries for p in ps]
-        amsgrad, decoupled, maximize = self._flags(group)
-        exp_avgs, exp_avg_sqs, max_sqs, steps = [], [], [], []
-        for p in params:
-            state = self.state[p]
-            if "exp_avg" not in state:
-                state["step"] = self._new_step(p)
-                state["exp_avg"] = self._state_like(p)
-                state["exp_avg_sq"] = self._state_like(p)
-            if amsgrad and "max_exp_avg_sq" not in state:
-                state["max_exp_avg_sq"] = self._state_like(p)
-            exp_avgs.append(local(state["exp_avg"]))
-            exp_avg_sqs.append(local(state["exp_avg_sq"]))
-            if amsgrad:
-                max_sqs.append(local(state["max_exp_avg_sq"]))
-            steps.append(state["step"])
-        model = [local(p) for p in params] if self._uses_master(params[0]) else []
-        torch.ops.fused.adam_step_(
-            [self._target(p) for p in params],
-            [grads[p] for p in params],
-            exp_avgs,
-            exp_avg_sqs,
-            max_sqs,
-            steps,
-            *self._row(group),
-            amsgrad,
-            decoupled,
-            maximize,
-            coef,
-            grad_scale,
-            found_inf,
-            clip_value,
-            model,
-            self._sr_seed(params),
-            self._hyper(entries),
-            write_grads,
-        )
+    def _state_kind(self, p):
+        """How p's moments are held: "int8", torch.bfloat16, or None (the kernels' plain state)."""
+        if self.state_dtype is None or p.dtype == torch.float64:
+            return None
+        if self.state_dtype == "int8":
+            return "int8" if p.numel() >= quantize.MIN_NUMEL else None
+        return torch.bfloat16
+
+    def _new_moment(self, p, key):
+        state, kind = self.state[p], self._state_kind(p)
+        if kind == "int8":
+            state[key] = torch.zeros_like(p, dtype=quantize.CODES[key], memory_format=torch.preserve_format)
+            state[key + "_scale"] = quantize.zero_scales(local(state[key]))
+        elif kind is not None:
+            state[key] = torch.zeros_like(p, dtype=kind, memory_format=torch.preserve_format)
+        else:
+            state[key] = self._state_like(p)
+
+    def _init_state(self, group, p):
+        state = self.state[p]
+        if "exp_avg" not in state:
+            state["step"] = self._new_step(p)
+            self._new_moment(p, "exp_avg")
+            self._new_moment(p, "exp_avg_sq")
+        if group["amsgrad"] and "max_exp_avg_sq" not in state:
+            self._new_moment(p, "max_exp_avg_sq")
+
+    def _state_lists(self, group, params):
+        """(exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps); max_exp_avg_sqs empty without amsgrad."""
+        keys = MOMENTS if group["amsgrad"] else MOMENTS[:2]
+        lists = [[local(self.state[p][k]) for p in params] for k in keys]
+        if not group["amsgrad"]:
+            lists.append([])
+        return (*lists, [self.state[p]["step"] for p in params])
+
+    def _state_options(self, params):
+        """The scales of 8-bit moments (an empty stand-in for other tensors) and the seed of bf16 ones."""
+        kinds = [self._state_kind(p) for p in params]
+        options = {}
+        if "int8" in kinds:
+            empty = torch.empty(0, device=local(params[0]).device)
+            for key in MOMENTS:
+                if key in self.state[params[0]]:
+                    scales = [self.state[p].get(key + "_scale", empty) for p in params]
+                    options[key + "_scales"] = [local(s) for s in scales]
+        if torch.bfloat16 in kinds:
+            options["state_seed"] = self._fresh_seed()
+        return options
+
+    def _after_load(self, group, p, state):
+        """Brings loaded moments to this optimizer's state_dtype: quantizes float ones where it keeps int8,
+        rounds them to bf16 where it keeps bf16, dequantizes 8-bit ones where it keeps plain state."""
+        if not state or "exp_avg" not in state:
+            return
+        kind = self._state_kind(p)
+        for key in MOMENTS:
+            value = state.get(key)
+            if value is None:
+                continue
+            quantized = value.dtype in (torch.int8, torch.uint8)
+            if kind == "int8" and not quantized:
+                state[key] = torch.empty_like(p, dtype=quantize.CODES[key], memory_format=torch.preserve_format)
+                state[key + "_scale"] = quantize.zero_scales(local(state[key]))
+                quantize.encode_(local(state[key]), local(state[key + "_scale"]), local(value).float())
+            elif kind != "int8" and quantized:
+                plain = quantize.decode(local(value), local(state.pop(key + "_scale")))
+                state[key] = plain.to(kind or self._plain_state_dtype(p))
+            elif kind == torch.bfloat16:
+                state[key] = value.to(torch.bfloat16)
+
+    def _plain_state_dtype(self, p):
+        return torch.float32 if self._fp32_state(p) else p.dtype
 
 
 class AdamW(Adam):
@@ -507,6 +604,8 @@ class AdamW(Adam):
         clip_value=None,
         master_weights=False,
         stochastic_rounding=False,
+        track_grad_norm=False,
+        state_dtype=None,
     ):
         super().__init__(
             params,
@@ -524,4 +623,6 @@ class AdamW(Adam):
             clip_value=clip_value,
             master_weights=master_weights,
             stochastic_rounding=stochastic_rounding,
+            track_grad_norm=track_grad_norm,
+            state_dtype=state_dtype,
         )
