@@ -32,6 +32,11 @@ def make_cases(device, quick, name, fn_ref, fn_ours, inputs, out_numel, fwd_byte
     return cases
 
 
+def ref_and_ours(op, *options):
+    """The reference and our op of one name, with the trailing options bound."""
+    return (lambda *t: getattr(ref, op)(*t, *options)), (lambda *t: getattr(fused, op)(*t, *options))
+
+
 def cases(device, quick):
     rows, cols = (256, 1024) if quick else (8192, 1024)  # 8M elements
     dtypes = [torch.float32] if device == "cpu" else [torch.float32, torch.bfloat16]
@@ -42,40 +47,17 @@ def cases(device, quick):
         tag = f"{rows}x{cols} {str(dtype)[6:]}"
         x = torch.randn(rows, cols, device=device, dtype=dtype)
         b = torch.randn(cols, device=device, dtype=dtype)
-        out += make_cases(
-            device,
-            quick,
-            f"bias+gelu {tag}",
-            lambda x, b: ref.bias_act(x, b, "gelu"),
-            lambda x, b: fused.bias_act(x, b, "gelu"),
-            [x, b],
-            n,
-            2 * n * size,
-            3 * n * size,
-        )
         h = torch.randn(rows, 2 * cols, device=device, dtype=dtype)
         gate, up = h[:, :cols], h[:, cols:]
-        out += make_cases(
-            device,
-            quick,
-            f"swiglu {tag}",
-            lambda g, u: ref.glu(g, u, "silu"),
-            lambda g, u: fused.glu(g, u, "silu"),
-            [gate, up],
-            n,
-            3 * n * size,
-            5 * n * size,
-        )
-        for chain, label in ((["square"] * 10, "ten x*x"), (["cos", "cos"], "cos(cos(x))")):
+        # (name, (reference, ours), inputs, elements moved forward, and backward, in units of n)
+        ops = [
+            ("bias+gelu", ref_and_ours("bias_act", "gelu"), [x, b], 2, 3),
+            ("swiglu", ref_and_ours("glu", "silu"), [gate, up], 3, 5),
+            ("ten x*x", ref_and_ours("unary_chain", ["square"] * 10), [x], 2, 3),
+            ("cos(cos(x))", ref_and_ours("unary_chain", ["cos", "cos"]), [x], 2, 3),
+        ]
+        for name, (fn_ref, fn_ours), inputs, fwd, bwd in ops:
             out += make_cases(
-                device,
-                quick,
-                f"{label} {tag}",
-                lambda x, c=chain: ref.unary_chain(x, c),
-                lambda x, c=chain: fused.unary_chain(x, c),
-                [x],
-                n,
-                2 * n * size,
-                3 * n * size,
+                device, quick, f"{name} {tag}", fn_ref, fn_ours, inputs, n, fwd * n * size, bwd * n * size
             )
     return out

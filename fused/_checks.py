@@ -13,19 +13,26 @@ def check_device(op, t):
         raise RuntimeError(f"fused.{op}: tensors on {t.device.type} are not supported (CPU and CUDA only)")
 
 
-def check_floating(op, name, t):
+def check_tensor(op, name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"fused.{op}: {name} must be a tensor, got {type(t).__name__}")
+
+
+def check_same_device(op, name, t, ref_name, ref):
+    if t.device != ref.device:
+        raise RuntimeError(f"fused.{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
+
+
+def check_floating(op, name, t):
+    check_tensor(op, name, t)
     check_device(op, t)
     if not t.is_floating_point():
         raise RuntimeError(f"fused.{op}: {name} must be a floating-point tensor, got {t.dtype}")
 
 
 def check_like(op, name, t, ref_name, ref):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"fused.{op}: {name} must be a tensor, got {type(t).__name__}")
-    if t.device != ref.device:
-        raise RuntimeError(f"fused.{op}: {name} is on {t.device} but {ref_name} is on {ref.device}")
+    check_tensor(op, name, t)
+    check_same_device(op, name, t, ref_name, ref)
     if t.dtype != ref.dtype:
         raise RuntimeError(f"fused.{op}: {name} has dtype {t.dtype} but {ref_name} has dtype {ref.dtype}")
 
@@ -35,6 +42,12 @@ def check_same_shape(op, name, t, ref_name, ref):
         raise RuntimeError(
             f"fused.{op}: {name} shape {tuple(t.shape)} does not match {ref_name} shape {tuple(ref.shape)}"
         )
+
+
+def check_grad_like(op, grad, ref_name, ref):
+    """The gradient of an output shaped like ref: ref's dtype, device and shape."""
+    check_like(op, "grad", grad, ref_name, ref)
+    check_same_shape(op, "grad", grad, ref_name, ref)
 
 
 def check_bias(op, x, bias):

@@ -40,6 +40,19 @@ def tile(cols):
     return TILE // block_c if block_c < TILE else 1, block_c
 
 
+def tile_meta(t, cols, i64_size):
+    """A [rows, cols] kernel's tile (block_r, block_c) and its launch keywords for tensor t: MATH, BLOCK_R,
+    BLOCK_C, I64 (offsets up to i64_size) and num_warps."""
+    block_r, block_c = tile(cols)
+    meta = dict(MATH=math_dtype(t), BLOCK_R=block_r, BLOCK_C=block_c, I64=needs_i64(i64_size), num_warps=NUM_WARPS)
+    return block_r, block_c, meta
+
+
+def flat_meta(math, n):
+    """A flat kernel's grid over n elements and its launch keywords: MATH, BLOCK, I64 and num_warps."""
+    return (triton.cdiv(n, BLOCK),), dict(MATH=math, BLOCK=BLOCK, I64=needs_i64(n + BLOCK), num_warps=NUM_WARPS)
+
+
 @triton.jit
 def flat_offsets(I64: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)

@@ -103,58 +103,16 @@ def _sgd_samples():
 
 def _adam_samples():
     grads, params, found, coef, inv = _optim_lists()
-
-    def state():
-        return [torch.zeros_like(p) for p in params]
-
     steps = [torch.zeros(()) for _ in params]
-    return [
-        (
-            [p.clone() for p in params],
-            grads,
-            state(),
-            state(),
-            [],
-            steps,
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.01,
-            False,
-            True,
-            False,
-            coef,
-            inv,
-            found,
-            math.inf,
-            [],
-        ),
-        (
-            [p.clone() for p in params],
-            [g.bfloat16() for g in grads],
-            state(),
-            state(),
-            [],
-            steps,
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.01,
-            False,
-            True,
-            False,
-            coef,
-            inv,
-            found,
-            math.inf,
-            [p.bfloat16() for p in params],
-            None,
-            None,
-            True,
-        ),
-    ]  # write_grads
+    hparams = (1e-3, 0.9, 0.999, 1e-8, 0.01, False, True, False)  # lr, betas, eps, decay, amsgrad, decoupled, maximize
+
+    def sample(grads, model_params, *write_grads):
+        exp_avgs, exp_avg_sqs = ([torch.zeros_like(p) for p in params] for _ in range(2))
+        lists = ([p.clone() for p in params], grads, exp_avgs, exp_avg_sqs, [], steps)
+        return (*lists, *hparams, coef, inv, found, math.inf, model_params, *write_grads)
+
+    # the second: bf16 gradients and model params of fp32 masters, with write_grads
+    return [sample(grads, []), sample([g.bfloat16() for g in grads], [p.bfloat16() for p in params], None, None, True)]
 
 
 def _rope(unsqueeze_dim=1, r=16, cos_b=1):  # q (a transposed projection), k, cos, sin, requiring grad

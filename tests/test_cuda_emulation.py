@@ -588,6 +588,33 @@ def metric(p):
     return METRICS.get(p, 4)
 
 
+def emu_distances(emu, a, b, p=2.0, squared=False, la=None, lb=None):
+    """pairwise_distances_direct as the binding launches it: dist [B, N, M] in a's dtype."""
+    (B, N, D), M = a.shape, b.shape[1]
+    dist = out((B, N, M), a.dtype)
+    launch(
+        emu.pairwise_distances_direct, code(a.dtype), metric(p), p, squared, buf(a), buf(b), la, lb, dist, B, N, M, D
+    )
+    return dist
+
+
+def emu_distance_grad(emu, grad, x, y, dist, p=2.0, squared=False, lx=None, ly=None, transposed=False):
+    """pairwise_distances_grad as the binding launches it: the gradient of x [B, R, D] in the math type.
+    transposed: x is b and y is a, so (grad, dist) [B, C, R] are read transposed."""
+    (B, R, D), C = x.shape, y.shape[1]
+    gx = out((B, R, D), torch.float64 if x.dtype == torch.float64 else torch.float32)
+    strides = (1, R) if transposed else (C, 1)
+    args = (code(x.dtype), metric(p), p, squared, buf(x), buf(y), buf(grad), buf(dist), lx, ly, gx, B, R, C, D)
+    launch(emu.pairwise_distances_grad, *args, *strides)
+    return gx
+
+
+def emu_distance_grads(emu, grad, a, b, dist, p=2.0, squared=False, la=None, lb=None):
+    """The gradients of a and b: grad_b is the same kernel with a and b swapped."""
+    ga = emu_distance_grad(emu, grad, a, b, dist, p, squared, la, lb)
+    return ga, emu_distance_grad(emu, grad, b, a, dist, p, squared, lb, la, transposed=True)
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize(
     "p,squared", [(2.0, False), (2.0, True), (1.0, False), (0.0, False), (math.inf, False), (3.5, False), (0.5, False)]
@@ -599,10 +626,7 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     B, N, M, D = 2, 70, 130, 17
     a, b = make((B, N, D), dtype, seed=0), make((B, M, D), dtype, seed=1)
     b[:, 3] = a[:, 5]
-    dist = out((B, N, M), dtype)
-    launch(
-        emu.pairwise_distances_direct, code(dtype), metric(p), p, squared, buf(a), buf(b), None, None, dist, B, N, M, D
-    )
+    dist = emu_distances(emu, a, b, p, squared)
     expected = F.pairwise_distances(a, b, p, squared)
     assert_close(dist, expected, scale=4)
     assert_close(dist, dref.pairwise_distances(a.double(), b.double(), p, squared), dtype, scale=4)
@@ -612,48 +636,7 @@ def test_pairwise_distances_direct_and_grad(emu, p, squared, dtype):
     gdtype = torch.float32 if p == math.inf and dtype in (torch.float16, torch.bfloat16) else dtype
     a, b, dist = a.to(gdtype), b.to(gdtype), F.pairwise_distances(a.to(gdtype), b.to(gdtype), p, squared)
     grad = make((B, N, M), gdtype, seed=2)
-    math_t = torch.float64 if gdtype == torch.float64 else torch.float32
-    ga, gb = out((B, N, D), math_t), out((B, M, D), math_t)
-    launch(
-        emu.pairwise_distances_grad,
-        code(gdtype),
-        metric(p),
-        p,
-        squared,
-        buf(a),
-        buf(b),
-        buf(grad),
-        buf(dist),
-        None,
-        None,
-        ga,
-        B,
-        N,
-        M,
-        D,
-        M,
-        1,
-    )
-    launch(
-        emu.pairwise_distances_grad,
-        code(gdtype),
-        metric(p),
-        p,
-        squared,
-        buf(b),
-        buf(a),
-        buf(grad),
-        buf(dist),
-        None,
-        None,
-        gb,
-        B,
-        M,
-        N,
-        D,
-        1,
-        M,
-    )
+    ga, gb = emu_distance_grads(emu, grad, a, b, dist, p, squared)
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, dist, p, squared)
     a64, b64 = a.double().requires_grad_(), b.double().requires_grad_()
     ref_ga, ref_gb = torch.autograd.grad(dref.pairwise_distances(a64, b64, p, squared), (a64, b64), grad.double())
@@ -667,79 +650,23 @@ def test_pairwise_distances_batches_past_65535(emu):
     """65537 batches: the direct kernel's and the gradient's grids are sliced (65535 + 2 batches)."""
     B = 65537
     a, b = make((B, 1, 2), seed=0), make((B, 1, 2), seed=1)
-    dist = out((B, 1, 1), torch.float32)
-    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), None, None, dist, B, 1, 1, 2)
+    dist = emu_distances(emu, a, b)
     assert_close(dist, torch.cdist(a.double(), b.double()), torch.float32)
     grad = make((B, 1, 1), seed=2)
-    ga = out((B, 1, 2), torch.float32)
-    launch(
-        emu.pairwise_distances_grad, 0, 2, 2.0, False, buf(a), buf(b), buf(grad), dist, None, None, ga, B, 1, 1, 2, 1, 1
-    )
+    ga = emu_distance_grad(emu, grad, a, b, dist)
     assert_close(ga, F.pairwise_distances_backward(grad, a, b, dist, 2.0, False)[0])
 
 
 def test_distance_zero_dimensions(emu):
     """D = 0: every distance is 0, for every metric."""
     for p in (0.0, 1.0, 2.0, math.inf, 3.5):
-        dist = out((2, 3, 4), torch.float32)
-        launch(
-            emu.pairwise_distances_direct,
-            0,
-            metric(p),
-            p,
-            False,
-            buf(torch.zeros(2, 3, 0)),
-            buf(torch.zeros(2, 4, 0)),
-            None,
-            None,
-            dist,
-            2,
-            3,
-            4,
-            0,
-        )
+        dist = emu_distances(emu, torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p)
         assert torch.equal(dist, F.pairwise_distances(torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), p, False))
 
 
 def test_distance_empty_inputs_launch_nothing(emu):
-    dist = out((2, 0, 3), torch.float32)
-    launch(
-        emu.pairwise_distances_direct,
-        0,
-        2,
-        2.0,
-        False,
-        buf(torch.zeros(2, 0, 4)),
-        buf(torch.zeros(2, 3, 4)),
-        None,
-        None,
-        dist,
-        2,
-        0,
-        3,
-        4,
-    )
-    ga = out((2, 3, 0), torch.float32)
-    launch(
-        emu.pairwise_distances_grad,
-        0,
-        2,
-        2.0,
-        False,
-        buf(torch.zeros(2, 3, 0)),
-        buf(torch.zeros(2, 4, 0)),
-        buf(torch.zeros(2, 3, 4)),
-        buf(torch.zeros(2, 3, 4)),
-        None,
-        None,
-        ga,
-        2,
-        3,
-        4,
-        0,
-        4,
-        1,
-    )
+    emu_distances(emu, torch.zeros(2, 0, 4), torch.zeros(2, 3, 4))
+    emu_distance_grad(emu, torch.zeros(2, 3, 4), torch.zeros(2, 3, 0), torch.zeros(2, 4, 0), torch.zeros(2, 3, 4))
 
 
 def test_pairwise_distances_padded_batches(emu):
@@ -751,53 +678,12 @@ def test_pairwise_distances_padded_batches(emu):
     for t, lengths in ((a, la), (b, lb)):
         for i, n in enumerate(lengths.tolist()):
             t[i, n:] = NAN
-    dist = out((B, N, M), torch.float32)
-    launch(emu.pairwise_distances_direct, 0, 2, 2.0, False, buf(a), buf(b), buf(la), buf(lb), dist, B, N, M, D)
+    dist = emu_distances(emu, a, b, la=buf(la), lb=buf(lb))
     expected = F.pairwise_distances(a, b, 2.0, False, la, lb)
     assert_close(dist, expected, scale=4)
     assert not dist.isnan().any() and (dist[1, 13:] == 0).all() and (dist[0, :, 1:] == 0).all()
     grad = make((B, N, M), seed=5)
-    ga, gb = out((B, N, D), torch.float32), out((B, M, D), torch.float32)
-    launch(
-        emu.pairwise_distances_grad,
-        0,
-        2,
-        2.0,
-        False,
-        buf(a),
-        buf(b),
-        buf(grad),
-        dist,
-        buf(la),
-        buf(lb),
-        ga,
-        B,
-        N,
-        M,
-        D,
-        M,
-        1,
-    )
-    launch(
-        emu.pairwise_distances_grad,
-        0,
-        2,
-        2.0,
-        False,
-        buf(b),
-        buf(a),
-        buf(grad),
-        dist,
-        buf(lb),
-        buf(la),
-        gb,
-        B,
-        M,
-        N,
-        D,
-        1,
-        M,
-    )
+    ga, gb = emu_distance_grads(emu, grad, a, b, dist, la=buf(la), lb=buf(lb))
     cpu_ga, cpu_gb = F.pairwise_distances_backward(grad, a, b, expected, 2.0, False, la, lb)
     assert_close(ga, cpu_ga, scale=8)
     assert_close(gb, cpu_gb, scale=8)
@@ -1013,19 +899,15 @@ def hyper_rows(hyper):
     return [] if hyper is None else hyper.double().flatten().tolist()
 
 
-def emu_sgd_step_(
+def emu_update(
     emu,
     ws,
-    params,
-    grads,
-    bufs,
+    kernel,
+    lists,
+    states,
     steps,
-    lr,
-    momentum,
-    dampening,
-    weight_decay,
-    nesterov,
-    maximize,
+    hparams,
+    flags,
     clip_coef,
     grad_scale,
     found_inf,
@@ -1035,37 +917,30 @@ def emu_sgd_step_(
     hyper=None,
     write_grads=False,
 ):
-    use_momentum = momentum != 0
-    lists = [params, grads] + ([bufs] if use_momentum else []) + ([model_params] if model_params else [])
+    """An update launch as optim_cuda.cpp makes it: lists [params, grads, state lists...] (and the model params of
+    master weights), dtype codes from each param's first state (states None: no state), then the op's
+    hyperparameters, clip_value, the op's flags and the arguments every update takes."""
+    params, grads = lists[0], lists[1]
     codes = [
-        update_code(emu, p, g, bufs[i] if use_momentum else None, model_params[i] if model_params else None)
+        update_code(emu, p, g, states[i] if states else None, model_params[i] if model_params else None)
         for i, (p, g) in enumerate(zip(params, grads))
     ]
     seed, stochastic = seed_of(sr_seed)
-    optim_launch(
-        ws,
-        emu.sgd_step,
-        lists,
-        [p.numel() for p in params],
-        codes,
-        steps if use_momentum else [],
-        hyper_rows(hyper),
-        ws,
-        lr,
-        momentum,
-        dampening,
-        weight_decay,
-        clip_value,
-        nesterov,
-        maximize,
-        stochastic,
-        seed,
-        clip_coef,
-        grad_scale,
-        found_inf,
-        NUM_SMS,
-        write_grads,
-    )
+    lists = lists + ([model_params] if model_params else [])
+    numels = [p.numel() for p in params]
+    common = (stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
+    optim_launch(ws, kernel, lists, numels, codes, steps, hyper_rows(hyper), ws, *hparams, clip_value, *flags, *common)
+
+
+def emu_sgd_step_(
+    emu, ws, params, grads, bufs, steps, lr, momentum, dampening, weight_decay, nesterov, maximize, *rest, **kw
+):
+    """F.sgd_step_'s arguments; rest and kw: emu_update's from clip_coef on."""
+    use_momentum = momentum != 0
+    lists = [params, grads] + ([bufs] if use_momentum else [])
+    states, steps = (bufs, steps) if use_momentum else (None, [])
+    hparams = (lr, momentum, dampening, weight_decay)
+    emu_update(emu, ws, emu.sgd_step, lists, states, steps, hparams, (nesterov, maximize), *rest, **kw)
 
 
 def emu_adam_step_(
@@ -1085,51 +960,29 @@ def emu_adam_step_(
     amsgrad,
     decoupled,
     maximize,
-    clip_coef,
-    grad_scale,
-    found_inf,
-    clip_value,
-    model_params,
-    sr_seed=None,
-    hyper=None,
-    write_grads=False,
+    *rest,
+    **kw,
 ):
-    lists = (
-        [params, grads, exp_avgs, exp_avg_sqs]
-        + ([max_exp_avg_sqs] if amsgrad else [])
-        + ([model_params] if model_params else [])
-    )
-    codes = [
-        update_code(emu, p, g, exp_avgs[i], model_params[i] if model_params else None)
-        for i, (p, g) in enumerate(zip(params, grads))
-    ]
-    seed, stochastic = seed_of(sr_seed)
-    optim_launch(
-        ws,
-        emu.adam_step,
-        lists,
-        [p.numel() for p in params],
-        codes,
-        steps,
-        hyper_rows(hyper),
-        ws,
-        lr,
-        beta1,
-        beta2,
-        eps,
-        weight_decay,
-        clip_value,
-        amsgrad,
-        decoupled,
-        maximize,
-        stochastic,
-        seed,
-        clip_coef,
-        grad_scale,
-        found_inf,
-        NUM_SMS,
-        write_grads,
-    )
+    """F.adam_step_'s arguments; rest and kw: emu_update's from clip_coef on."""
+    lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else [])
+    hparams, flags = (lr, beta1, beta2, eps, weight_decay), (amsgrad, decoupled, maximize)
+    emu_update(emu, ws, emu.adam_step, lists, exp_avgs, steps, hparams, flags, *rest, **kw)
+
+
+def step_both(opt, emu, ws, cpu_lists, emu_lists, args, clip_coef, grad_scale, found, clip_value, models, **kw):
+    """One step of F.<opt>_step_ on the CPU lists and of the emulated kernel on the buffers, with the same arguments:
+    clip_coef (float64), grad_scale (None: unscaled) and found_inf as CPU tensors there and as buffers here;
+    models: the (CPU, emulated) model params of master weights."""
+
+    def scalars(make):
+        return make(clip_coef, F64), None if grad_scale is None else make(grad_scale), make(found)
+
+    def cpu_scalar(v, dtype=torch.float32):
+        return torch.tensor(float(v), dtype=dtype)
+
+    getattr(F, f"{opt}_step_")(*cpu_lists, *args, *scalars(cpu_scalar), clip_value, models[0], **kw)
+    emu_step = emu_sgd_step_ if opt == "sgd" else emu_adam_step_
+    emu_step(emu, ws, *emu_lists, *args, *scalars(scalar), clip_value, models[1], **kw)
 
 
 def tensors_of(dtype, seed, scale=1.0):
@@ -1276,34 +1129,9 @@ def test_sgd_step(emu, ws, case, dtype):
         found = float(step == 2)
         args = (0.1, h["momentum"], h["dampening"], h["weight_decay"], h["nesterov"], h["maximize"])
         cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
-        F.sgd_step_(
-            cpu_p,
-            cpu_g,
-            bufs(cpu_b),
-            cpu_s if h["momentum"] else [],
-            *args,
-            torch.tensor(0.5, dtype=F64),
-            torch.tensor(64.0),
-            torch.tensor(found),
-            30.0,
-            [],
-            write_grads=step != 1,
-        )
-        emu_sgd_step_(
-            emu,
-            ws,
-            emu_p,
-            emu_g,
-            bufs(emu_b),
-            emu_s if h["momentum"] else [],
-            *args,
-            scalar(0.5, F64),
-            scalar(64.0),
-            scalar(found),
-            30.0,
-            [],
-            write_grads=step != 1,
-        )
+        cpu_lists = (cpu_p, cpu_g, bufs(cpu_b), bufs(cpu_s))
+        emu_lists = (emu_p, emu_g, bufs(emu_b), bufs(emu_s))
+        step_both("sgd", emu, ws, cpu_lists, emu_lists, args, 0.5, 64.0, found, 30.0, ([], []), write_grads=step != 1)
         assert_update(emu_p, cpu_p)
         assert_grads_written(emu_g, cpu_g, grads, step)
         if h["momentum"]:
@@ -1335,34 +1163,8 @@ def test_adam_step(emu, ws, case, dtype):
         found = float(step == 2)
         args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
         cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
-        F.adam_step_(
-            cpu_p,
-            cpu_g,
-            *cpu_st,
-            cpu_s,
-            *args,
-            torch.tensor(0.5, dtype=F64),
-            torch.tensor(64.0),
-            torch.tensor(found),
-            30.0,
-            [],
-            write_grads=step != 1,
-        )
-        emu_adam_step_(
-            emu,
-            ws,
-            emu_p,
-            emu_g,
-            *emu_st,
-            emu_s,
-            *args,
-            scalar(0.5, F64),
-            scalar(64.0),
-            scalar(found),
-            30.0,
-            [],
-            write_grads=step != 1,
-        )
+        cpu_lists, emu_lists = (cpu_p, cpu_g, *cpu_st, cpu_s), (emu_p, emu_g, *emu_st, emu_s)
+        step_both("adam", emu, ws, cpu_lists, emu_lists, args, 0.5, 64.0, found, 30.0, ([], []), write_grads=step != 1)
         assert_update(emu_p, cpu_p)
         assert_grads_written(emu_g, cpu_g, grads, step)
         for e, c in zip(emu_st, cpu_st):
@@ -1389,70 +1191,17 @@ def test_master_weights_and_fp32_state(emu, ws, opt, low):
         st = state_like(params0, torch.float32, seed=14)
         cpu_st, emu_st = [t.clone() for t in st], [buf(t) for t in st]
         cpu_s, emu_s = [torch.ones(()) for _ in SHAPES], [buf(torch.ones(())) for _ in SHAPES]
+        emu_g = [buf(x) for x in g]
         if opt == "sgd":
             args = (0.0, 0.9, 0.0, 0.0, False, False)  # lr, momentum, dampening, weight decay: the rows'
-            F.sgd_step_(
-                cpu_p,
-                g,
-                cpu_st,
-                cpu_s,
-                *args,
-                torch.tensor(1.0, dtype=F64),
-                None,
-                torch.tensor(0.0),
-                math.inf,
-                cpu_m,
-                hyper=hyper,
-            )
-            emu_sgd_step_(
-                emu,
-                ws,
-                emu_p,
-                [buf(x) for x in g],
-                emu_st,
-                emu_s,
-                *args,
-                scalar(1.0, F64),
-                None,
-                scalar(0.0),
-                math.inf,
-                emu_m,
-                hyper=hyper,
-            )
+            cpu_lists, emu_lists = (cpu_p, g, cpu_st, cpu_s), (emu_p, emu_g, emu_st, emu_s)
+            step_both("sgd", emu, ws, cpu_lists, emu_lists, args, 1.0, None, 0.0, math.inf, (cpu_m, emu_m), hyper=hyper)
         else:
             st2 = state_like(params0, torch.float32, seed=15)
             cpu_st2, emu_st2 = [t.clone() for t in st2], [buf(t) for t in st2]
             args = (1e-2, 0.9, 0.99, 1e-8, 0.1, False, True, False)
-            F.adam_step_(
-                cpu_p,
-                g,
-                cpu_st,
-                cpu_st2,
-                [],
-                cpu_s,
-                *args,
-                torch.tensor(1.0, dtype=F64),
-                None,
-                torch.tensor(0.0),
-                math.inf,
-                cpu_m,
-            )
-            emu_adam_step_(
-                emu,
-                ws,
-                emu_p,
-                [buf(x) for x in g],
-                emu_st,
-                emu_st2,
-                [],
-                emu_s,
-                *args,
-                scalar(1.0, F64),
-                None,
-                scalar(0.0),
-                math.inf,
-                emu_m,
-            )
+            cpu_lists, emu_lists = (cpu_p, g, cpu_st, cpu_st2, [], cpu_s), (emu_p, emu_g, emu_st, emu_st2, [], emu_s)
+            step_both("adam", emu, ws, cpu_lists, emu_lists, args, 1.0, None, 0.0, math.inf, (cpu_m, emu_m))
             assert_update(emu_st2, cpu_st2)
         assert_update(emu_p, cpu_p)
         assert_update(emu_st, cpu_st)
@@ -1469,86 +1218,19 @@ def test_stochastic_rounding(emu, ws, opt):
     grads = tensors_of(torch.bfloat16, 50)
     seed = torch.tensor(-123456789)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
+    emu_g = [buf(g) for g in grads]
     if opt == "sgd":  # lr a power of two: p - lr * g is exact in fp32, so only the rounding is compared
-        F.sgd_step_(
-            cpu_p,
-            grads,
-            [],
-            [],
-            2.0**-6,
-            0.0,
-            0.0,
-            0.0,
-            False,
-            False,
-            torch.tensor(1.0, dtype=F64),
-            None,
-            torch.tensor(0.0),
-            math.inf,
-            [],
-            sr_seed=seed,
-        )
-        emu_sgd_step_(
-            emu,
-            ws,
-            emu_p,
-            [buf(g) for g in grads],
-            [],
-            [],
-            2.0**-6,
-            0.0,
-            0.0,
-            0.0,
-            False,
-            False,
-            scalar(1.0, F64),
-            None,
-            scalar(0.0),
-            math.inf,
-            [],
-            sr_seed=seed,
-        )
-        for e, c in zip(emu_p, cpu_p):
-            assert_equal_bits(e, c)
+        args = (2.0**-6, 0.0, 0.0, 0.0, False, False)
+        cpu_lists, emu_lists = (cpu_p, grads, [], []), (emu_p, emu_g, [], [])
     else:
         st = [state_like(params0, torch.float32, seed=s) for s in (16, 17)]
         steps = [torch.ones(()) for _ in SHAPES]
-        args = (
-            1e-2,
-            0.9,
-            0.99,
-            1e-8,
-            0.0,
-            False,
-            True,
-            False,
-            torch.tensor(1.0, dtype=F64),
-            None,
-            torch.tensor(0.0),
-            math.inf,
-            [],
-        )
-        F.adam_step_(
-            cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps], *args, sr_seed=seed
-        )
-        emu_adam_step_(
-            emu,
-            ws,
-            emu_p,
-            [buf(g) for g in grads],
-            *[[buf(t) for t in s] for s in st],
-            [],
-            [buf(t) for t in steps],
-            *args[:8],
-            scalar(1.0, F64),
-            None,
-            scalar(0.0),
-            math.inf,
-            [],
-            sr_seed=seed,
-        )
-        for e, c in zip(emu_p, cpu_p):
-            assert_equal_bits(e, c)
+        args = (1e-2, 0.9, 0.99, 1e-8, 0.0, False, True, False)
+        cpu_lists = (cpu_p, grads, *[[t.clone() for t in s] for s in st], [], [t.clone() for t in steps])
+        emu_lists = (emu_p, emu_g, *[[buf(t) for t in s] for s in st], [], [buf(t) for t in steps])
+    step_both(opt, emu, ws, cpu_lists, emu_lists, args, 1.0, None, 0.0, math.inf, ([], []), sr_seed=seed)
+    for e, c in zip(emu_p, cpu_p):
+        assert_equal_bits(e, c)
 
 
 # ---------------------------------------------------------------- norm

@@ -149,60 +149,44 @@ inline int __all_sync(unsigned mask, int pred) {
 }
 
 // ---- atomics: one fiber runs at a time, so a plain read-modify-write is atomic ----
-template <typename T> T atomicAdd(T* p, T v) {
-  T old = *p;
-  *p = old + v;
+// Each atomic stores update(old) and returns old.
+template <typename T, typename Update> T fused_emu_atomic(T* p, Update update) {
+  const T old = *p;
+  *p = update(old);
   return old;
+}
+template <typename T> T atomicAdd(T* p, T v) {
+  return fused_emu_atomic(p, [&](T old) { return T(old + v); });
 }
 template <typename T> T atomicSub(T* p, T v) {
-  T old = *p;
-  *p = old - v;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return T(old - v); });
 }
 template <typename T> T atomicExch(T* p, T v) {
-  T old = *p;
-  *p = v;
-  return old;
+  return fused_emu_atomic(p, [&](T) { return v; });
 }
 template <typename T> T atomicMin(T* p, T v) {
-  T old = *p;
-  *p = v < old ? v : old;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return v < old ? v : old; });
 }
 template <typename T> T atomicMax(T* p, T v) {
-  T old = *p;
-  *p = v > old ? v : old;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return v > old ? v : old; });
 }
 template <typename T> T atomicAnd(T* p, T v) {
-  T old = *p;
-  *p = old & v;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return T(old & v); });
 }
 template <typename T> T atomicOr(T* p, T v) {
-  T old = *p;
-  *p = old | v;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return T(old | v); });
 }
 template <typename T> T atomicXor(T* p, T v) {
-  T old = *p;
-  *p = old ^ v;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return T(old ^ v); });
 }
 template <typename T> T atomicCAS(T* p, T compare, T v) {
-  T old = *p;
-  if (old == compare) *p = v;
-  return old;
+  return fused_emu_atomic(p, [&](T old) { return old == compare ? v : old; });
 }
 inline unsigned atomicInc(unsigned* p, unsigned limit) {
-  unsigned old = *p;
-  *p = old >= limit ? 0 : old + 1;
-  return old;
+  return fused_emu_atomic(p, [&](unsigned old) { return old >= limit ? 0u : old + 1; });
 }
 inline unsigned atomicDec(unsigned* p, unsigned limit) {
-  unsigned old = *p;
-  *p = old == 0 || old > limit ? limit : old - 1;
-  return old;
+  return fused_emu_atomic(p, [&](unsigned old) { return old == 0 || old > limit ? limit : old - 1; });
 }
 
 // ---- the math intrinsics the kernels use (a kernel that takes a new one fails to compile here: add it) ----

@@ -88,6 +88,22 @@ inline at::Tensor batch_lengths(const char* op, const char* name, const c10::opt
   return flat;
 }
 
+// batch_lengths of a (lengths_a) and b (lengths_b).
+struct BothLengths {
+  at::Tensor a, b;
+};
+inline BothLengths both_lengths(const char* op, const c10::optional<at::Tensor>& lengths_a,
+                                const c10::optional<at::Tensor>& lengths_b, const at::Tensor& a, const at::Tensor& b,
+                                const Batched& x) {
+  return {batch_lengths(op, "lengths_a", lengths_a, "a", a, x, x.N),
+          batch_lengths(op, "lengths_b", lengths_b, "b", b, x, x.M)};
+}
+
+inline void check_k(const char* op, int64_t k, const Batched& x) {
+  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
+  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+}
+
 // The valid rows of batch bi: lengths[bi], or all `rows` without lengths (CPU lengths from batch_lengths).
 struct Lengths {
   const int64_t* counts;
@@ -102,6 +118,30 @@ inline std::vector<int64_t> out_shape(const Batched& x, int64_t last) {
   s.push_back(x.N);
   s.push_back(last);
   return s;
+}
+
+// pairwise_distances_backward's grad and dist: a's dtype and device, the distances' shape.
+inline void check_distances_grad(const char* op, const at::Tensor& grad, const at::Tensor& dist, const at::Tensor& a,
+                                 const Batched& x) {
+  check_like(op, "grad", grad, "a", a);
+  check_like(op, "dist", dist, "a", a);
+  const auto expected = out_shape(x, x.M);
+  TORCH_CHECK(grad.sizes() == at::IntArrayRef(expected), "fused.", op, ": grad shape ", grad.sizes(),
+              " does not match the distances' shape ", at::IntArrayRef(expected));
+  TORCH_CHECK(dist.sizes() == grad.sizes(), "fused.", op, ": dist shape ", dist.sizes(), " does not match grad shape ",
+              grad.sizes());
+}
+
+// pairwise_topk_backward's grad, values (a's dtype and device) and int64 indices, all [*B, N, k].
+inline void check_topk_grad(const char* op, const at::Tensor& grad, const at::Tensor& values, const at::Tensor& indices,
+                            const at::Tensor& a, const Batched& x) {
+  check_like(op, "grad", grad, "a", a);
+  check_like(op, "values", values, "a", a);
+  TORCH_CHECK(indices.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ", indices.scalar_type());
+  TORCH_CHECK(grad.sizes() == values.sizes() && indices.sizes() == values.sizes() && values.dim() >= 2 &&
+                  values.size(-2) == x.N,
+              "fused.", op, ": grad ", grad.sizes(), ", values ", values.sizes(), " and indices ", indices.sizes(),
+              " must share the shape [*B, N, k]");
 }
 
 // Sums a gradient over the broadcast batch dims back to the input's shape, in the input's dtype.

@@ -104,12 +104,11 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
   const char* op = "pairwise_distances";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
-  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
-  const Lengths la(la_t, x.N), lb(lb_t, x.M);
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
+  const Lengths la(lengths.a, x.N), lb(lengths.b, x.M);
   // Padded pairs are 0: only the valid block of each batch is computed.
-  at::Tensor out = la_t.defined() || lb_t.defined() ? at::zeros(out_shape(x, x.M), a_in.options())
-                                                    : at::empty(out_shape(x, x.M), a_in.options());
+  at::Tensor out = lengths.a.defined() || lengths.b.defined() ? at::zeros(out_shape(x, x.M), a_in.options())
+                                                              : at::empty(out_shape(x, x.M), a_in.options());
   if (out.numel() == 0) return out;
   const Metric metric = metric_of(p);
   FUSED_DISPATCH_FLOATING(out.scalar_type(), "pairwise_distances", [&] {
@@ -262,15 +261,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
   const char* op = "pairwise_distances_backward";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
-  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
-  check_like(op, "grad", grad_in, "a", a_in);
-  check_like(op, "dist", dist_in, "a", a_in);
-  const auto expected = out_shape(x, x.M);
-  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(expected), "fused.", op, ": grad shape ", grad_in.sizes(),
-              " does not match the distances' shape ", at::IntArrayRef(expected));
-  TORCH_CHECK(dist_in.sizes() == grad_in.sizes(), "fused.", op, ": dist shape ", dist_in.sizes(),
-              " does not match grad shape ", grad_in.sizes());
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
+  check_distances_grad(op, grad_in, dist_in, a_in, x);
   const Metric metric = metric_of(p);
   if (x.B * x.N * x.M * x.D == 0 || metric == Metric::P0)
     return {at::zeros_like(a_in, at::MemoryFormat::Contiguous), at::zeros_like(b_in, at::MemoryFormat::Contiguous)};
@@ -283,7 +275,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
     const auto prm = metric_params<T>(p, squared);
     visit_metric(metric, [&](auto tag) {
       std::tie(ga, gb) =
-          grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, Lengths(la_t, x.N), Lengths(lb_t, x.M), prm);
+          grad_both<decltype(tag)::value, T>(x.a, x.b, g, dist, Lengths(lengths.a, x.N), Lengths(lengths.b, x.M), prm);
     });
   });
   return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
@@ -439,9 +431,8 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
                                               const Batched& x, int64_t width, double p, bool squared, bool largest,
                                               const c10::optional<double>& radius_in, const OptTensor& lengths_a,
                                               const OptTensor& lengths_b) {
-  const at::Tensor la_t = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb_t = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
-  const Lengths la(la_t, x.N), lb(lb_t, x.M);
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
+  const Lengths la(lengths.a, x.N), lb(lengths.b, x.M);
   at::Tensor values = at::empty(out_shape(x, width), a_in.options());
   at::Tensor indices = at::empty(out_shape(x, width), a_in.options().dtype(at::kLong));
   if (values.numel() == 0) return {values, indices};
@@ -514,8 +505,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
   const char* op = "pairwise_topk";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
-  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
-  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+  check_k(op, k, x);
   return select_cpu(op, a_in, b_in, x, k, p, squared, largest, c10::nullopt, lengths_a, lengths_b);
 }
 
@@ -537,14 +527,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
   const char* op = "pairwise_topk_backward";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in);
-  check_like(op, "grad", grad_in, "a", a_in);
-  check_like(op, "values", values_in, "a", a_in);
-  TORCH_CHECK(indices_in.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ",
-              indices_in.scalar_type());
-  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() && values_in.dim() >= 2 &&
-                  values_in.size(-2) == x.N,
-              "fused.", op, ": grad ", grad_in.sizes(), ", values ", values_in.sizes(), " and indices ",
-              indices_in.sizes(), " must share the shape [*B, N, k]");
+  check_topk_grad(op, grad_in, values_in, indices_in, a_in, x);
   const int64_t k = values_in.size(-1);
   const Metric metric = metric_of(p);
   if (x.B * x.N * k * x.D == 0 || metric == Metric::P0)

@@ -29,13 +29,12 @@ at::Tensor pairwise_distances_cuda(const at::Tensor& a_in, const at::Tensor& b_i
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
   check_cuda(op, "a", a_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
-  const at::Tensor la = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
   at::Tensor out = at::empty(out_shape(x, x.M), a_in.options());
   if (out.numel() == 0) return out;
   check_launch(op, kd::pairwise_distances_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, x.a.data_ptr(),
-                                                 x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb), out.data_ptr(), x.B,
-                                                 x.N, x.M, x.D, current_stream()));
+                                                 x.b.data_ptr(), lengths_ptr(lengths.a), lengths_ptr(lengths.b),
+                                                 out.data_ptr(), x.B, x.N, x.M, x.D, current_stream()));
   return out;
 }
 
@@ -47,13 +46,10 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
   check_cuda(op, "a", a_in);
-  check_like(op, "grad", grad_in, "a", a_in);
-  check_like(op, "dist", dist_in, "a", a_in);
-  TORCH_CHECK(grad_in.sizes() == at::IntArrayRef(out_shape(x, x.M)) && dist_in.sizes() == grad_in.sizes(), "fused.", op,
-              ": grad ", grad_in.sizes(), " and dist ", dist_in.sizes(), " must have the distances' shape");
+  check_distances_grad(op, grad_in, dist_in, a_in, x);
   const c10::cuda::CUDAGuard guard(a_in.device());
-  const at::Tensor la = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
+  const int64_t *la = lengths_ptr(lengths.a), *lb = lengths_ptr(lengths.b);
   const auto math = at::toOpMathType(a_in.scalar_type());
   at::Tensor ga = at::zeros({x.B, x.N, x.D}, a_in.options().dtype(math));
   at::Tensor gb = at::zeros({x.B, x.M, x.D}, a_in.options().dtype(math));
@@ -61,13 +57,13 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
     at::Tensor g = grad_in.contiguous(), dist = dist_in.contiguous();
     const DType dtype = dtype_of(op, "a", a_in);
     const auto stream = current_stream();
-    check_launch(op, kd::pairwise_distances_grad(dtype, metric_of(p), p, squared, x.a.data_ptr(), x.b.data_ptr(),
-                                                 g.data_ptr(), dist.data_ptr(), lengths_ptr(la), lengths_ptr(lb),
-                                                 ga.data_ptr(), x.B, x.N, x.M, x.D, x.M, 1, stream));
+    check_launch(
+        op, kd::pairwise_distances_grad(dtype, metric_of(p), p, squared, x.a.data_ptr(), x.b.data_ptr(), g.data_ptr(),
+                                        dist.data_ptr(), la, lb, ga.data_ptr(), x.B, x.N, x.M, x.D, x.M, 1, stream));
     // grad_b: the same kernel with a and b swapped and grad, dist read transposed (phi is odd).
-    check_launch(op, kd::pairwise_distances_grad(dtype, metric_of(p), p, squared, x.b.data_ptr(), x.a.data_ptr(),
-                                                 g.data_ptr(), dist.data_ptr(), lengths_ptr(lb), lengths_ptr(la),
-                                                 gb.data_ptr(), x.B, x.M, x.N, x.D, 1, x.M, stream));
+    check_launch(
+        op, kd::pairwise_distances_grad(dtype, metric_of(p), p, squared, x.b.data_ptr(), x.a.data_ptr(), g.data_ptr(),
+                                        dist.data_ptr(), lb, la, gb.data_ptr(), x.B, x.M, x.N, x.D, 1, x.M, stream));
   }
   return {reduce_to(ga, x, x.N, a_in), reduce_to(gb, x, x.M, b_in)};
 }
@@ -79,8 +75,7 @@ std::tuple<at::Tensor, at::Tensor> select_cuda(const char* op, const at::Tensor&
                                                const OptTensor& lengths_b) {
   check_cuda(op, "a", a_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
-  const at::Tensor la = batch_lengths(op, "lengths_a", lengths_a, "a", a_in, x, x.N);
-  const at::Tensor lb = batch_lengths(op, "lengths_b", lengths_b, "b", b_in, x, x.M);
+  const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
   const int64_t keep = std::max<int64_t>(1, std::min(width, x.M));
   TORCH_CHECK(x.D * at::elementSize(at::toOpMathType(a_in.scalar_type())) <= kd::kSelectTileBytes, "fused.", op,
               ": the CUDA C++ kernel takes D up to ", kd::kSelectTileBytes / 4, " (float64: ", kd::kSelectTileBytes / 8,
@@ -92,7 +87,7 @@ std::tuple<at::Tensor, at::Tensor> select_cuda(const char* op, const at::Tensor&
   if (values.numel() == 0) return {values, indices};
   check_launch(
       op, kd::select_direct(dtype_of(op, "a", a_in), metric_of(p), p, squared, largest, within, radius, x.a.data_ptr(),
-                            x.b.data_ptr(), lengths_ptr(la), lengths_ptr(lb), values.data_ptr(),
+                            x.b.data_ptr(), lengths_ptr(lengths.a), lengths_ptr(lengths.b), values.data_ptr(),
                             indices.data_ptr<int64_t>(), x.B, x.N, x.M, x.D, keep, width, current_stream()));
   return {values, indices};
 }
@@ -103,8 +98,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cuda(const at::Tensor& a_in, co
   const char* op = "pairwise_topk";
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
-  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
-  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+  check_k(op, k, x);
   return select_cuda(op, a_in, b_in, x, k, p, squared, largest, false, 0.0, lengths_a, lengths_b);
 }
 
@@ -127,14 +121,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
   check_p(op, p, squared);
   Batched x = batched(op, a_in, b_in, /*to_math=*/false);
   check_cuda(op, "a", a_in);
-  check_like(op, "grad", grad_in, "a", a_in);
-  check_like(op, "values", values_in, "a", a_in);
-  TORCH_CHECK(indices_in.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ",
-              indices_in.scalar_type());
-  TORCH_CHECK(grad_in.sizes() == values_in.sizes() && indices_in.sizes() == values_in.sizes() && values_in.dim() >= 2 &&
-                  values_in.size(-2) == x.N,
-              "fused.", op, ": grad ", grad_in.sizes(), ", values ", values_in.sizes(), " and indices ",
-              indices_in.sizes(), " must share the shape [*B, N, k]");
+  check_topk_grad(op, grad_in, values_in, indices_in, a_in, x);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const int64_t k = values_in.size(-1);
   const auto math = at::toOpMathType(a_in.scalar_type());

@@ -1,6 +1,8 @@
 // Argument handling shared by the CPU kernels and the CUDA binding of the elementwise family.
 #pragma once
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -39,11 +41,42 @@ inline Rows as_rows(const at::Tensor& t_in) {
   return {t, rows, cols, stride};
 }
 
+// The gradient of an output shaped like `ref`: ref's dtype, device and shape.
+inline void check_grad_like(const char* op, const at::Tensor& grad, const char* ref_name, const at::Tensor& ref) {
+  check_like(op, "grad", grad, ref_name, ref);
+  check_same_shape(op, "grad", grad, ref_name, ref);
+}
+
+// bias_act and bias_dropout_add: x and an optional bias [x.size(-1)].
+inline void check_x_bias(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  check_floating(op, "x", x);
+  if (bias) check_bias(op, x, *bias);
+}
+
+inline void check_bias_dropout_add(const char* op, const at::Tensor& x, const std::optional<at::Tensor>& bias,
+                                   const at::Tensor& residual) {
+  check_x_bias(op, x, bias);
+  check_like(op, "residual", residual, "x", x);
+  check_same_shape(op, "residual", residual, "x", x);
+}
+
+// bias_act_backward's outputs: grad_x like x and grad_bias like bias ([0] without one), zeroed when x is empty.
+inline std::tuple<at::Tensor, at::Tensor> bias_act_grads(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
+  at::Tensor grad_x = at::empty_like(x);
+  at::Tensor grad_bias = bias ? at::empty_like(*bias) : at::empty({0}, x.options());
+  if (x.numel() == 0) grad_bias.zero_();
+  return {grad_x, grad_bias};
+}
+
 inline void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
   check_floating(op, "gate", gate);
   check_like(op, "up", up, "gate", gate);
   TORCH_CHECK(gate.sizes() == up.sizes(), "fused.", op, ": gate and up must have the same shape, got ", gate.sizes(),
               " and ", up.sizes());
+}
+
+inline void check_p(const char* op, double p) {
+  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
 }
 
 inline uint64_t seed_value(const char* op, const at::Tensor& seed) {
@@ -52,8 +85,10 @@ inline uint64_t seed_value(const char* op, const at::Tensor& seed) {
   return static_cast<uint64_t>(seed.item<int64_t>());
 }
 
-inline void check_p(const char* op, double p) {
-  TORCH_CHECK(p >= 0.0 && p <= 1.0, "fused.", op, ": p must be in [0, 1], got ", p);
+// The dropout ops' p (checked) and seed: the Philox key.
+inline uint64_t dropout_seed(const char* op, double p, const at::Tensor& seed) {
+  check_p(op, p);
+  return seed_value(op, seed);
 }
 
 inline std::vector<std::pair<UnaryOp, double>> parse_chain(const char* op, const std::vector<std::string>& ops) {

@@ -18,8 +18,7 @@ template <typename T, typename scalar_t> std::vector<T> bias_in_math_type(const 
 
 at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in, c10::string_view act) {
   const Act a = parse_act("bias_act", act);
-  check_floating("bias_act", "x", x_in);
-  if (bias_in) check_bias("bias_act", x_in, *bias_in);
+  check_x_bias("bias_act", x_in, bias_in);
   at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
@@ -55,17 +54,13 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_
                                                          const std::optional<at::Tensor>& bias_in,
                                                          c10::string_view act) {
   const Act a = parse_act("bias_act_backward", act);
-  check_like("bias_act_backward", "grad", grad_in, "x", x_in);
-  check_same_shape("bias_act_backward", "grad", grad_in, "x", x_in);
+  check_grad_like("bias_act_backward", grad_in, "x", x_in);
   if (bias_in) check_bias("bias_act_backward", x_in, *bias_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
-  at::Tensor grad_x = at::empty_like(x);
-  at::Tensor grad_bias = bias_in ? at::empty_like(*bias_in) : at::empty({0}, x.options());
+  at::Tensor grad_x, grad_bias;
+  std::tie(grad_x, grad_bias) = bias_act_grads(x, bias_in);
   const int64_t n = x.numel();
-  if (n == 0) {
-    grad_bias.zero_();
-    return {grad_x, grad_bias};
-  }
+  if (n == 0) return {grad_x, grad_bias};
   FUSED_DISPATCH_FLOATING(x.scalar_type(), "bias_act_backward", [&] {
     using T = at::opmath_type<scalar_t>;
     std::vector<T> bias;
@@ -140,8 +135,7 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
                                                     const at::Tensor& up_in, c10::string_view act) {
   const Act a = parse_act("glu_backward", act);
   check_glu("glu_backward", gate_in, up_in);
-  check_like("glu_backward", "grad", grad_in, "gate", gate_in);
-  check_same_shape("glu_backward", "grad", grad_in, "gate", gate_in);
+  check_grad_like("glu_backward", grad_in, "gate", gate_in);
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
@@ -196,12 +190,8 @@ void dropout_scale_block(T* keep, int64_t i, int64_t len, uint64_t seed, uint64_
 at::Tensor bias_dropout_add_seeded_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in,
                                        const at::Tensor& residual_in, double p, const at::Tensor& seed_t) {
   const char* op = "bias_dropout_add";
-  check_floating(op, "x", x_in);
-  if (bias_in) check_bias(op, x_in, *bias_in);
-  check_like(op, "residual", residual_in, "x", x_in);
-  check_same_shape(op, "residual", residual_in, "x", x_in);
-  check_p(op, p);
-  const uint64_t seed = seed_value(op, seed_t);
+  check_bias_dropout_add(op, x_in, bias_in, residual_in);
+  const uint64_t seed = dropout_seed(op, p, seed_t);
   at::Tensor x = x_in.contiguous(), res = residual_in.contiguous();
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
@@ -240,8 +230,7 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
                                                         bool bias_grad) {
   const char* op = "dropout_backward";
   check_floating(op, "grad", grad_in);
-  check_p(op, p);
-  const uint64_t seed = seed_value(op, seed_t);
+  const uint64_t seed = dropout_seed(op, p, seed_t);
   at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(grad);
   const int64_t C = bias_grad ? grad.size(-1) : 0;
@@ -367,8 +356,7 @@ at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor&
                                     const std::vector<std::string>& ops) {
   const Chain chain = parse_chain("unary_chain_backward", ops);
   check_floating("unary_chain_backward", "x", x_in);
-  check_like("unary_chain_backward", "grad", grad_in, "x", x_in);
-  check_same_shape("unary_chain_backward", "grad", grad_in, "x", x_in);
+  check_grad_like("unary_chain_backward", grad_in, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor gx = at::empty_like(x);
   const int64_t n = x.numel();

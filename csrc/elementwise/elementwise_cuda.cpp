@@ -28,9 +28,8 @@ at::Tensor column_sum_workspace(const at::Tensor& like, int64_t rows, int64_t C)
 at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in, c10::string_view act) {
   const char* op = "bias_act";
   const Act a = parse_act(op, act);
-  check_floating(op, "x", x_in);
+  check_x_bias(op, x_in, bias_in);
   check_cuda(op, "x", x_in);
-  if (bias_in) check_bias(op, x_in, *bias_in);
   const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous();
@@ -48,21 +47,17 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
                                                           c10::string_view act) {
   const char* op = "bias_act_backward";
   const Act a = parse_act(op, act);
-  check_like(op, "grad", grad_in, "x", x_in);
-  check_same_shape(op, "grad", grad_in, "x", x_in);
+  check_grad_like(op, grad_in, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
   check_cuda(op, "x", x_in);
   const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
-  at::Tensor grad_x = at::empty_like(x);
-  at::Tensor grad_bias = bias ? at::empty_like(*bias) : at::empty({0}, x.options());
+  at::Tensor grad_x, grad_bias;
+  std::tie(grad_x, grad_bias) = bias_act_grads(x, bias_in);
   const int64_t n = x.numel();
-  if (n == 0) {
-    grad_bias.zero_();
-    return {grad_x, grad_bias};
-  }
+  if (n == 0) return {grad_x, grad_bias};
   const int64_t C = bias ? x.size(-1) : 1;
   at::Tensor workspace = bias ? column_sum_workspace(x, n / C, C) : at::Tensor();
   check_launch(op, cuda::bias_act_backward(dtype, a, grad.data_ptr(), x.data_ptr(), data_or_null(bias),
@@ -94,8 +89,7 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
   check_cuda(op, "gate", gate_in);
-  check_like(op, "grad", grad_in, "gate", gate_in);
-  check_same_shape(op, "grad", grad_in, "gate", gate_in);
+  check_grad_like(op, grad_in, "gate", gate_in);
   const DType dtype = dtype_of(op, "gate", gate_in);
   const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
@@ -111,17 +105,13 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
 // ---- bias_dropout_add ----
 
 cuda::Dropout dropout_params(const char* op, double p, const at::Tensor& seed) {
-  check_p(op, p);
-  return {seed_value(op, seed), dropout_threshold(p), p < 1.0 ? 1.0 / (1.0 - p) : 0.0};
+  return {dropout_seed(op, p, seed), dropout_threshold(p), p < 1.0 ? 1.0 / (1.0 - p) : 0.0};
 }
 
 at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>& bias_in,
                                         const at::Tensor& residual_in, double p, const at::Tensor& seed) {
   const char* op = "bias_dropout_add";
-  check_floating(op, "x", x_in);
-  if (bias_in) check_bias(op, x_in, *bias_in);
-  check_like(op, "residual", residual_in, "x", x_in);
-  check_same_shape(op, "residual", residual_in, "x", x_in);
+  check_bias_dropout_add(op, x_in, bias_in, residual_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
   check_cuda(op, "x", x_in);
   const DType dtype = dtype_of(op, "x", x_in);
@@ -189,8 +179,7 @@ at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor
   const char* op = "unary_chain_backward";
   const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
-  check_like(op, "grad", grad_in, "x", x_in);
-  check_same_shape(op, "grad", grad_in, "x", x_in);
+  check_grad_like(op, grad_in, "x", x_in);
   check_cuda(op, "x", x_in);
   const DType dtype = dtype_of(op, "x", x_in);
   const c10::cuda::CUDAGuard guard(x_in.device());

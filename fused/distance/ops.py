@@ -60,12 +60,10 @@ def check_lengths(op, name, lengths, t_name, t):
     """A padded batch's valid row counts: int64, on t's device, of t's batch shape (values: check_length_values)."""
     if lengths is None:
         return
-    if not isinstance(lengths, torch.Tensor):
-        raise TypeError(f"fused.{op}: {name} must be a tensor, got {type(lengths).__name__}")
+    _checks.check_tensor(op, name, lengths)
     if lengths.dtype != torch.int64:
         raise RuntimeError(f"fused.{op}: {name} must be an int64 tensor, got {lengths.dtype}")
-    if lengths.device != t.device:
-        raise RuntimeError(f"fused.{op}: {name} is on {lengths.device} but {t_name} is on {t.device}")
+    _checks.check_same_device(op, name, lengths, t_name, t)
     if lengths.shape != t.shape[:-2]:
         raise RuntimeError(
             f"fused.{op}: {name} must have the batch shape of {t_name} {list(t.shape[:-2])}, got {list(lengths.shape)}"

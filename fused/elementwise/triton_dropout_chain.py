@@ -9,18 +9,16 @@ from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.triton_math import NONE, keep_scale_at, keep_scale_block, unary_fwd, unary_grad_step
 from fused.triton_utils import (
-    BLOCK,
-    NUM_WARPS,
+    flat_meta,
     flat_offsets,
     math_dtype,
     math_torch_dtype,
-    needs_i64,
     on_device_of,
     program_2d,
     rows_cols,
     scalar_in,
-    tile,
     tile_index,
+    tile_meta,
     to_out,
 )
 
@@ -114,7 +112,8 @@ def _launch_dropout(x, bias, residual, p, seed):
     y = torch.empty_like(x)
     if n:
         threshold, scale = _threshold_scale(p)
-        _dropout_kernel[(triton.cdiv(n, BLOCK),)](
+        grid, meta = flat_meta(math_dtype(x), n)
+        _dropout_kernel[grid](
             x,
             bias if bias is not None else x,
             residual if residual is not None else x,
@@ -126,12 +125,9 @@ def _launch_dropout(x, bias, residual, p, seed):
             scale,
             HAS_BIAS=bias is not None,
             HAS_RESIDUAL=residual is not None,
-            MATH=math_dtype(x),
-            BLOCK=BLOCK,
-            I64=needs_i64(n + BLOCK),
-            num_warps=NUM_WARPS,
-            enable_fp_fusion=False,
-        )  # the CPU rounds (x + b) * keep before adding the residual
+            enable_fp_fusion=False,  # the CPU rounds (x + b) * keep before adding the residual
+            **meta,
+        )
     return y
 
 
@@ -164,26 +160,13 @@ def dropout_backward(grad, p, seed, bias_grad):
     grad_x = torch.empty_like(grad)
     if grad.numel() == 0:
         return grad_x, grad.new_zeros(cols)
-    block_r, block_c = tile(cols)
+    block_r, block_c, meta = tile_meta(grad, cols, grad.numel())
     col_blocks = triton.cdiv(cols, block_c)
     chunks, rows_per_chunk = bias_grad_chunks(rows, col_blocks, block_r)
     partial = torch.empty((chunks, cols), dtype=math_torch_dtype(grad), device=grad.device)
     threshold, scale = _threshold_scale(p)
     _dropout_bias_grad_kernel[(chunks * col_blocks,)](
-        grad,
-        grad_x,
-        partial,
-        rows,
-        cols,
-        rows_per_chunk,
-        seed,
-        threshold,
-        scale,
-        MATH=math_dtype(grad),
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        I64=needs_i64(grad.numel()),
-        num_warps=NUM_WARPS,
+        grad, grad_x, partial, rows, cols, rows_per_chunk, seed, threshold, scale, **meta
     )
     return grad_x, partial.sum(0).to(grad.dtype)  # fixed-order torch reduction of the partial sums
 
@@ -282,7 +265,8 @@ def _launch_chain(x, g, y, gy, part, math):
     scalars = {f"S{k}": s for k, (_, s) in enumerate(ops)}
     names = {f"OP{k}": name for k, (name, _) in enumerate(ops)}
     n = x.numel()
-    _chain_kernel[(triton.cdiv(n, BLOCK),)](
+    grid, meta = flat_meta(math, n)
+    _chain_kernel[grid](
         x,
         g if g is not None else x,
         y if y is not None else x,
@@ -292,10 +276,7 @@ def _launch_chain(x, g, y, gy, part, math):
         **names,
         GRAD=g is not None,
         STORE_Y=y is not None,
-        MATH=math,
-        BLOCK=BLOCK,
-        I64=needs_i64(n + BLOCK),
-        num_warps=NUM_WARPS,
+        **meta,
     )
 
 
@@ -323,8 +304,7 @@ def unary_chain_backward(grad, x, ops):
     (long chains: two extra tensors read and written per extra pass); the gradient is multiplied op by op in
     chain order, as in one pass."""
     _ops.check_unary_chain("unary_chain_backward", x, ops)
-    _ops._checks.check_like("unary_chain_backward", "grad", grad, "x", x)
-    _ops._checks.check_same_shape("unary_chain_backward", "grad", grad, "x", x)
+    _ops._checks.check_grad_like("unary_chain_backward", grad, "x", x)
     passes = _chain_passes("unary_chain_backward", ops)
     x, grad = x.contiguous(), grad.contiguous()
     grad_x = torch.empty_like(x)

@@ -20,18 +20,7 @@ from fused.elementwise.triton_dropout_chain import (
     unary_chain_backward,
 )
 from fused.triton_math import act_fwd, act_grad
-from fused.triton_utils import (
-    NUM_WARPS,
-    math_dtype,
-    math_torch_dtype,
-    needs_i64,
-    on_device_of,
-    program_2d,
-    rows_cols,
-    tile,
-    tile_index,
-    to_out,
-)
+from fused.triton_utils import math_torch_dtype, on_device_of, program_2d, rows_cols, tile_index, tile_meta, to_out
 
 
 # ---- bias_act ----
@@ -101,58 +90,32 @@ def bias_act(x, bias=None, act="gelu"):
     rows, cols = rows_cols(x)
     if x.numel() == 0:
         return y
-    block_r, block_c = tile(cols)
+    block_r, block_c, meta = tile_meta(x, cols, x.numel())
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
-    _bias_act_kernel[grid](
-        x,
-        bias.contiguous() if bias is not None else x,
-        y,
-        rows,
-        cols,
-        ACT=act,
-        HAS_BIAS=bias is not None,
-        MATH=math_dtype(x),
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        I64=needs_i64(x.numel()),
-        num_warps=NUM_WARPS,
-    )
+    b = bias.contiguous() if bias is not None else x
+    _bias_act_kernel[grid](x, b, y, rows, cols, ACT=act, HAS_BIAS=bias is not None, **meta)
     return y
 
 
 @on_device_of
 def bias_act_backward(grad, x, bias, act):
     _ops.check_bias_act("bias_act_backward", x, bias, act)
-    _ops._checks.check_like("bias_act_backward", "grad", grad, "x", x)
-    _ops._checks.check_same_shape("bias_act_backward", "grad", grad, "x", x)
+    _ops._checks.check_grad_like("bias_act_backward", grad, "x", x)
     x, grad = x.contiguous(), grad.contiguous()
     grad_x = torch.empty_like(x)
     rows, cols = rows_cols(x)
     if x.numel() == 0:
         return grad_x, torch.zeros_like(bias) if bias is not None else x.new_empty(0)
-    block_r, block_c = tile(cols)
+    block_r, block_c, meta = tile_meta(x, cols, x.numel())
     col_blocks = triton.cdiv(cols, block_c)
     if bias is not None:
         chunks, rows_per_chunk = bias_grad_chunks(rows, col_blocks, block_r)
         partial = torch.empty((chunks, cols), dtype=math_torch_dtype(x), device=x.device)
     else:  # one chunk per row block; no partial sums
         chunks, rows_per_chunk, partial = triton.cdiv(rows, block_r), block_r, grad_x
+    b = bias.contiguous() if bias is not None else x
     _bias_act_backward_kernel[(chunks * col_blocks,)](
-        grad,
-        x,
-        bias.contiguous() if bias is not None else x,
-        grad_x,
-        partial,
-        rows,
-        cols,
-        rows_per_chunk,
-        ACT=act,
-        HAS_BIAS=bias is not None,
-        MATH=math_dtype(x),
-        BLOCK_R=block_r,
-        BLOCK_C=block_c,
-        I64=needs_i64(x.numel()),
-        num_warps=NUM_WARPS,
+        grad, x, b, grad_x, partial, rows, cols, rows_per_chunk, ACT=act, HAS_BIAS=bias is not None, **meta
     )
     if bias is None:
         return grad_x, x.new_empty(0)
@@ -222,26 +185,10 @@ def _launch_glu(gate, up, grad, act, backward):
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     grad_up = torch.empty_like(y) if backward else y
     if y.numel():
-        block_r, block_c = tile(cols)
+        block_r, block_c, meta = tile_meta(gate, cols, rows * max(g_stride, u_stride, cols))
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
-        _glu_kernel[grid](
-            g,
-            u,
-            grad if backward else g,
-            y,
-            grad_up,
-            rows,
-            cols,
-            g_stride,
-            u_stride,
-            ACT=act,
-            BACKWARD=backward,
-            MATH=math_dtype(gate),
-            BLOCK_R=block_r,
-            BLOCK_C=block_c,
-            I64=needs_i64(rows * max(g_stride, u_stride, cols)),
-            num_warps=NUM_WARPS,
-        )
+        d = grad if backward else g
+        _glu_kernel[grid](g, u, d, y, grad_up, rows, cols, g_stride, u_stride, ACT=act, BACKWARD=backward, **meta)
     return (y, grad_up) if backward else y
 
 
@@ -254,8 +201,7 @@ def glu(gate, up, act="silu"):
 @on_device_of
 def glu_backward(grad, gate, up, act):
     _ops.check_glu("glu_backward", gate, up, act)
-    _ops._checks.check_like("glu_backward", "grad", grad, "gate", gate)
-    _ops._checks.check_same_shape("glu_backward", "grad", grad, "gate", gate)
+    _ops._checks.check_grad_like("glu_backward", grad, "gate", gate)
     return _launch_glu(gate, up, grad.contiguous(), act, backward=True)
 
 
