@@ -14,6 +14,7 @@ from fused.linear import reference as linear_ref
 from fused.loss import reference as loss_ref
 from fused.norm import reference as norm_ref
 from fused.optim import reference as optim_ref
+from fused.rope import reference as rope_ref
 from tests.harness import make
 
 
@@ -154,6 +155,27 @@ def _adam_samples():
             True,
         ),
     ]  # write_grads
+
+
+def _rope(unsqueeze_dim=1, r=16, cos_b=1):  # q (a transposed projection), k, cos, sin, requiring grad
+    b, hq, hk, s, d = 2, 4, 2, 3, 16
+    q = _x(b, s, hq, d, seed=70, requires_grad=True)
+    k = _x(b, hk, s, d, seed=71, requires_grad=True)
+    if unsqueeze_dim == 1:
+        q = q.detach().transpose(1, 2).requires_grad_()
+    else:
+        k = k.detach().transpose(1, 2).contiguous().requires_grad_()
+    cos = _x(cos_b, s, r // 2, seed=72).repeat(1, 1, 2).requires_grad_()
+    return q, k, cos, _x(cos_b, s, r, seed=73, requires_grad=True), unsqueeze_dim
+
+
+def _rope_backward_samples():
+    cos, sin = (t.detach() for t in _rope()[2:4])
+    cos2, sin2 = (t.detach() for t in _rope(2, r=8, cos_b=2)[2:4])
+    return [
+        (_x(2, 4, 3, 16, seed=74), _x(2, 2, 3, 16, seed=75), cos, sin, 1, False),
+        (_x(2, 3, 4, 16, seed=74), _x(2, 3, 2, 16, seed=75), cos2, sin2, 2, True),
+    ]
 
 
 def _grad_norm_samples():
@@ -325,6 +347,9 @@ OPS = {
         norm_ref.norm_fwd,
     ),
     "norm_backward": Op(_norm_backward_samples, backward_of="norm_fwd"),
+    # rope (the keyword interleaved: test_rope.py's opcheck)
+    "rope": Op(lambda: [_rope(), _rope(2, r=8, cos_b=2)], rope_ref.rope),
+    "rope_backward": Op(_rope_backward_samples, backward_of="rope"),
     # optim: in-place steps over lists of tensors, no autograd
     "grad_norm": Op(_grad_norm_samples, optim_ref.clip_grad_norm_, differentiable=False),
     "scale_grads_": Op(
