@@ -3,10 +3,7 @@ gradient as accurate as eager's against a float64 copy, greedy generation unchan
 with fused.optim.AdamW tracking eager + torch AdamW, the fused ops visible in a profile, errors, and FSDP2."""
 
 import copy
-import datetime
-import gc
 import os
-import sys
 import tempfile
 
 import pytest
@@ -16,24 +13,6 @@ import fused
 from tests.harness import assert_accuracy
 
 transformers = pytest.importorskip("transformers")
-
-# TEMPORARY stand-in until branch rope (fused.rope) is merged: transformers' formula, so rope patching is
-# exercised through the adapter but its kernel is not. Removed at the merge.
-ROPE_STAND_IN = not hasattr(fused, "rope")
-if ROPE_STAND_IN:
-
-    def _rope_stand_in(q, k, cos, sin, unsqueeze_dim=1, *, interleaved=False):
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        r = cos.shape[-1]
-
-        def rotate(x):
-            x_rot, x_pass = x[..., :r], x[..., r:]
-            half = torch.cat((-x_rot[..., r // 2 :], x_rot[..., : r // 2]), dim=-1)
-            return torch.cat((x_rot * cos + half * sin, x_pass), dim=-1)
-
-        return rotate(q), rotate(k)
-
-    fused.rope = _rope_stand_in
 
 VOCAB = 128
 COMMON = dict(
@@ -73,9 +52,6 @@ FAMILIES = list(configs())
 # The fused ops each family's training step must run (by profiler name), besides fused::linear_cross_entropy.
 EXPECTED_OPS = {name: {"fused::norm_fwd", "fused::glu", "fused::rope"} for name in FAMILIES}
 EXPECTED_OPS["gpt2"] = {"fused::norm_fwd", "fused::linear_act"}
-if ROPE_STAND_IN:
-    for ops in EXPECTED_OPS.values():
-        ops.discard("fused::rope")
 
 
 def make_model(name, dtype=torch.float32, seed=0):
@@ -243,7 +219,7 @@ def test_patching_twice_is_harmless():
 
 # ---- FSDP2: a patched Llama, fully_shard per decoder layer, 2 gloo processes --------------------------------------
 
-WORLD = 2
+WORLD = 2  # as tests/test_distributed_optim.py's run_worker
 
 
 def fsdp_losses(model, rank, steps=4):
@@ -266,26 +242,16 @@ def fsdp_losses(model, rank, steps=4):
     return torch.stack(losses)
 
 
-def fsdp_worker(rank, init_file):
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD, timeout=datetime.timedelta(minutes=2)
-    )
-    torch.set_num_threads(1)
+def fsdp_body(rank):
     eager = fsdp_losses(make_model("llama"), rank)
-    patched = fsdp_losses(fused.patch(make_model("llama")), rank)
+    patched = fsdp_losses(fused.patch(make_model("llama")), rank)  # patch first: fully_shard swaps classes too
     torch.testing.assert_close(patched, eager, rtol=1e-5, atol=0)
-    dist.barrier()  # as tests/test_distributed_optim.py: tear the group down, then leave without finalisation
-    gc.collect()
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 def test_fsdp2_same_losses_as_unpatched():
     import torch.multiprocessing as mp
 
+    from tests.test_distributed_optim import run_worker  # gloo set-up and a teardown that cannot abort
+
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(fsdp_worker, args=(os.path.join(tmp, "init"),), nprocs=WORLD, join=True)
+        mp.spawn(run_worker, args=(fsdp_body, os.path.join(tmp, "init")), nprocs=WORLD, join=True)
