@@ -67,7 +67,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="timed steps per variant, interleaved")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default="benchmarks/results/transformers")
     args = parser.parse_args()
     args.dtype = getattr(torch, args.dtype)
     device = "cuda" if torch.cuda.is_available() else "cpu"
