@@ -150,7 +150,8 @@ def _causal_lm_forward(self, *args, **kwargs):
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
-    extra = {key: value for key, value in outputs.items() if key != "last_hidden_state"}
+    fields = CausalLMOutputWithPast.__dataclass_fields__  # the base model's cache, hidden states, attentions
+    extra = {key: value for key, value in outputs.items() if key in fields}
     return CausalLMOutputWithPast(loss=loss, logits=None, **extra)
 
 
@@ -200,7 +201,7 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
         found = 0
         for module in model.modules():
             name = type(module).__name__
-            if family.norm == "layer" and type(module) is nn.LayerNorm:
+            if family.norm == "layer" and type(module) in (nn.LayerNorm, fused.nn.FusedLayerNorm):
                 plan.append((module, fused.nn.FusedLayerNorm, {}))
                 found += 1
             elif family.norm != "layer" and name == f"{p}RMSNorm":
@@ -261,8 +262,6 @@ def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss
     family = FAMILIES.get(model_type)
     if family is None or not isinstance(model, nn.Module):
         _fail(model, f"(model_type {model_type!r}) is not a supported transformers model")
-    if rope and family.rope and not hasattr(fused, "rope"):
-        _fail(model, "needs fused.rope, which this build lacks (pass rope=False)")
     for module, new_cls, attrs in _plan(model, family, rope, norm, mlp, loss):
         if not getattr(type(module), "_fused_patched", False) and type(module) is not fused.nn.FusedLayerNorm:
             module.__class__ = new_cls

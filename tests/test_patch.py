@@ -210,8 +210,9 @@ def test_modules_not_where_expected_raise_and_patch_nothing():
     assert not swapped(model)
 
 
-def test_patching_twice_is_harmless():
-    model = make_model("llama")
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_patching_twice_is_harmless(name):
+    model = make_model(name)
     once = copy.deepcopy(fused.patch(copy.deepcopy(model)))
     twice = fused.patch(fused.patch(model))
     ids, labels = batch()
