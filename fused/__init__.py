@@ -14,8 +14,8 @@ from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
 from fused.linear import linear_act
 from fused.loss import cross_entropy, linear_cross_entropy
 from fused.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
-from fused.rope import rope
 from fused.patch import patch  # the function; the module stays sys.modules["fused.patch"]
+from fused.rope import rope
 
 __version__ = "0.1.0"
 
