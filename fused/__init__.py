@@ -14,6 +14,7 @@ from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
 from fused.linear import linear_act
 from fused.loss import cross_entropy, linear_cross_entropy
 from fused.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
+from fused.patch import patch  # the function; the module stays sys.modules["fused.patch"]
 from fused.rope import rope
 
 __version__ = "0.1.0"
@@ -41,4 +42,5 @@ __all__ = [
     "amp",
     "set_backend",
     "get_backend",
+    "patch",
 ]

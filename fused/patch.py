@@ -1,0 +1,273 @@
+"""fused.patch(model): fused's kernels inside a built Hugging Face transformers model, in place.
+
+Each patched module keeps its object, parameters and state_dict keys: only its class is swapped for a subclass
+(same name, so save_pretrained writes the same architecture) whose forward calls fused. Everything is checked
+before anything is swapped, so a model that does not look as expected raises ValueError and stays unpatched.
+The attention modules keep transformers' own forward, run with `apply_rotary_pos_emb` bound to fused.rope.
+transformers is imported only here (`pip install fused[transformers]`)."""
+
+import inspect
+import types
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+import fused
+
+# The transformers releases tests/test_patch.py ran against.
+TESTED_TRANSFORMERS = ("5.24",)
+
+
+@dataclass(frozen=True)
+class Family:
+    prefix: str  # class-name prefix: "Llama" for LlamaRMSNorm, LlamaMLP, ...
+    norm: str  # "rms", "rms_offset" (Gemma: weight stored as w - 1) or "layer" (nn.LayerNorm)
+    mlp: str  # "gated" (gate_proj, up_proj, down_proj), "gate_up" (one gate_up_proj), "gpt2" (c_fc, c_proj)
+    rope: bool = True  # attention calls its module's apply_rotary_pos_emb
+    add_norm: bool = True  # pre-norm decoder layer: residual add + post_attention_layernorm can fuse
+
+
+FAMILIES = {
+    "llama": Family("Llama", "rms", "gated"),
+    "mistral": Family("Mistral", "rms", "gated"),
+    "qwen2": Family("Qwen2", "rms", "gated"),
+    "qwen3": Family("Qwen3", "rms", "gated"),
+    "gemma": Family("Gemma", "rms_offset", "gated"),
+    # Gemma 2 normalises the attention output before the residual add: no add + norm to fuse.
+    "gemma2": Family("Gemma2", "rms_offset", "gated", add_norm=False),
+    "phi3": Family("Phi3", "rms", "gate_up"),
+    # GPT-2's block may carry cross-attention between its two norms; its norms, MLP and loss are patched.
+    "gpt2": Family("GPT2", "layer", "gpt2", rope=False, add_norm=False),
+}
+
+# transformers' activation modules by class name -> fused's act names.
+ACTS = {
+    "SiLUActivation": "silu",
+    "SiLU": "silu",
+    "GELUActivation": "gelu",
+    "GELUTanh": "gelu_tanh",
+    "PytorchGELUTanh": "gelu_tanh",
+    "NewGELUActivation": "gelu_tanh",
+    "ReLU": "relu",
+}
+
+DECODER_CHILDREN = {"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"}
+PHI3_DROPOUTS = {"resid_attn_dropout", "resid_mlp_dropout"}
+
+
+def _fail(model, why: str):
+    raise ValueError(
+        f"fused.patch: {type(model).__name__} {why}; supported model types: {', '.join(sorted(FAMILIES))} "
+        "(tested with transformers " + ", ".join(TESTED_TRANSFORMERS) + ")"
+    )
+
+
+# ---- the forwards the swapped classes run -------------------------------------------------------------------------
+
+
+def _rms_forward(self, x, residual=None):
+    """RMSNorm with transformers' weight (and Gemma's 1 + weight, added in float32 as Gemma does); with a residual,
+    (norm(x + residual), x + residual) in one pass."""
+    weight = self.weight.float() + 1.0 if self._fused_offset else self.weight
+    eps = getattr(self, self._fused_eps_attr)
+    if residual is None:
+        return fused.rms_norm(x, (x.shape[-1],), weight, eps)
+    return fused.add_rms_norm(x, residual, (x.shape[-1],), weight, eps)
+
+
+def _layer_forward(self, x, residual=None):
+    if residual is None:
+        return fused.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+    return fused.add_layer_norm(x, residual, self.normalized_shape, self.weight, self.bias, self.eps)
+
+
+def _gated_mlp_forward(self, x):
+    return self.down_proj(fused.glu(self.gate_proj(x), self.up_proj(x), self._fused_act))
+
+
+def _gate_up_mlp_forward(self, x):
+    gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # strided halves: glu reads them in place
+    return self.down_proj(fused.glu(gate, up, self._fused_act))
+
+
+def _gpt2_mlp_forward(self, x):
+    # Conv1D stores its weight as [in, out]: the transpose is nn.Linear's layout.
+    h = fused.linear_act(x, self.c_fc.weight.t(), self.c_fc.bias, self._fused_act)
+    return self.dropout(self.c_proj(h))
+
+
+def _pre_norm_decoder_forward(self, hidden_states, **kwargs):
+    """transformers' pre-norm decoder layer with the residual add fused into post_attention_layernorm."""
+    residual = hidden_states
+    hidden_states = self.input_layernorm(hidden_states)
+    hidden_states, _ = self.self_attn(hidden_states=hidden_states, **kwargs)
+    if hasattr(self, "resid_attn_dropout"):
+        hidden_states = self.resid_attn_dropout(hidden_states)
+    hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+    hidden_states = self.mlp(hidden_states)
+    if hasattr(self, "resid_mlp_dropout"):
+        hidden_states = self.resid_mlp_dropout(hidden_states)
+    return residual + hidden_states
+
+
+def _rope(q, k, cos, sin, unsqueeze_dim=1):
+    """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) as fused.rope."""
+    return fused.rope(q, k, cos, sin, unsqueeze_dim)
+
+
+LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
+
+
+def _causal_lm_forward(self, *args, **kwargs):
+    """In training with labels: the base model, then fused.linear_cross_entropy over the final hidden states (no
+    logits are made: the output's logits is None). Otherwise transformers' own forward."""
+    labels = kwargs.get("labels")
+    if labels is None or not self.training:
+        return self._fused_base.forward(self, *args, **kwargs)
+    kwargs.pop("labels")
+    kwargs.pop("logits_to_keep", None)
+    loss_kwargs = {name: kwargs.pop(name) for name in LOSS_KWARGS if name in kwargs}
+    outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+    hidden = outputs[0]
+    ignore_index = loss_kwargs.get("ignore_index", -100)
+    shift_labels = loss_kwargs.get("shift_labels")
+    if shift_labels is None:  # as transformers' ForCausalLMLoss: position t predicts label t + 1
+        shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
+    num_items = loss_kwargs.get("num_items_in_batch")
+    head = self.get_output_embeddings()
+    loss = fused.linear_cross_entropy(
+        hidden.reshape(-1, hidden.shape[-1]),
+        head.weight,
+        shift_labels.reshape(-1).to(hidden.device),
+        linear_bias=head.bias,
+        reduction="mean" if num_items is None else "sum",
+        ignore_index=ignore_index,
+        softcap=getattr(self.config, "final_logit_softcapping", None),
+    ).float()
+    if num_items is not None:
+        loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = CausalLMOutputWithPast.__dataclass_fields__  # the base model's cache, hidden states, attentions
+    extra = {key: value for key, value in outputs.items() if key in fields}
+    return CausalLMOutputWithPast(loss=loss, logits=None, **extra)
+
+
+# ---- planning: every swap is checked before any is made ------------------------------------------------------------
+
+_SUBCLASSES: dict = {}
+
+
+def _subclass(cls: type, forward: Callable, **class_attrs) -> type:
+    """cls with forward replaced, under cls's own name (save_pretrained records the class name)."""
+    key = (cls, forward, tuple(sorted(class_attrs.items())))
+    if key not in _SUBCLASSES:
+        body = dict(class_attrs, forward=forward, _fused_patched=True, _fused_base=cls, __qualname__=cls.__qualname__)
+        body["__module__"] = cls.__module__
+        _SUBCLASSES[key] = type(cls.__name__, (cls,), body)
+    return _SUBCLASSES[key]
+
+
+def _with_rope(model, cls: type) -> Callable:
+    """cls.forward (transformers' own code, its decorators unwrapped) with apply_rotary_pos_emb as fused.rope."""
+    inner = inspect.unwrap(cls.forward)
+    if "apply_rotary_pos_emb" not in inner.__code__.co_names:
+        _fail(model, f"has {cls.__name__}.forward without apply_rotary_pos_emb (another transformers release?)")
+    scope = dict(inner.__globals__, apply_rotary_pos_emb=_rope)
+    forward = types.FunctionType(inner.__code__, scope, inner.__name__, inner.__defaults__, inner.__closure__)
+    forward.__kwdefaults__ = inner.__kwdefaults__
+    return forward
+
+
+def _act_name(model, module, attr: str) -> str:
+    act = getattr(module, attr, None)
+    name = ACTS.get(type(act).__name__)
+    if name is None:
+        _fail(model, f"has an MLP activation {type(act).__name__} that fused does not implement")
+    return name
+
+
+def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) -> list:
+    """(module, new class, instance attributes) for every swap, or ValueError naming what is not as expected."""
+    base = getattr(model, model.base_model_prefix, model)
+    layers = getattr(base, "layers", None) if family.mlp != "gpt2" else getattr(base, "h", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        _fail(model, "has no decoder layers where expected")
+    plan = []
+    p = family.prefix
+    if norm:
+        found = 0
+        for module in model.modules():
+            name = type(module).__name__
+            if family.norm == "layer" and type(module) in (nn.LayerNorm, fused.nn.FusedLayerNorm):
+                plan.append((module, fused.nn.FusedLayerNorm, {}))
+                found += 1
+            elif family.norm != "layer" and name == f"{p}RMSNorm":
+                eps_attr = "variance_epsilon" if hasattr(module, "variance_epsilon") else "eps"
+                if not isinstance(getattr(module, eps_attr, None), float) or module.weight.dim() != 1:
+                    _fail(model, f"has a {name} without a float eps or a 1-d weight")
+                offset = family.norm == "rms_offset"
+                new = _subclass(type(module), _rms_forward, _fused_offset=offset, _fused_eps_attr=eps_attr)
+                plan.append((module, new, {}))
+                found += 1
+        if found < 2 * len(layers) + 1:
+            kind = "nn.LayerNorm" if family.norm == "layer" else f"{p}RMSNorm"
+            _fail(model, f"has {found} {kind} modules, expected at least {2 * len(layers) + 1}")
+    for i, layer in enumerate(layers):
+        block_mlp = getattr(layer, "mlp", None)
+        if mlp:
+            if family.mlp == "gpt2":
+                needed, forward, act_attr = ("c_fc", "c_proj", "dropout"), _gpt2_mlp_forward, "act"
+            elif family.mlp == "gate_up":
+                needed, forward, act_attr = ("gate_up_proj", "down_proj"), _gate_up_mlp_forward, "activation_fn"
+            else:
+                needed, forward, act_attr = ("gate_proj", "up_proj", "down_proj"), _gated_mlp_forward, "act_fn"
+            if block_mlp is None or any(not hasattr(block_mlp, n) for n in needed):
+                _fail(model, f"layer {i} has no MLP with {', '.join(needed)}")
+            plan.append(
+                (block_mlp, _subclass(type(block_mlp), forward), {"_fused_act": _act_name(model, block_mlp, act_attr)})
+            )
+        if rope and family.rope:
+            attn = getattr(layer, "self_attn", None)
+            if attn is None:
+                _fail(model, f"layer {i} has no self_attn")
+            plan.append((attn, _subclass(type(attn), _with_rope(model, type(attn))), {}))
+        if norm and family.add_norm:
+            children = {name for name, _ in layer.named_children()}
+            if children - PHI3_DROPOUTS != DECODER_CHILDREN:
+                _fail(model, f"layer {i} has children {sorted(children)}, expected {sorted(DECODER_CHILDREN)}")
+            names = set(inspect.unwrap(type(layer).forward).__code__.co_names)
+            if not DECODER_CHILDREN <= names:
+                _fail(model, f"layer {i}'s forward does not use {sorted(DECODER_CHILDREN - names)}")
+            plan.append((layer, _subclass(type(layer), _pre_norm_decoder_forward), {}))
+    if loss and model.get_output_embeddings() is not None:
+        if not isinstance(model.get_output_embeddings(), nn.Linear):
+            _fail(model, "has an output embedding that is not an nn.Linear")
+        plan.append((model, _subclass(type(model), _causal_lm_forward), {}))
+    return plan
+
+
+def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss: bool = True):
+    """Put fused into a built transformers model, in place, and return it: RMSNorm / LayerNorm (Gemma's 1 + weight
+    kept exact), the gated MLP as fused.glu (GPT-2's as fused.linear_act), the rotary application as fused.rope,
+    the residual add + post-attention norm as fused.add_rms_norm where the decoder layer is pre-norm, and, in
+    training with labels, the CausalLM loss as fused.linear_cross_entropy over the final hidden states (Gemma 2's
+    final logit softcap kept; the output's logits are None then). labels=None or eval: logits as before.
+    Parameters and state_dict keys are unchanged. Supported model types: FAMILIES; another model, or one whose
+    modules are not where expected, raises ValueError and is left as it was."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    family = FAMILIES.get(model_type)
+    if family is None or not isinstance(model, nn.Module):
+        _fail(model, f"(model_type {model_type!r}) is not a supported transformers model")
+    for module, new_cls, attrs in _plan(model, family, rope, norm, mlp, loss):
+        if not getattr(type(module), "_fused_patched", False) and type(module) is not fused.nn.FusedLayerNorm:
+            module.__class__ = new_cls
+        for key, value in attrs.items():
+            setattr(module, key, value)
+    return model
+
+
+__all__ = ["patch", "FAMILIES", "TESTED_TRANSFORMERS"]

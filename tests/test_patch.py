@@ -1,0 +1,264 @@
+"""fused.patch on small random-config transformers models (no downloads), one per supported family: loss and every
+gradient as accurate as eager's against a float64 copy, greedy generation unchanged, checkpoints unchanged, training
+with fused.optim.AdamW tracking eager + torch AdamW, the fused ops visible in a profile, errors, and FSDP2."""
+
+import copy
+import os
+import tempfile
+
+import pytest
+import torch
+
+import fused
+from tests.harness import assert_accuracy
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 128
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    initializer_range=0.1,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+
+
+def configs():
+    t = transformers
+    return {
+        "llama": lambda: t.LlamaConfig(**COMMON),
+        "mistral": lambda: t.MistralConfig(**COMMON),
+        "qwen2": lambda: t.Qwen2Config(**COMMON),
+        "qwen3": lambda: t.Qwen3Config(**COMMON, head_dim=16),
+        "gemma": lambda: t.GemmaConfig(**COMMON, head_dim=16),
+        "gemma2": lambda: t.Gemma2Config(**COMMON, head_dim=16, final_logit_softcapping=5.0),
+        "phi3": lambda: t.Phi3Config(**COMMON, partial_rotary_factor=0.5),
+        "gpt2": lambda: t.GPT2Config(
+            vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.1,
+            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
+        ),
+    }  # fmt: skip
+
+
+FAMILIES = list(configs())
+
+# The fused ops each family's training step must run (by profiler name), besides fused::linear_cross_entropy.
+EXPECTED_OPS = {
+    name: {"fused::norm_fwd", "fused::norm_backward", "fused::glu", "fused::glu_backward", "fused::rope",
+           "fused::rope_backward", "fused::add_rms_norm"}
+    for name in FAMILIES
+}  # fmt: skip
+EXPECTED_OPS["gemma2"].discard("fused::add_rms_norm")
+EXPECTED_OPS["gpt2"] = {"fused::norm_fwd", "fused::norm_backward", "fused::linear_act"}
+
+
+def make_model(name, dtype=torch.float32, seed=0):
+    """A random model; norm weights and biases drawn away from their init so that Gemma's offset matters."""
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(configs()[name]())
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.add_(torch.randn_like(p), alpha=0.3)
+    return model.to(dtype).train()
+
+
+def batch(seed=0, b=2, s=12):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (b, s), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100  # ignored positions count as transformers counts them
+    return ids, labels
+
+
+def loss_and_grads(model, ids, labels):
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=labels).loss
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", FAMILIES)
+def test_loss_and_gradients_accuracy(name, dtype):
+    eager = make_model(name, dtype)
+    ref64 = copy.deepcopy(eager).double()
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    loss_e, grads_e = loss_and_grads(eager, ids, labels)
+    loss_p, grads_p = loss_and_grads(patched, ids, labels)
+    loss_r, grads_r = loss_and_grads(ref64, ids, labels)
+    assert loss_p.dtype == loss_e.dtype == torch.float32
+    floor = 4 * torch.finfo(dtype).eps
+    assert_accuracy(loss_p.reshape(1), loss_e.reshape(1), loss_r.reshape(1), floor=floor)
+    assert grads_p.keys() == grads_e.keys()
+    for key in grads_e:
+        assert grads_p[key] is not None, key
+        assert_accuracy(grads_p[key].float(), grads_e[key].float(), grads_r[key], floor=floor)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_generation_unchanged(name):
+    eager = make_model(name).eval()
+    patched = fused.patch(copy.deepcopy(eager)).eval()
+    ids, _ = batch(1, b=2, s=5)
+    kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
+    assert torch.equal(patched.generate(ids, **kw), eager.generate(ids, **kw))
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_logits_without_labels_or_in_eval(name):
+    eager = make_model(name)
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch(2)
+    with torch.no_grad():
+        out_e, out_p = eager(input_ids=ids), patched(input_ids=ids)  # training mode, no labels
+        assert out_p.loss is None
+        torch.testing.assert_close(out_p.logits, out_e.logits, rtol=1e-5, atol=1e-5)
+        eager.eval(), patched.eval()
+        out_e, out_p = eager(input_ids=ids, labels=labels), patched(input_ids=ids, labels=labels)
+        torch.testing.assert_close(out_p.logits, out_e.logits, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out_p.loss, out_e.loss, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma", "gpt2"])
+def test_save_and_load_round_trip(name, tmp_path):
+    eager = make_model(name)
+    keys = set(eager.state_dict())
+    patched = fused.patch(copy.deepcopy(eager))
+    assert set(patched.state_dict()) == keys
+    patched.save_pretrained(tmp_path)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert type(loaded).__name__ == type(eager).__name__ and loaded.config.architectures == [type(eager).__name__]
+    state = loaded.state_dict()
+    assert set(state) == keys
+    for key, value in eager.state_dict().items():
+        assert torch.equal(state[key], value), key
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_training_tracks_eager(name):
+    eager = make_model(name)
+    patched = fused.patch(copy.deepcopy(eager))
+    hyper = dict(lr=1e-2, weight_decay=0.01)
+    runs = []
+    for model, opt in (
+        (eager, torch.optim.AdamW(eager.parameters(), **hyper)),
+        (patched, fused.optim.AdamW(patched.parameters(), **hyper)),
+    ):
+        losses = []
+        for step in range(20):
+            opt.zero_grad()
+            ids, labels = batch(step % 2)  # two batches seen again and again: the loss must fall
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        runs.append(torch.tensor(losses))
+    torch.testing.assert_close(runs[1], runs[0], rtol=2e-4, atol=0)
+    assert runs[0][-5:].mean() < runs[0][:5].mean() - 0.1  # it learned: the comparison is not of flat curves
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_profile_shows_fused_ops(name):
+    patched = fused.patch(make_model(name))
+    ids, labels = batch()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        patched(input_ids=ids, labels=labels).loss.backward()
+    names = {event.name for event in prof.events()}
+    expected = EXPECTED_OPS[name] | {"fused::linear_cross_entropy"}
+    assert expected <= names, f"missing {sorted(expected - names)}"
+    assert not any(n.startswith("aten::") and ("cross_entropy" in n or "log_softmax" in n) for n in names)
+
+
+def test_switches_leave_parts_alone():
+    model = fused.patch(make_model("llama"), rope=False, mlp=False, loss=False)
+    ids, labels = batch()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        model(input_ids=ids, labels=labels).loss.backward()
+    names = {event.name for event in prof.events()}
+    assert "fused::norm_fwd" in names
+    assert not {"fused::rope", "fused::glu", "fused::linear_cross_entropy"} & names
+
+
+def swapped(model):
+    return [m for m in model.modules() if getattr(type(m), "_fused_patched", False)]
+
+
+def test_unknown_model_raises():
+    config = transformers.OPTConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=1, ffn_dim=64,
+                                    num_attention_heads=2, word_embed_proj_dim=32)  # fmt: skip
+    model = transformers.OPTForCausalLM(config)
+    with pytest.raises(ValueError, match=r"fused.patch: OPTForCausalLM .*'opt'.*supported model types: .*llama"):
+        fused.patch(model)
+    with pytest.raises(ValueError, match=r"fused.patch: Linear"):
+        fused.patch(torch.nn.Linear(2, 2))
+
+
+def test_modules_not_where_expected_raise_and_patch_nothing():
+    model = make_model("llama")
+    model.model.layers[1].mlp = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    with pytest.raises(ValueError, match=r"fused.patch: LlamaForCausalLM layer 1 has no MLP .*supported model types"):
+        fused.patch(model)
+    assert not swapped(model)  # never a half patch
+    model = make_model("qwen2")
+    model.model.layers[0].extra = torch.nn.Identity()
+    with pytest.raises(ValueError, match=r"fused.patch: Qwen2ForCausalLM layer 0 has children"):
+        fused.patch(model)
+    assert not swapped(model)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_patching_twice_is_harmless(name):
+    model = make_model(name)
+    once = copy.deepcopy(fused.patch(copy.deepcopy(model)))
+    twice = fused.patch(fused.patch(model))
+    ids, labels = batch()
+    torch.testing.assert_close(twice(input_ids=ids, labels=labels).loss, once(input_ids=ids, labels=labels).loss)
+
+
+# ---- FSDP2: a patched Llama, fully_shard per decoder layer, 2 gloo processes --------------------------------------
+
+WORLD = 2  # as tests/test_distributed_optim.py's run_worker
+
+
+def fsdp_losses(model, rank, steps=4):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(steps):
+        opt.zero_grad()
+        ids, labels = batch(10 * step + rank)
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        losses.append(loss.detach())
+    return torch.stack(losses)
+
+
+def fsdp_body(rank):
+    eager = fsdp_losses(make_model("llama"), rank)
+    patched = fsdp_losses(fused.patch(make_model("llama")), rank)  # patch first: fully_shard swaps classes too
+    torch.testing.assert_close(patched, eager, rtol=1e-5, atol=0)
+
+
+def test_fsdp2_same_losses_as_unpatched():
+    import torch.multiprocessing as mp
+
+    from tests.test_distributed_optim import run_worker  # gloo set-up and a teardown that cannot abort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(run_worker, args=(fsdp_body, os.path.join(tmp, "init")), nprocs=WORLD, join=True)
