@@ -20,6 +20,7 @@ from tests.harness import (
     assert_close,
     check_compile,
     check_compile_grads,
+    compile_for_sm90,
     make,
     raises,
     rel_error,
@@ -357,3 +358,16 @@ def test_triton_rows_match_cpu_kernels(dtype):
     tk.distillation_rows(in_place, teacher, t, scale[:, 0], in_place, "reverse_kl", 0.5, 1.0, -100)
     torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
     assert_close(in_place, want_grad, scale=4)
+
+
+@requires_triton
+def test_triton_kernels_compile_for_sm90():
+    """Both row kernels build for sm_90 through their launchers (tests/triton_sm90.py: a stand-in sm_90 driver,
+    compile only) in float32, bfloat16 and float64, with and without gradient and target; their temperature
+    divisions correctly rounded (div.rn), none approximate."""
+    import re
+
+    stdout = compile_for_sm90(["logprob"])
+    for kernel, variants in (("_log_prob_rows_kernel", 3), ("_distillation_rows_kernel", 6)):
+        stats = re.search(rf"compiled {kernel}: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", stdout)
+        assert stats and int(stats[1]) == variants and int(stats[2]) > 0 and int(stats[3]) == 0, stdout

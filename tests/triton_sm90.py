@@ -177,12 +177,24 @@ def loss():
         tk.cross_entropy_rows(logits, t, None, scale[0], logits.new_empty(0), -100, 0.0, 0.0, 0.0)
 
 
+def logprob():
+    import fused.loss.triton_logprob as tk
+
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
+        scale = torch.ones(4, 2, dtype=acc)
+        tk.log_prob_rows(logits, t, scale, torch.empty_like(logits), -100, 0.7)
+        tk.distillation_rows(logits, logits, t, scale[:, 0], torch.empty_like(logits), "jsd", 0.5, 2.0, -100)
+        tk.distillation_rows(logits, logits, None, scale[0, 0], logits.new_empty(0), "forward_kl", 0.5, 1.0, -100)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "logprob"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts
