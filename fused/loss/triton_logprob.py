@@ -44,6 +44,14 @@ def _row_stats(x_row, V, inv_t, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _zero_row(g_row, V, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
+    """The gradient of an ignored row."""
+    for start in range(0, V, BLOCK):
+        cols = start + cols0
+        tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_row.dtype.element_ty), mask=cols < V)
+
+
+@triton.jit
 def _log_prob_rows_kernel(
     x_ptr,
     ld,
@@ -69,9 +77,7 @@ def _log_prob_rows_kernel(
         tl.store(logp_ptr + row, tl.zeros((), MATH))
         tl.store(entropy_ptr + row, tl.zeros((), MATH))
         if GRAD:
-            for start in range(0, V, BLOCK):
-                cols = start + cols0
-                tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_ptr.dtype.element_ty), mask=cols < V)
+            _zero_row(g_row, V, cols0, MATH, BLOCK)
         return
     bad = (t < 0) | (t >= V)  # NaN for that row instead of a read out of bounds (the launcher reports it on CPU)
     t = tl.where(bad, 0, t)
@@ -180,9 +186,7 @@ def _distillation_rows_kernel(
     if skip:
         tl.store(loss_ptr + row, tl.zeros((), MATH))
         if GRAD:
-            for start in range(0, V, BLOCK):
-                cols = start + cols0
-                tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_ptr.dtype.element_ty), mask=cols < V)
+            _zero_row(g_row, V, cols0, MATH, BLOCK)
         return
     temp = scalar_in(temperature, MATH)
     inv_t = tm.div(tl.full((), 1.0, MATH), temp)
