@@ -54,6 +54,28 @@ inline void check_cross_entropy_rows(const char* op, const at::Tensor& logits, c
   TORCH_CHECK(softcap >= 0.0, "fused.", op, ": softcap must be > 0 (0 here: none), got ", softcap);
 }
 
+// fused::cross_entropy_rows' tensors as both kernels read them (checked): logits with unit column stride (a copy
+// otherwise: never the case for the in-place use), target, scale and weight contiguous, and the outputs.
+struct CrossEntropyRows {
+  at::Tensor logits, target, scale;
+  std::optional<at::Tensor> weight;
+  at::Tensor loss, lse;
+};
+
+inline CrossEntropyRows cross_entropy_rows_inputs(const char* op, const at::Tensor& logits, const at::Tensor& target,
+                                                  const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                                                  const at::Tensor& grad, double label_smoothing, double softcap) {
+  check_cross_entropy_rows(op, logits, target, weight, scale, grad, label_smoothing, softcap);
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
+  return {V <= 1 || logits.stride(1) == 1 ? logits : logits.contiguous(),
+          target.contiguous(),
+          scale.contiguous(),
+          weight ? std::optional<at::Tensor>(weight->contiguous()) : std::nullopt,
+          at::empty({rows}, math_opts),
+          at::empty({rows}, math_opts)};
+}
+
 // target: int64 of shape [rows] on logits' device (every row kernel's).
 inline void check_row_target(const char* op, const at::Tensor& logits, const at::Tensor& target) {
   TORCH_CHECK(target.scalar_type() == at::kLong, "fused.", op, ": target must be int64 class indices, got ",

@@ -107,21 +107,13 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logi
                                                           int64_t ignore_index, double label_smoothing, double z_loss,
                                                           double softcap) {
   const char* op = "cross_entropy_rows";
-  check_cross_entropy_rows(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  // Rows are read with their stride; columns must be contiguous (a copy otherwise: never the case for the
-  // in-place use, whose buffer is contiguous).
-  const at::Tensor logits = V <= 1 || logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
-  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  const std::optional<at::Tensor> weight =
-      weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
-  const int64_t* t = target.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < V), "fused.", op, ": target ", t[r],
-                      " is out of bounds for ", V, " classes (ignore_index is ", ignore_index, ")");
-  }
-  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
-  at::Tensor loss = at::empty({rows}, math_opts), lse = at::empty({rows}, math_opts);
+  const CrossEntropyRows in =
+      cross_entropy_rows_inputs(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
+  const at::Tensor &logits = in.logits, &scale = in.scale, &loss = in.loss, &lse = in.lse;
+  const std::optional<at::Tensor>& weight = in.weight;
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  check_target_range(op, in.target, V, ignore_index);
+  const int64_t* t = in.target.data_ptr<int64_t>();
   if (rows == 0) return {loss, lse};
   FUSED_DISPATCH_FLOATING(logits.scalar_type(), "cross_entropy_rows", [&] {
     using M = at::opmath_type<scalar_t>;
