@@ -2,7 +2,12 @@
 against eager F.cross_entropy(F.linear(x, W, b), t), torch's F.linear_cross_entropy (options=None, which runs
 those two ops) and its chunked path (options=LinearCrossEntropyOptions(), sizes picked by torch), forward
 (under no_grad: inference) and forward+backward, time and peak memory. The cases are GEMM-bound: 3 GEMMs of
-N x D x V for forward+backward, whoever runs them; the question is the memory and what the loss adds."""
+N x D x V for forward+backward, whoever runs them; the question is the memory and what the loss adds.
+
+The post-training losses, forward+backward against eager on full fp32 logits (the reference's formulas):
+fused.linear_log_probs with the entropy and per-token upstream gradients (a GRPO-style sum of logp * advantage
+plus an entropy bonus), and fused.linear_distillation_loss (forward KL, mean) of a student against a teacher of
+the same size."""
 
 import torch
 import torch.nn.functional as F
@@ -51,13 +56,49 @@ def _linear_cross_entropy_cases(device, N, D, V, dtype):
     ]
 
 
+def _post_training_cases(device, N, D, V, dtype):
+    from fused.loss import reference as ref
+
+    g = torch.Generator().manual_seed(0)
+    x, xt = (torch.randn(N, D, generator=g, dtype=dtype).to(device) for _ in range(2))
+    w, wt = ((torch.randn(V, D, generator=g) / D**0.5).to(device, dtype) for _ in range(2))
+    x.requires_grad_(), w.requires_grad_()
+    t = torch.randint(0, V, (N,), generator=g).to(device)
+    advantage = torch.randn(N, generator=g).to(device)
+
+    def log_probs_objective(log_probs):
+        def run():
+            logp, entropy = log_probs()
+            return torch.autograd.grad((logp * advantage).sum() + 0.01 * entropy.sum(), (x, w))
+
+        return run
+
+    log_probs = {"eager": log_probs_objective(lambda: ref.linear_log_probs(x, w, t, return_entropy=True))}
+    distill = {"eager": lambda: torch.autograd.grad(ref.linear_distillation_loss(x, w, xt, wt, t), (x, w))}
+    for label, backend in ours(device).items():
+        log_probs[label] = with_backend(
+            backend, log_probs_objective(lambda: fused.linear_log_probs(x, w, t, return_entropy=True))
+        )
+        distill[label] = with_backend(
+            backend, lambda: torch.autograd.grad(fused.linear_distillation_loss(x, w, xt, wt, t), (x, w))
+        )
+    shape = f"{N}x{D}x{V} {str(dtype).replace('torch.', '')} fwd+bwd"
+    flops = 2 * N * D * V
+    return [
+        {"name": f"linear_log_probs+entropy {shape}", "flops": 3 * flops, "impls": log_probs},
+        {"name": f"linear_distillation_loss {shape}", "flops": 4 * flops, "impls": distill},
+    ]
+
+
 def cases(device: str, quick: bool) -> list:
     if quick:
-        return _linear_cross_entropy_cases(device, 64, 32, 256, torch.float32)
+        return _linear_cross_entropy_cases(device, 64, 32, 256, torch.float32) + _post_training_cases(
+            device, 64, 32, 256, torch.float32
+        )
     dtypes = [torch.float32, torch.bfloat16] if device == "cpu" else [torch.bfloat16]  # CPU: AVX-512 bf16 GEMMs
     return [
         c
         for dtype in dtypes
         for V in (32768, 131072)
         for c in _linear_cross_entropy_cases(device, 4096, 1024, V, dtype)
-    ]
+    ] + [c for V in (32768, 131072) for c in _post_training_cases(device, 4096, 1024, V, torch.float32)]

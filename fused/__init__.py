@@ -12,7 +12,7 @@ from fused.clip import clip_grad_norm_
 from fused.distance import chamfer_distance, pairwise_distances, pairwise_topk, radius_neighbors
 from fused.elementwise import bias_act, bias_dropout_add, glu, unary_chain
 from fused.linear import linear_act
-from fused.loss import cross_entropy, linear_cross_entropy
+from fused.loss import cross_entropy, linear_cross_entropy, linear_distillation_loss, linear_log_probs
 from fused.norm import add_layer_norm, add_rms_norm, layer_norm, rms_norm
 from fused.patch import patch  # the function; the module stays sys.modules["fused.patch"]
 from fused.rope import rope
@@ -37,6 +37,8 @@ __all__ = [
     "rope",
     "linear_cross_entropy",
     "cross_entropy",
+    "linear_log_probs",
+    "linear_distillation_loss",
     "clip_grad_norm_",
     "optim",
     "amp",

@@ -153,6 +153,15 @@ def _lce():  # input, linear_weight, target (two ignored), linear_bias, class we
     )
 
 
+def _distill():  # student input, weight, teacher input (another hidden size), weight, target, student bias
+    x, w, t, b, _ = _lce()
+    return x, w, _x(12, 6, seed=4), _x(20, 6, seed=5), t, b
+
+
+def _distill_options(reduction, divergence="jsd", grads=(True, True, True)):
+    return (reduction, divergence, 0.3, 1.5, -100, *grads)
+
+
 def _lce_bwd(grad_loss, reduction):
     x, w, t, b, cw = _lce()
     return (grad_loss, x.detach(), w.detach(), t, b.detach(), cw, reduction, -100, 0.1, 1e-3, 5.0, True, True, True)
@@ -284,6 +293,45 @@ OPS = {
             (*_ce_logits(False)[:2], None, torch.ones(2), torch.empty(0), -100, 0.0, 0.0, 0.0),
         ],
         loss_ref.cross_entropy,
+        differentiable=False,
+    ),
+    # log-probs and distillation: the composites, the chunked forward and backward, and their row kernels
+    "linear_log_probs": Op(lambda: [_lce()[:3]], loss_ref.linear_log_probs),
+    "linear_log_probs_fwd": Op(lambda: [(*_lce()[:4], 0.7, -100)], loss_ref.linear_log_probs),
+    "linear_log_probs_bwd": Op(
+        lambda: [(torch.randn(12), torch.randn(12), *(t.detach() for t in _lce()[:4]), 0.7, -100, True, True, True)],
+        backward_of="linear_log_probs_fwd",
+    ),
+    "log_prob_rows": Op(
+        lambda: [
+            (_x(12, 20), _lce()[2], _x(12, 2, seed=6), torch.empty(12, 20), -100, 0.7),
+            (_x(12, 20), _lce()[2], _x(12, 2, seed=6), torch.empty(0), -100, 1.0),
+        ],
+        loss_ref.linear_log_probs,
+        differentiable=False,
+    ),
+    "linear_distillation_loss": Op(lambda: [_distill()[:5]], loss_ref.linear_distillation_loss),
+    "linear_distillation_fwd": Op(
+        lambda: [
+            (*_distill()[:5], _distill()[5], None, *_distill_options("mean")),
+            (*_distill()[:4], None, None, _x(20, seed=7), *_distill_options("none", "reverse_kl")),
+            (*_distill()[:5], None, None, *_distill_options("sum", "forward_kl", (True, False, False))),
+        ],
+        loss_ref.linear_distillation_loss,
+    ),
+    "linear_distillation_bwd": Op(
+        lambda: [
+            (torch.randn(12), *(t.detach() for t in _distill()[:5]), None, None, *_distill_options("none")),
+            (torch.tensor(0.5), *(t.detach() for t in _distill()), None, *_distill_options("mean", "forward_kl")),
+        ],
+        backward_of="linear_distillation_fwd",
+    ),
+    "distillation_rows": Op(
+        lambda: [
+            (_x(12, 20), _x(12, 20, seed=1), _lce()[2], torch.rand(12), torch.empty(12, 20), "jsd", 0.3, 1.5, -100),
+            (_x(12, 20), _x(12, 20, seed=1), None, torch.tensor(1.0), torch.empty(0), "forward_kl", 0.5, 1.0, -100),
+        ],
+        loss_ref.linear_distillation_loss,
         differentiable=False,
     ),
     # norm (add_*'s keyword residual_dtype: test_norm.py's opcheck)

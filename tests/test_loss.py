@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import fused
-from fused.loss import ops as loss_ops
+from fused.loss import chunked
 from fused.loss import reference as ref
 from tests import cuda_emulation
 from tests.harness import (
@@ -55,7 +55,7 @@ ALL_OPTIONS = dict(label_smoothing=0.1, z_loss=1e-2, softcap=4.0)
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     """A few rows per chunk, so every test runs the chunked path over several chunks."""
-    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 4096)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)
 
 
 def targets(shape, classes, device="cpu", ignore_index=-100, seed=0):
@@ -429,7 +429,7 @@ def test_memory_without_the_logits(monkeypatch):
     """fwd+bwd peak memory: no N x V logits, a quarter of eager's or less, and within the gradients plus a chunk."""
     from benchmarks.timing import peak_memory_mb
 
-    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**20)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2**20)
     x, w, b = lce_inputs((1024,), 32, 4096)
     t = targets((1024,), 4096)
 
@@ -448,12 +448,12 @@ def test_memory_16bit_weight_gradient(monkeypatch):
     fp32 additions): the gradients, the accumulator and one chunk, never the N x V logits."""
     from benchmarks.timing import peak_memory_mb
 
-    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**18)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2**18)
     x, w, b = lce_inputs((2048,), 32, 4096, torch.bfloat16)
     t = targets((2048,), 4096)
-    assert loss_ops.chunk_rows(2048, w, True) == 32 and loss_ops.chunk_rows(2048, w) == 32  # 256 KiB: 32 rows
-    monkeypatch.setattr(loss_ops, "CHUNK_BYTES", 2**14)
-    assert loss_ops.chunk_rows(2048, w, True) == 32 and loss_ops.chunk_rows(2048, w) == 8  # the weight's size
+    assert chunked.chunk_rows(2048, w, True) == 32 and chunked.chunk_rows(2048, w) == 32  # 256 KiB: 32 rows
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2**14)
+    assert chunked.chunk_rows(2048, w, True) == 32 and chunked.chunk_rows(2048, w) == 8  # the weight's size
     ours = peak_memory_mb(lambda: torch.autograd.grad(lce(x, w, b, t), (x, w, b)), "cpu")
     eager = peak_memory_mb(lambda: torch.autograd.grad(lce_ref(x, w, b, t), (x, w, b)), "cpu")
     weight_mb = w.numel() * 2 / 2**20

@@ -4,7 +4,7 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family (elementwise, distance, linear, norm, loss, rope; distance_unfused, which turns Triton's FP
+compiles one family (elementwise, distance, linear, norm, loss, rope, logprob; distance_unfused, which turns Triton's FP
 fusion off for the rest of its process, only by name)."""
 
 import contextlib
@@ -209,12 +209,24 @@ def rope():
             tk.rope_backward(q, k, cos, sin, 1, interleaved)
 
 
+def logprob():
+    import fused.loss.triton_logprob as tk
+
+    for dt in (torch.float32, torch.bfloat16, torch.float64):
+        acc = torch.float64 if dt == torch.float64 else torch.float32
+        logits, t = torch.randn(4, 300, dtype=dt), torch.tensor([1, -100, 299, 0])
+        scale = torch.ones(4, 2, dtype=acc)
+        tk.log_prob_rows(logits, t, scale, torch.empty_like(logits), -100, 0.7)
+        tk.distillation_rows(logits, logits, t, scale[:, 0], torch.empty_like(logits), "jsd", 0.5, 2.0, -100)
+        tk.distillation_rows(logits, logits, None, scale[0, 0], logits.new_empty(0), "forward_kl", 0.5, 1.0, -100)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope", "logprob"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

@@ -1,12 +1,15 @@
-// Argument checks of fused::cross_entropy_rows, shared by the CPU kernel and the CUDA binding; every message
-// names the op and the argument. The public ops check their own arguments in Python (fused/loss/ops.py) and
-// call this op with 2-D logits, int64 targets and class weights already in the math type.
+// Argument checks of the row kernels (fused::cross_entropy_rows, log_prob_rows, distillation_rows), shared by the CPU
+// kernel and the CUDA binding; every message names the op and the argument. The public ops check their own arguments in
+// Python (fused/loss/ops.py) and call this op with 2-D logits, int64 targets and class weights already in the math
+// type.
 #pragma once
 #include <ATen/ATen.h>
 
 #include <optional>
+#include <string>
 
 #include "common/checks.h"
+#include "loss/logprob_math.h"
 
 namespace fused {
 
@@ -49,6 +52,106 @@ inline void check_cross_entropy_rows(const char* op, const at::Tensor& logits, c
   TORCH_CHECK(label_smoothing >= 0.0 && label_smoothing <= 1.0, "fused.", op,
               ": label_smoothing must be in [0, 1], got ", label_smoothing);
   TORCH_CHECK(softcap >= 0.0, "fused.", op, ": softcap must be > 0 (0 here: none), got ", softcap);
+}
+
+// fused::cross_entropy_rows' tensors as both kernels read them (checked): logits with unit column stride (a copy
+// otherwise: never the case for the in-place use), target, scale and weight contiguous, and the outputs.
+struct CrossEntropyRows {
+  at::Tensor logits, target, scale;
+  std::optional<at::Tensor> weight;
+  at::Tensor loss, lse;
+};
+
+inline CrossEntropyRows cross_entropy_rows_inputs(const char* op, const at::Tensor& logits, const at::Tensor& target,
+                                                  const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                                                  const at::Tensor& grad, double label_smoothing, double softcap) {
+  check_cross_entropy_rows(op, logits, target, weight, scale, grad, label_smoothing, softcap);
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
+  return {V <= 1 || logits.stride(1) == 1 ? logits : logits.contiguous(),
+          target.contiguous(),
+          scale.contiguous(),
+          weight ? std::optional<at::Tensor>(weight->contiguous()) : std::nullopt,
+          at::empty({rows}, math_opts),
+          at::empty({rows}, math_opts)};
+}
+
+// target: int64 of shape [rows] on logits' device (every row kernel's).
+inline void check_row_target(const char* op, const at::Tensor& logits, const at::Tensor& target) {
+  TORCH_CHECK(target.scalar_type() == at::kLong, "fused.", op, ": target must be int64 class indices, got ",
+              dtype_name(target.scalar_type()));
+  TORCH_CHECK(target.dim() == 1 && target.size(0) == logits.size(0), "fused.", op, ": target must be 1-D with ",
+              logits.size(0), " entries (one per row of logits), got shape ", target.sizes());
+  TORCH_CHECK(target.device() == logits.device(), "fused.", op, ": target is on ", target.device(),
+              " but logits is on ", logits.device());
+}
+
+// An out-of-range target is an IndexError naming the op, as in torch (CPU: the GPU kernels give that row NaN).
+inline void check_target_range(const char* op, const at::Tensor& target, int64_t classes, int64_t ignore_index) {
+  const int64_t* t = target.data_ptr<int64_t>();
+  for (int64_t r = 0; r < target.numel(); ++r) {
+    TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < classes), "fused.", op, ": target ", t[r],
+                      " is out of bounds for ", classes, " classes (ignore_index is ", ignore_index, ")");
+  }
+}
+
+// grad: empty (no gradient) or logits' shape, dtype and device with unit column stride (it may be logits itself).
+inline void check_row_grad(const char* op, const at::Tensor& logits, const at::Tensor& grad) {
+  if (!grad.numel()) return;
+  check_like(op, "grad", grad, "logits", logits);
+  TORCH_CHECK(grad.sizes() == logits.sizes() && (grad.size(1) <= 1 || grad.stride(1) == 1), "fused.", op,
+              ": grad must be empty (no gradient) or have the shape of logits with unit column stride, got shape ",
+              grad.sizes(), " and strides ", grad.strides());
+}
+
+inline void check_temperature(const char* op, double temperature) {
+  TORCH_CHECK(temperature > 0.0, "fused.", op, ": temperature must be > 0, got ", temperature);
+}
+
+// fused::log_prob_rows: logits [rows, V], target [rows], scale [rows, 2] (per row: d/d log p_t, d/d entropy).
+inline void check_log_prob_rows(const char* op, const at::Tensor& logits, const at::Tensor& target,
+                                const at::Tensor& scale, const at::Tensor& grad, double temperature) {
+  check_floating(op, "logits", logits);
+  TORCH_CHECK(logits.dim() == 2, "fused.", op, ": logits must be 2-D [rows, classes], got shape ", logits.sizes());
+  check_row_target(op, logits, target);
+  const at::ScalarType math = loss_math_dtype(logits);
+  TORCH_CHECK(scale.scalar_type() == math && scale.device() == logits.device() && scale.dim() == 2 &&
+                  scale.size(0) == logits.size(0) && scale.size(1) == 2,
+              "fused.", op, ": scale must be ", dtype_name(math), " of shape [", logits.size(0), ", 2] on ",
+              logits.device(), ", got shape ", scale.sizes());
+  check_row_grad(op, logits, grad);
+  check_temperature(op, temperature);
+}
+
+inline loss::Divergence parse_divergence(const char* op, c10::string_view divergence) {
+  if (divergence == "forward_kl") return loss::Divergence::ForwardKL;
+  if (divergence == "reverse_kl") return loss::Divergence::ReverseKL;
+  TORCH_CHECK(divergence == "jsd", "fused.", op, ": divergence must be 'forward_kl', 'reverse_kl' or 'jsd', got '",
+              std::string(divergence), "'");
+  return loss::Divergence::JSD;
+}
+
+// fused::distillation_rows: student and teacher logits [rows, V] of one dtype, target [rows] or none, scale 0-d
+// (every row) or [rows].
+inline loss::Divergence check_distillation_rows(const char* op, const at::Tensor& logits, const at::Tensor& teacher,
+                                                const std::optional<at::Tensor>& target, const at::Tensor& scale,
+                                                const at::Tensor& grad, c10::string_view divergence, double beta,
+                                                double temperature) {
+  check_floating(op, "logits", logits);
+  TORCH_CHECK(logits.dim() == 2, "fused.", op, ": logits must be 2-D [rows, classes], got shape ", logits.sizes());
+  check_like(op, "teacher_logits", teacher, "logits", logits);
+  TORCH_CHECK(teacher.sizes() == logits.sizes(), "fused.", op, ": teacher_logits must have the shape of logits ",
+              logits.sizes(), ", got ", teacher.sizes());
+  if (target) check_row_target(op, logits, *target);
+  const at::ScalarType math = loss_math_dtype(logits);
+  TORCH_CHECK(scale.scalar_type() == math && scale.device() == logits.device() &&
+                  (scale.dim() == 0 || (scale.dim() == 1 && scale.size(0) == logits.size(0))),
+              "fused.", op, ": scale must be ", dtype_name(math), " of shape [] or [", logits.size(0), "] on ",
+              logits.device(), ", got shape ", scale.sizes());
+  check_row_grad(op, logits, grad);
+  TORCH_CHECK(beta >= 0.0 && beta <= 1.0, "fused.", op, ": beta must be in [0, 1], got ", beta);
+  check_temperature(op, temperature);
+  return parse_divergence(op, divergence);
 }
 
 }  // namespace fused

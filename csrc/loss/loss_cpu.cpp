@@ -13,27 +13,10 @@
 #include "common/cpu_utils.h"
 #include "loss/loss_args.h"
 #include "loss/loss_math.h"
+#include "loss/row_cpu.h"
 
 namespace fused {
 namespace {
-
-template <typename M> inline Vec<M> vadd(Vec<M> a, Vec<M> b) { return a + b; }
-
-// max with NaN propagation, as eager's max.
-template <typename M> inline M nan_max(M a, M b) { return (a != a || a > b) ? a : b; }
-
-template <typename M> M row_max(const M* z, int64_t n) {
-  constexpr int64_t L = Vec<M>::size();
-  Vec<M> acc(-std::numeric_limits<M>::infinity());
-  int64_t i = 0;
-  for (; i + L <= n; i += L) acc = at::vec::maximum(acc, Vec<M>::loadu(z + i));
-  M lanes[L];
-  acc.store(lanes);
-  M m = lanes[0];
-  for (int64_t k = 1; k < L; ++k) m = nan_max(m, lanes[k]);
-  for (; i < n; ++i) m = nan_max(m, z[i]);
-  return m;
-}
 
 // sum_c exp(z_c - m), and sum_c w_c (z_c - m) when `smooth` (w null: all ones).
 template <typename M>
@@ -42,13 +25,13 @@ void row_sums(const M* z, const M* w, int64_t n, M m, bool smooth, double& sum_e
   sum_exp = sum_smooth = 0.0;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, vadd<M>, z + i, len);
+    sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, loss::vadd<M>, z + i, len);
     if (!smooth) continue;
     if (w) {
-      sum_smooth +=
-          at::vec::map2_reduce_all<M>([&](Vec<M> v, Vec<M> wv) { return wv * (v - vm); }, vadd<M>, z + i, w + i, len);
+      sum_smooth += at::vec::map2_reduce_all<M>([&](Vec<M> v, Vec<M> wv) { return wv * (v - vm); }, loss::vadd<M>,
+                                                z + i, w + i, len);
     } else {
-      sum_smooth += at::vec::map_reduce_all<M>([&](Vec<M> v) { return v - vm; }, vadd<M>, z + i, len);
+      sum_smooth += at::vec::map_reduce_all<M>([&](Vec<M> v) { return v - vm; }, loss::vadd<M>, z + i, len);
     }
   }
 }
@@ -81,7 +64,7 @@ void cross_entropy_rows_kernel(const scalar_t* logits, int64_t ld, scalar_t* gra
         load_block(xrow + i, z + i, len);
         if (p.softcap != M(0)) vec_map(z + i, len, [&](Vec<M> v) { return cap * (v / cap).tanh(); });
       }
-      const M m = row_max(z, V);
+      const M m = loss::row_max(z, V);
       double sum_exp, sum_smooth;
       row_sums(z, weight, V, m, smooth, sum_exp, sum_smooth);
       const M log_s = std::log(static_cast<M>(sum_exp)), lse = m + log_s, zt = z[t] - m;
@@ -124,21 +107,13 @@ std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_cpu(const at::Tensor& logi
                                                           int64_t ignore_index, double label_smoothing, double z_loss,
                                                           double softcap) {
   const char* op = "cross_entropy_rows";
-  check_cross_entropy_rows(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  // Rows are read with their stride; columns must be contiguous (a copy otherwise: never the case for the
-  // in-place use, whose buffer is contiguous).
-  const at::Tensor logits = V <= 1 || logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
-  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  const std::optional<at::Tensor> weight =
-      weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
-  const int64_t* t = target.data_ptr<int64_t>();
-  for (int64_t r = 0; r < rows; ++r) {
-    TORCH_CHECK_INDEX(t[r] == ignore_index || (t[r] >= 0 && t[r] < V), "fused.", op, ": target ", t[r],
-                      " is out of bounds for ", V, " classes (ignore_index is ", ignore_index, ")");
-  }
-  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
-  at::Tensor loss = at::empty({rows}, math_opts), lse = at::empty({rows}, math_opts);
+  const CrossEntropyRows in =
+      cross_entropy_rows_inputs(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
+  const at::Tensor &logits = in.logits, &scale = in.scale, &loss = in.loss, &lse = in.lse;
+  const std::optional<at::Tensor>& weight = in.weight;
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  check_target_range(op, in.target, V, ignore_index);
+  const int64_t* t = in.target.data_ptr<int64_t>();
   if (rows == 0) return {loss, lse};
   FUSED_DISPATCH_FLOATING(logits.scalar_type(), "cross_entropy_rows", [&] {
     using M = at::opmath_type<scalar_t>;

@@ -19,18 +19,15 @@ std::tuple<at::Tensor, at::Tensor> cuda_cross_entropy_rows(const at::Tensor& log
                                                            int64_t ignore_index, double label_smoothing, double z_loss,
                                                            double softcap) {
   const char* op = "cross_entropy_rows";
-  check_cross_entropy_rows(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
+  const CrossEntropyRows in =
+      cross_entropy_rows_inputs(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
   check_cuda(op, "logits", logits_in);
   const DType dtype = dtype_of(op, "logits", logits_in);
   const c10::cuda::CUDAGuard guard(logits_in.device());
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  const at::Tensor logits = V <= 1 || logits_in.stride(1) == 1 ? logits_in : logits_in.contiguous();
-  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  const std::optional<at::Tensor> weight =
-      weight_in ? std::optional<at::Tensor>(weight_in->contiguous()) : std::nullopt;
+  const at::Tensor &logits = in.logits, &target = in.target, &scale = in.scale, &loss = in.loss, &lse = in.lse;
+  const std::optional<at::Tensor>& weight = in.weight;
+  const int64_t rows = logits.size(0), V = logits.size(1);
   const at::Tensor weight_sum = weight ? weight->sum(at::kDouble) : at::Tensor();
-  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
-  at::Tensor loss = at::empty({rows}, math_opts), lse = at::empty({rows}, math_opts);
   const cuda::loss::RowsArgs args{logits.data_ptr(),
                                   logits.stride(0),
                                   grad.numel() ? grad.data_ptr() : nullptr,

@@ -48,4 +48,46 @@ TORCH_LIBRARY_FRAGMENT(fused, m) {
   m.def(
       "cross_entropy_bwd(Tensor grad_loss, Tensor logits, Tensor target, Tensor? weight, str reduction, "
       "int ignore_index, float label_smoothing, float z_loss, float softcap) -> Tensor");
+
+  // Post-training losses over the same chunked machinery (fused/loss/log_probs.py, distillation.py).
+  m.def(
+      "linear_log_probs(Tensor input, Tensor linear_weight, Tensor target, *, Tensor? linear_bias=None, "
+      "float temperature=1.0, int ignore_index=-100, bool return_entropy=False) -> (Tensor logp, Tensor entropy)");
+  m.def(
+      "linear_distillation_loss(Tensor student_input, Tensor student_weight, Tensor teacher_input, "
+      "Tensor teacher_weight, Tensor? target=None, *, Tensor? student_bias=None, Tensor? teacher_bias=None, "
+      "str divergence=\"forward_kl\", float beta=0.5, float temperature=1.0, int ignore_index=-100, "
+      "str reduction=\"mean\") -> Tensor");
+  // Rows of logits [R, V] divided by temperature: logp[r] = log_softmax(z_r)[target[r]] and entropy[r], in the
+  // math dtype (0 for ignored rows). When grad is not empty it gets the gradient of
+  // sum_r (scale[r, 0] logp[r] + scale[r, 1] entropy[r]) with respect to the logits (grad may be logits itself).
+  def_with_cuda_twin(m,
+                     "log_prob_rows(Tensor logits, Tensor target, Tensor scale, Tensor(a!) grad, int ignore_index, "
+                     "float temperature) -> (Tensor logp, Tensor entropy)");
+  // Student and teacher logits [R, V] of one dtype, divided by temperature: the divergence per row (0 where the
+  // target is ignore_index), and into grad, when not empty, the gradient of sum_r scale[r] loss[r] with respect to
+  // the student's logits. scale: [] (every row) or [R].
+  def_with_cuda_twin(m,
+                     "distillation_rows(Tensor logits, Tensor teacher_logits, Tensor? target, Tensor scale, "
+                     "Tensor(a!) grad, str divergence, float beta, float temperature, int ignore_index) -> Tensor");
+  // input [N, D], target [N]: (logp, entropy) per row; the backward recomputes the logits chunk by chunk with the
+  // per-row upstream gradients.
+  m.def(
+      "linear_log_probs_fwd(Tensor input, Tensor linear_weight, Tensor target, Tensor? linear_bias, "
+      "float temperature, int ignore_index) -> (Tensor logp, Tensor entropy)");
+  m.def(
+      "linear_log_probs_bwd(Tensor grad_logp, Tensor grad_entropy, Tensor input, Tensor linear_weight, "
+      "Tensor target, Tensor? linear_bias, float temperature, int ignore_index, bool grad_input, bool grad_weight, "
+      "bool grad_bias) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  // As linear_cross_entropy_fwd / _bwd: for "mean" and "sum" the student's gradients come back from forward.
+  m.def(
+      "linear_distillation_fwd(Tensor student_input, Tensor student_weight, Tensor teacher_input, "
+      "Tensor teacher_weight, Tensor? target, Tensor? student_bias, Tensor? teacher_bias, str reduction, "
+      "str divergence, float beta, float temperature, int ignore_index, bool grad_input, bool grad_weight, "
+      "bool grad_bias) -> (Tensor loss, Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
+  m.def(
+      "linear_distillation_bwd(Tensor grad_loss, Tensor student_input, Tensor student_weight, Tensor teacher_input, "
+      "Tensor teacher_weight, Tensor? target, Tensor? student_bias, Tensor? teacher_bias, str reduction, "
+      "str divergence, float beta, float temperature, int ignore_index, bool grad_input, bool grad_weight, "
+      "bool grad_bias) -> (Tensor grad_input, Tensor grad_weight, Tensor grad_bias)");
 }

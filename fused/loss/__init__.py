@@ -1,11 +1,14 @@
 """The loss family: cross-entropy fused with its softmax and gradient, and fused with the linear layer (the LM
-head) before it, without ever holding the N x V logits."""
+head) before it; per-token log-probs and entropy, and teacher-student distillation, of linear heads; none of them
+ever holding the N x V logits."""
 
 from typing import Optional
 
 import torch
 
-from fused.loss import ops as _ops  # noqa: F401  registers the composites, fake kernels, autograd, GPU routing
+from fused.loss import distillation as _distillation  # noqa: F401  (each registers its composites, fake kernels,
+from fused.loss import log_probs as _log_probs  # noqa: F401  autograd and GPU routing)
+from fused.loss import ops as _ops  # noqa: F401
 
 
 def linear_cross_entropy(
@@ -67,4 +70,69 @@ def cross_entropy(
     )
 
 
-__all__ = ["linear_cross_entropy", "cross_entropy"]
+def linear_log_probs(
+    input: torch.Tensor,
+    linear_weight: torch.Tensor,
+    target: torch.Tensor,
+    *,
+    linear_bias: Optional[torch.Tensor] = None,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    return_entropy: bool = False,
+):
+    """Per-token log-probs of the targets under a linear head, without the N x V logits: with
+    z = (input @ linear_weight.T + linear_bias) / temperature, logp = log_softmax(z)[target] (and, when
+    return_entropy, entropy = -sum softmax(z) log_softmax(z)), shaped like target, in float32 (float64 for float64
+    input) whatever the input dtype. Ignored tokens give 0 and no gradient. Gradients reach input, linear_weight and
+    linear_bias from any use of logp and entropy (per-token weights, ratios, sums per sequence: RL, DPO).
+    torch.ops.fused.linear_log_probs returns (logp, entropy), entropy empty unless asked for."""
+    logp, entropy = torch.ops.fused.linear_log_probs(
+        input,
+        linear_weight,
+        target,
+        linear_bias=linear_bias,
+        temperature=temperature,
+        ignore_index=ignore_index,
+        return_entropy=return_entropy,
+    )
+    return (logp, entropy) if return_entropy else logp
+
+
+def linear_distillation_loss(
+    student_input: torch.Tensor,
+    student_weight: torch.Tensor,
+    teacher_input: torch.Tensor,
+    teacher_weight: torch.Tensor,
+    target: Optional[torch.Tensor] = None,
+    *,
+    student_bias: Optional[torch.Tensor] = None,
+    teacher_bias: Optional[torch.Tensor] = None,
+    divergence: str = "forward_kl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+) -> torch.Tensor:
+    """A divergence between the teacher's and the student's next-token distributions, p = softmax(logits /
+    temperature) of each linear head, without either's N x V logits: "forward_kl" KL(p_T || p_S), "reverse_kl"
+    KL(p_S || p_T), "jsd" beta KL(p_T || m) + (1 - beta) KL(p_S || m) with m = beta p_T + (1 - beta) p_S. Tokens
+    whose target is ignore_index are left out (all count when target is None); "mean" over the counted tokens,
+    "sum", or "none" per token (0 where ignored). The teacher gets no gradient; teacher and student may have
+    different hidden sizes (and dtypes), not vocabularies. The loss is float32 (float64 for float64 input)."""
+    return torch.ops.fused.linear_distillation_loss(
+        student_input,
+        student_weight,
+        teacher_input,
+        teacher_weight,
+        target,
+        student_bias=student_bias,
+        teacher_bias=teacher_bias,
+        divergence=divergence,
+        beta=beta,
+        temperature=temperature,
+        ignore_index=ignore_index,
+        reduction=reduction,
+    )
+
+
+__all__ = ["linear_cross_entropy", "cross_entropy", "linear_log_probs", "linear_distillation_loss"]

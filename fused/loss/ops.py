@@ -1,33 +1,22 @@
-"""Registration of the loss family: the public composites (argument checks, flattening), the chunked
-linear + cross-entropy driver, fake kernels (torch.compile), autograd, and the CUDA-device routing of the row
-kernel between CUDA C++ and Triton.
+"""Registration of the cross-entropy losses: the public composites (argument checks, flattening), their drivers
+over the chunked "linear + row kernel" machinery (fused/loss/chunked.py), fake kernels (torch.compile), autograd,
+and the CUDA-device routing of the row kernel fused::cross_entropy_rows between CUDA C++ and Triton.
 
-linear_cross_entropy runs the rows in chunks sized from a memory budget, never holding the N x V logits: per
-chunk the logits GEMM into one reused buffer, the row kernel fused::cross_entropy_rows (loss, logsumexp and the
-gradient of the logits, written over them, all in fp32), then the backward GEMMs (grad_input for the chunk's
-rows; grad_weight and grad_bias accumulated in fp32). For reduction "mean" and "sum" the gradients are computed
-in forward whenever autograd will want them, and the backward only multiplies them by grad_output, in place (3
-GEMMs in all, as eager); "none" needs a gradient per row, so its backward runs the chunks again, as does a second
-backward through the same graph.
+The row kernel computes loss, logsumexp and the gradient of the logits (written over them), all in fp32. For
+reduction "mean" and "sum" the gradients are computed in forward whenever autograd will want them, and the
+backward only multiplies them by grad_output, in place (3 GEMMs in all, as eager); "none" needs a gradient per
+row, so its backward runs the chunks again, as does a second backward through the same graph.
 """
 
 import torch
 
 from fused import _checks
 from fused._backend import register_gpu
+from fused.loss import chunked
+from fused.loss.chunked import check_linear, math_dtype  # noqa: F401  (math_dtype: the Triton launchers')
 
 TRITON = "fused.loss.triton_kernels"
 REDUCTIONS = ("none", "mean", "sum")
-# The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
-# a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
-# (and in training its gradient) takes anyway. A 16-bit weight gradient is added into its fp32 accumulator once per
-# chunk (12 bytes of memory traffic per weight element), so there a chunk may take the weight's whole size: a
-# quarter of the chunks, for one more weight-sized buffer next to the 3 the gradient already takes.
-CHUNK_BYTES = 64 * 2**20
-
-
-def math_dtype(t):
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
 # ---- argument checks (public ops; the fake kernels and Triton launchers reuse them) ----
@@ -85,30 +74,6 @@ def check_class_weight(op, weight, ref, classes):
         raise RuntimeError(
             f"fused.{op}: weight must be 1-D with {classes} entries (one per class), got shape {tuple(weight.shape)}"
         )
-
-
-def check_linear(op, input, linear_weight, linear_bias):
-    _checks.check_floating(op, "input", input)
-    _checks.check_like(op, "linear_weight", linear_weight, "input", input)
-    if input.dim() < 1:
-        raise RuntimeError(f"fused.{op}: input must have at least 1 dimension [..., in_features], got a scalar")
-    if linear_weight.dim() != 2:
-        raise RuntimeError(
-            f"fused.{op}: linear_weight must be 2-D [classes, in_features], got shape "
-            f"{tuple(linear_weight.shape)} (K-dimensional weights are not supported)"
-        )
-    if linear_weight.shape[1] != input.shape[-1]:
-        raise RuntimeError(
-            f"fused.{op}: linear_weight has in_features {linear_weight.shape[1]} but input has "
-            f"{input.shape[-1]} (its last dimension)"
-        )
-    if linear_bias is not None:
-        _checks.check_like(op, "linear_bias", linear_bias, "input", input)
-        if linear_bias.dim() != 1 or linear_bias.shape[0] != linear_weight.shape[0]:
-            raise RuntimeError(
-                f"fused.{op}: linear_bias must be 1-D with {linear_weight.shape[0]} entries (one "
-                f"per class), got shape {tuple(linear_bias.shape)}"
-            )
 
 
 def check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight):
@@ -197,57 +162,22 @@ def backward_scale(grad_loss, target, class_weight, reduction, ignore_index, dty
     return row_scales(target, class_weight, reduction, ignore_index, dtype)[0] * g
 
 
-def chunk_rows(n_rows, linear_weight, accumulates_16bit=False):
-    weight_bytes = linear_weight.numel() * linear_weight.element_size()
-    budget = max(CHUNK_BYTES, weight_bytes if accumulates_16bit else weight_bytes // 4)
-    return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
+def _chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads):
+    """(loss rows, lse rows, grad_input, grad_weight, grad_bias) of sum_r (scale[r, 0] loss_r + scale[r, 1] z-loss_r).
+    row_options: the row kernel's (ignore_index, label_smoothing, z_loss, softcap)."""
+    need_grad = any(grads)
 
-
-def linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads):
-    """(loss rows, lse rows, grad_input, grad_weight, grad_bias) of sum_r (scale[r, 0] loss_r + scale[r, 1] z-loss_r),
-    chunk by chunk over the rows of input [N, D]. row_options: the row kernel's (ignore_index, label_smoothing,
-    z_loss, softcap); grads: which of (grad_input, grad_weight, grad_bias) to compute, the others empty tensors."""
-    grad_input, grad_weight, grad_bias = grads
-    grad_bias = grad_bias and linear_bias is not None
-    N, D = input.shape
-    V = linear_weight.shape[0]
-    acc = math_dtype(input)
-    rows = chunk_rows(N, linear_weight, grad_weight and input.dtype != acc)
-    logits = input.new_empty(min(rows, N), V)
-    loss, lse = input.new_empty(N, dtype=acc), input.new_empty(N, dtype=acc)
-    need_grad = grad_input or grad_weight or grad_bias
-    gi = input.new_empty(N, D) if grad_input else input.new_empty(0)
-    gw = input.new_zeros(V, D, dtype=acc) if grad_weight else input.new_empty(0)
-    gb = input.new_zeros(V, dtype=acc) if grad_bias else input.new_empty(0)
-    # 16-bit: the weight gradient of a chunk is a 16-bit GEMM (fp32 inside), added into gw in fp32 by slices of
-    # classes, so that no V x D temporary is needed.
-    slice_classes = max(1, CHUNK_BYTES // max(1, D * input.element_size()))
-    for r0 in range(0, N, rows):
-        r1 = min(N, r0 + rows)
-        x, buf = input[r0:r1], logits[: r1 - r0]
-        if linear_bias is None:
-            torch.mm(x, linear_weight.t(), out=buf)
-        else:
-            torch.addmm(linear_bias, x, linear_weight.t(), out=buf)
-        loss[r0:r1], lse[r0:r1] = torch.ops.fused.cross_entropy_rows(
-            buf,
+    def rows(logits, r0, r1, _teacher):
+        return torch.ops.fused.cross_entropy_rows(
+            logits,
             target[r0:r1],
             class_weight,
             scale if scale.dim() == 1 else scale[r0:r1],
-            buf if need_grad else logits.new_empty(0),
+            logits if need_grad else logits.new_empty(0),
             *row_options,
         )
-        if grad_input:
-            torch.mm(buf, linear_weight, out=gi[r0:r1])
-        if grad_weight:
-            if buf.dtype == acc:
-                gw.addmm_(buf.t(), x)
-            else:
-                for c0 in range(0, V, slice_classes):
-                    gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
-        if grad_bias:
-            gb += buf.sum(0, dtype=acc)
-    return loss, lse, gi, gw.to(linear_weight.dtype), gb.to(linear_weight.dtype)
+
+    return chunked.linear_chunks(input, linear_weight, linear_bias, rows, 2, grads)
 
 
 def class_weight_in(weight, like):
@@ -264,7 +194,7 @@ def _linear_cross_entropy_fwd(input, linear_weight, target, linear_bias, weight,
     scale, denominators = row_scales(target, class_weight, reduction, ignore_index, acc)
     if reduction == "none":
         grads = (False, False, False)
-    loss_rows, lse, gi, gw, gb = linear_chunks(
+    loss_rows, lse, gi, gw, gb = _chunks(
         input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads
     )
     return reduce_loss(loss_rows, lse, z_loss, reduction, denominators), gi, gw, gb
@@ -274,7 +204,7 @@ def _linear_cross_entropy_bwd(grad_loss, input, linear_weight, target, linear_bi
     row_options, grads = options[:4], options[4:]
     class_weight = class_weight_in(weight, input)
     scale = backward_scale(grad_loss, target, class_weight, reduction, row_options[0], math_dtype(input))
-    return linear_chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads)[2:]
+    return _chunks(input, linear_weight, target, linear_bias, class_weight, scale, row_options, grads)[2:]
 
 
 def _cross_entropy_fwd(logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap, grad):
@@ -298,25 +228,12 @@ def _cross_entropy_bwd(grad_loss, logits, target, weight, reduction, ignore_inde
     return grad_logits
 
 
-def _plain(fn):
-    """fn without autograd (it computes gradients itself; the backward ops have no autograd of their own) and
-    without autocast (the composites cast their inputs; the GEMMs must run in the dtypes they are given)."""
-
-    def run(*args):
-        with torch.no_grad(), torch.autocast(args[0].device.type, enabled=False):
-            return fn(*args)
-
-    return run
-
-
-for _name, _fn in (
-    ("linear_cross_entropy_fwd", _linear_cross_entropy_fwd),
-    ("linear_cross_entropy_bwd", _linear_cross_entropy_bwd),
-    ("cross_entropy_fwd", _cross_entropy_fwd),
-    ("cross_entropy_bwd", _cross_entropy_bwd),
-):
-    # Every device: ATen's GEMMs and the row kernel, routed per device.
-    torch.library.impl(f"fused::{_name}", "CompositeExplicitAutograd", _plain(_fn))
+chunked.register_kernels(
+    linear_cross_entropy_fwd=_linear_cross_entropy_fwd,
+    linear_cross_entropy_bwd=_linear_cross_entropy_bwd,
+    cross_entropy_fwd=_cross_entropy_fwd,
+    cross_entropy_bwd=_cross_entropy_bwd,
+)
 
 
 # ---- fake kernels ----
@@ -369,30 +286,10 @@ def _(grad_loss, logits, target, weight, reduction, ignore_index, label_smoothin
 
 
 # ---- autograd: the first backward of "mean" / "sum" scales forward's gradients; otherwise the backward ops ----
-def _setup(ctx, saved, reduction, options, grads, computed):
-    ctx.save_for_backward(*saved)
-    ctx.options = (reduction, *options)
-    ctx.mark_non_differentiable(*grads)
-    ctx.set_materialize_grads(False)
-    ctx.grads, ctx.computed = (grads, computed) if reduction != "none" else (None, None)
-
-
-def _forward_grads(ctx, grad_loss, needed):
-    """Forward's gradients times grad_output, or None when forward has none for this backward. They are consumed:
-    scaled in place and handed to autograd, which takes them as .grad without a copy; a later backward through
-    the same graph (retain_graph, gradcheck) recomputes them with the backward op."""
-    grads, ctx.grads = ctx.grads, None
-    if grads is None or any(need and not done for need, done in zip(needed, ctx.computed)):
-        return None
-    # In place on plain tensors (eager); out of place when traced (torch.compile's fake and functional tensors).
-    in_place = type(grad_loss) is torch.Tensor and all(type(g) is torch.Tensor for g in grads)
-    return [g.mul_(grad_loss) if in_place else g * grad_loss for g in grads]
-
-
 def _lce_setup(ctx, inputs, output):
     input, linear_weight, target, linear_bias, weight, reduction, *options = inputs
     grad_input, grad_weight, grad_bias = options[4:]
-    _setup(
+    chunked.setup_forward_grads(
         ctx,
         (input, linear_weight, target, linear_bias, weight),
         reduction,
@@ -404,7 +301,7 @@ def _lce_setup(ctx, inputs, output):
 
 def _lce_backward(ctx, grad_loss, *_):
     need_input, need_weight, _target, need_bias = ctx.needs_input_grad[:4]
-    grads = None if grad_loss is None else _forward_grads(ctx, grad_loss, (need_input, need_weight, need_bias))
+    grads = None if grad_loss is None else chunked.forward_grads(ctx, grad_loss, (need_input, need_weight, need_bias))
     if grads is None and grad_loss is not None:
         grads = torch.ops.fused.linear_cross_entropy_bwd(
             grad_loss, *ctx.saved_tensors, *ctx.options, need_input, need_weight, need_bias
@@ -418,13 +315,13 @@ torch.library.register_autograd("fused::linear_cross_entropy_fwd", _lce_backward
 
 def _ce_setup(ctx, inputs, output):
     logits, target, weight, reduction, *options = inputs
-    _setup(ctx, (logits, target, weight), reduction, options[:4], output[1:], (options[4],))
+    chunked.setup_forward_grads(ctx, (logits, target, weight), reduction, options[:4], output[1:], (options[4],))
 
 
 def _ce_backward(ctx, grad_loss, _grad_logits_output):
     grad = None
     if grad_loss is not None and ctx.needs_input_grad[0]:
-        grad = _forward_grads(ctx, grad_loss, (True,))
+        grad = chunked.forward_grads(ctx, grad_loss, (True,))
         grad = grad[0] if grad else torch.ops.fused.cross_entropy_bwd(grad_loss, *ctx.saved_tensors, *ctx.options)
     return (grad, *([None] * 8))
 
@@ -433,10 +330,6 @@ torch.library.register_autograd("fused::cross_entropy_fwd", _ce_backward, setup_
 
 
 # ---- the public composites ----
-def _needs_grad(*tensors):
-    return [torch.is_grad_enabled() and t is not None and t.requires_grad for t in tensors]
-
-
 def _loss_dtype(loss, like):
     """The input's dtype, or float32 under autocast (torch runs cross-entropy in float32 there)."""
     return loss if torch.is_autocast_enabled(like.device.type) else loss.to(like.dtype)
@@ -458,16 +351,11 @@ def _linear_cross_entropy(
     op = "linear_cross_entropy"
     ignore_index = -100 if ignore_index is None else ignore_index
     check_options(op, reduction, label_smoothing, z_loss, softcap)
-    if torch.is_autocast_enabled(input.device.type):  # the linear layer in autocast's dtype, as F.linear would be
-        dtype = torch.get_autocast_dtype(input.device.type)
-        input, linear_weight, linear_bias = (
-            t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
-            for t in (input, linear_weight, linear_bias)
-        )
+    input, linear_weight, linear_bias = chunked.autocast_linear(input, linear_weight, linear_bias)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
-    grads = _needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
+    grads = chunked.needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
     loss = torch.ops.fused.linear_cross_entropy_fwd(
         input.reshape(-1, input.shape[-1]),
         linear_weight,
@@ -498,7 +386,7 @@ def _cross_entropy(
         rows = rows.contiguous()
     flat_target = target.reshape(-1).long()
     check_target_range(op, flat_target, classes, ignore_index)
-    grad = _needs_grad(logits)[0] and reduction != "none"
+    grad = chunked.needs_grad(logits)[0] and reduction != "none"
     loss = torch.ops.fused.cross_entropy_fwd(
         rows,
         flat_target,

@@ -61,3 +61,58 @@ def linear_cross_entropy(
         softcap,
     )
     return loss.view(target.shape) if reduction == "none" else loss
+
+
+def _log_softmax(logits, temperature):
+    """log_softmax(logits / temperature) in float32 (float64 for float64 logits)."""
+    acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    return (logits.to(acc) / temperature).log_softmax(-1)
+
+
+def linear_log_probs(
+    input, linear_weight, target, linear_bias=None, temperature=1.0, ignore_index=-100, return_entropy=False
+):
+    """input [..., D], linear_weight [V, D], target [...]: log_softmax(z)[target] with z = F.linear(...) /
+    temperature in float32 (float64), and entropy -sum softmax(z) log_softmax(z); 0 where target is ignore_index."""
+    logp_all = _log_softmax(F.linear(input, linear_weight, linear_bias), temperature)
+    valid = target != ignore_index
+    picked = logp_all.gather(-1, torch.where(valid, target, 0).unsqueeze(-1)).squeeze(-1)
+    logp = torch.where(valid, picked, 0.0)
+    if not return_entropy:
+        return logp
+    return logp, torch.where(valid, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+
+
+def linear_distillation_loss(
+    student_input,
+    student_weight,
+    teacher_input,
+    teacher_weight,
+    target=None,
+    student_bias=None,
+    teacher_bias=None,
+    divergence="forward_kl",
+    beta=0.5,
+    temperature=1.0,
+    ignore_index=-100,
+    reduction="mean",
+):
+    """The divergence between softmax(teacher logits / T) and softmax(student logits / T) per token (DESIGN.md), in
+    float32 (float64), over the tokens whose target is not ignore_index (all when target is None); the teacher is
+    a constant."""
+    ls = _log_softmax(F.linear(student_input, student_weight, student_bias), temperature)
+    with torch.no_grad():
+        lt = _log_softmax(F.linear(teacher_input, teacher_weight, teacher_bias), temperature)
+    if divergence == "forward_kl":
+        per_token = (lt.exp() * (lt - ls)).sum(-1)
+    elif divergence == "reverse_kl":
+        per_token = (ls.exp() * (ls - lt)).sum(-1)
+    else:  # log m = log(beta p_T + (1 - beta) p_S), as a logaddexp: beta = 0 or 1 gives exactly 0
+        b = torch.tensor(beta, dtype=ls.dtype)
+        lm = torch.logaddexp(lt + b.log(), ls + torch.log1p(-b))
+        per_token = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
+    valid = torch.ones_like(per_token, dtype=torch.bool) if target is None else target != ignore_index
+    per_token = torch.where(valid, per_token, 0.0)
+    if reduction == "none":
+        return per_token
+    return per_token.sum() if reduction == "sum" else per_token.sum() / valid.sum()

@@ -1,11 +1,14 @@
-"""FusedLinearCrossEntropyLoss: the LM-head loss as a module, fused.linear_cross_entropy with its options fixed."""
+"""The loss family's modules, each a functional op with its options fixed: FusedLinearCrossEntropyLoss (the LM-head
+loss), FusedLinearLogProbs (per-token log-probs and entropy) and FusedLinearDistillationLoss."""
 
 from typing import Optional
 
 import torch
 from torch import nn
 
-from fused.loss import linear_cross_entropy
+from fused.loss import linear_cross_entropy, linear_distillation_loss, linear_log_probs
+from fused.loss.distillation import check_options as check_distillation_options
+from fused.loss.log_probs import check_temperature
 from fused.loss.ops import check_options
 
 
@@ -50,4 +53,78 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         return (
             f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
             f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}"
+        )
+
+
+class FusedLinearLogProbs(nn.Module):
+    """logp (and entropy) = fused.linear_log_probs(input, linear_weight, target, linear_bias=...) with this module's
+    temperature, ignore_index and return_entropy. It holds no parameters: pass the policy head's weight."""
+
+    def __init__(self, temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False):
+        super().__init__()
+        check_temperature("nn.FusedLinearLogProbs", temperature)
+        self.temperature, self.ignore_index, self.return_entropy = temperature, ignore_index, return_entropy
+
+    def forward(self, input, linear_weight, target, linear_bias=None):
+        return linear_log_probs(
+            input,
+            linear_weight,
+            target,
+            linear_bias=linear_bias,
+            temperature=self.temperature,
+            ignore_index=self.ignore_index,
+            return_entropy=self.return_entropy,
+        )
+
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}, ignore_index={self.ignore_index}, return_entropy={self.return_entropy}"
+
+
+class FusedLinearDistillationLoss(nn.Module):
+    """loss(student_input, student_weight, teacher_input, teacher_weight, target=None, student_bias=None,
+    teacher_bias=None) = fused.linear_distillation_loss(...) with this module's divergence, beta, temperature,
+    ignore_index and reduction. It holds no parameters."""
+
+    def __init__(
+        self,
+        divergence: str = "forward_kl",
+        beta: float = 0.5,
+        temperature: float = 1.0,
+        ignore_index: int = -100,
+        reduction: str = "mean",
+    ):
+        super().__init__()
+        check_distillation_options("nn.FusedLinearDistillationLoss", divergence, beta, temperature, reduction)
+        self.divergence, self.beta, self.temperature = divergence, beta, temperature
+        self.ignore_index, self.reduction = ignore_index, reduction
+
+    def forward(
+        self,
+        student_input,
+        student_weight,
+        teacher_input,
+        teacher_weight,
+        target=None,
+        student_bias=None,
+        teacher_bias=None,
+    ):
+        return linear_distillation_loss(
+            student_input,
+            student_weight,
+            teacher_input,
+            teacher_weight,
+            target,
+            student_bias=student_bias,
+            teacher_bias=teacher_bias,
+            divergence=self.divergence,
+            beta=self.beta,
+            temperature=self.temperature,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"divergence={self.divergence!r}, beta={self.beta}, temperature={self.temperature}, "
+            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
         )

@@ -1,0 +1,161 @@
+"""The chunked "linear + row kernel" machinery every loss of the family runs on (cross-entropy, log-probs,
+distillation): the rows of input [N, D] go in chunks sized from a memory budget, never holding the N x V logits.
+Per chunk: the logits GEMM into one reused buffer, a row kernel (the loss's own math, a custom op) that returns
+per-row values and writes the gradient of the loss with respect to the logits over them, then the backward GEMMs
+(grad_input for the chunk's rows; grad_weight and grad_bias accumulated in the math dtype).
+
+Also here: the linear layer's argument checks, the autocast cast, and the autograd helpers of a loss whose forward
+computes its gradients ("mean" / "sum": the backward only scales them by grad_output, in place)."""
+
+import torch
+
+from fused import _checks
+
+# The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
+# a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
+# (and in training its gradient) takes anyway. A 16-bit weight gradient is added into its fp32 accumulator once per
+# chunk (12 bytes of memory traffic per weight element), so there a chunk may take the weight's whole size: a
+# quarter of the chunks, for one more weight-sized buffer next to the 3 the gradient already takes.
+CHUNK_BYTES = 64 * 2**20
+LINEAR_NAMES = ("input", "linear_weight", "linear_bias")
+
+
+def math_dtype(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def check_linear(op, input, linear_weight, linear_bias, names=LINEAR_NAMES):
+    """input [..., D], linear_weight [V, D], linear_bias [V] or None; names: how the op calls the three."""
+    x_name, w_name, b_name = names
+    _checks.check_floating(op, x_name, input)
+    _checks.check_like(op, w_name, linear_weight, x_name, input)
+    if input.dim() < 1:
+        raise RuntimeError(f"fused.{op}: {x_name} must have at least 1 dimension [..., in_features], got a scalar")
+    if linear_weight.dim() != 2:
+        raise RuntimeError(
+            f"fused.{op}: {w_name} must be 2-D [classes, in_features], got shape "
+            f"{tuple(linear_weight.shape)} (K-dimensional weights are not supported)"
+        )
+    if linear_weight.shape[1] != input.shape[-1]:
+        raise RuntimeError(
+            f"fused.{op}: {w_name} has in_features {linear_weight.shape[1]} but {x_name} has "
+            f"{input.shape[-1]} (its last dimension)"
+        )
+    if linear_bias is not None:
+        _checks.check_like(op, b_name, linear_bias, x_name, input)
+        if linear_bias.dim() != 1 or linear_bias.shape[0] != linear_weight.shape[0]:
+            raise RuntimeError(
+                f"fused.{op}: {b_name} must be 1-D with {linear_weight.shape[0]} entries (one "
+                f"per class), got shape {tuple(linear_bias.shape)}"
+            )
+
+
+def autocast_linear(*tensors):
+    """The linear layer's tensors in autocast's dtype when autocast is on, as F.linear would run (float64 and None
+    pass through)."""
+    device = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(
+        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors
+    )
+
+
+def chunk_rows(n_rows, linear_weight, accumulates_16bit=False):
+    weight_bytes = linear_weight.numel() * linear_weight.element_size()
+    budget = max(CHUNK_BYTES, weight_bytes if accumulates_16bit else weight_bytes // 4)
+    return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
+
+
+def _logits(x, weight, bias, out):
+    if bias is None:
+        return torch.mm(x, weight.t(), out=out)
+    return torch.addmm(bias, x, weight.t(), out=out)
+
+
+def linear_chunks(input, linear_weight, linear_bias, row_kernel, n_outputs, grads, teacher=None):
+    """(*outputs, grad_input, grad_weight, grad_bias) over the rows of input [N, D], chunk by chunk.
+
+    row_kernel(logits, r0, r1, teacher_logits) runs on the chunk's logits [r1 - r0, V] (and the teacher's, when
+    `teacher` = (input, weight, bias) of a second linear layer over the same rows: no gradient) and returns
+    n_outputs per-row tensors in the math dtype; when a gradient is asked for it writes the gradient of the loss
+    with respect to the logits over them. grads: which of (grad_input, grad_weight, grad_bias) to compute, the
+    others come back empty."""
+    grad_input, grad_weight, grad_bias = grads
+    grad_bias = grad_bias and linear_bias is not None
+    N, D = input.shape
+    V = linear_weight.shape[0]
+    acc = math_dtype(input)
+    rows = chunk_rows(N, linear_weight, grad_weight and input.dtype != acc)
+    logits = input.new_empty(min(rows, N), V)
+    teacher_logits = None if teacher is None else teacher[0].new_empty(min(rows, N), V)
+    outputs = [input.new_empty(N, dtype=acc) for _ in range(n_outputs)]
+    gi = input.new_empty(N, D) if grad_input else input.new_empty(0)
+    gw = input.new_zeros(V, D, dtype=acc) if grad_weight else input.new_empty(0)
+    gb = input.new_zeros(V, dtype=acc) if grad_bias else input.new_empty(0)
+    # 16-bit: the weight gradient of a chunk is a 16-bit GEMM (fp32 inside), added into gw in fp32 by slices of
+    # classes, so that no V x D temporary is needed.
+    slice_classes = max(1, CHUNK_BYTES // max(1, D * input.element_size()))
+    for r0 in range(0, N, rows):
+        r1 = min(N, r0 + rows)
+        x, buf = input[r0:r1], logits[: r1 - r0]
+        _logits(x, linear_weight, linear_bias, buf)
+        teacher_buf = None
+        if teacher is not None:
+            teacher_buf = _logits(teacher[0][r0:r1], teacher[1], teacher[2], teacher_logits[: r1 - r0])
+        for out, value in zip(outputs, row_kernel(buf, r0, r1, teacher_buf)):
+            out[r0:r1] = value
+        if grad_input:
+            torch.mm(buf, linear_weight, out=gi[r0:r1])
+        if grad_weight:
+            if buf.dtype == acc:
+                gw.addmm_(buf.t(), x)
+            else:
+                for c0 in range(0, V, slice_classes):
+                    gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
+        if grad_bias:
+            gb += buf.sum(0, dtype=acc)
+    return (*outputs, gi, gw.to(linear_weight.dtype), gb.to(linear_weight.dtype))
+
+
+def plain(fn):
+    """fn without autograd (it computes gradients itself; the backward ops have no autograd of their own) and
+    without autocast (the composites cast their inputs; the GEMMs must run in the dtypes they are given)."""
+
+    def run(*args):
+        with torch.no_grad(), torch.autocast(args[0].device.type, enabled=False):
+            return fn(*args)
+
+    return run
+
+
+def register_kernels(**fns):
+    """The internal ops' kernels on every device: ATen's GEMMs and the row kernel, routed per device."""
+    for name, fn in fns.items():
+        torch.library.impl(f"fused::{name}", "CompositeExplicitAutograd", plain(fn))
+
+
+def needs_grad(*tensors):
+    return [torch.is_grad_enabled() and t is not None and t.requires_grad for t in tensors]
+
+
+# ---- autograd of an op whose forward computes its gradients for "mean" / "sum" ----
+def setup_forward_grads(ctx, saved, reduction, options, grads, computed):
+    ctx.save_for_backward(*saved)
+    ctx.options = (reduction, *options)
+    ctx.mark_non_differentiable(*grads)
+    ctx.set_materialize_grads(False)
+    ctx.grads, ctx.computed = (grads, computed) if reduction != "none" else (None, None)
+
+
+def forward_grads(ctx, grad_loss, needed):
+    """Forward's gradients times grad_output, or None when forward has none for this backward. They are consumed:
+    scaled in place and handed to autograd, which takes them as .grad without a copy; a later backward through
+    the same graph (retain_graph, gradcheck) recomputes them with the backward op."""
+    grads, ctx.grads = ctx.grads, None
+    if grads is None or any(need and not done for need, done in zip(needed, ctx.computed)):
+        return None
+    # In place on plain tensors (eager); out of place when traced (torch.compile's fake and functional tensors).
+    in_place = type(grad_loss) is torch.Tensor and all(type(g) is torch.Tensor for g in grads)
+    return [g.mul_(grad_loss) if in_place else g * grad_loss for g in grads]

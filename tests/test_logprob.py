@@ -1,0 +1,373 @@
+"""fused.linear_log_probs and fused.linear_distillation_loss (and their fused.nn modules) against the reference
+(fused/loss/reference.py: the formulas on full logits) and against float64: values and every gradient within
+eager's error (x2) in fp32 / fp16 / bf16, reduction "none" and per-token upstream gradients of any weights (the
+bug class of Liger-Kernel #678 / #968), temperature, ignore_index and all-ignored batches, teacher and student of
+different hidden sizes, confident predictions in bf16, the entropy of a uniform row, JSD's beta at 0, 0.5 and 1,
+and a GRPO-style clipped surrogate against eager."""
+
+import math
+
+import pytest
+import torch
+
+import fused
+from fused.loss import chunked
+from fused.loss import reference as ref
+from tests.harness import (
+    ALL_DTYPES,
+    FLOAT_DTYPES,
+    assert_accuracy,
+    assert_close,
+    check_compile,
+    check_compile_grads,
+    compile_for_sm90,
+    make,
+    raises,
+    rel_error,
+    requires_triton,
+)
+
+V = 131
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    """A few rows per chunk, so every test runs the chunked path over several chunks."""
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 2048)
+
+
+def head(shape, D, dtype=torch.float32, seed=0, bias=True):
+    """input [*shape, D], weight [V, D], bias [V] at nn.Linear's scale (logits O(1)), all requiring grad."""
+    bound = 1.0 / math.sqrt(D)
+    x = make((*shape, D), dtype, low=-2, high=2, seed=seed, requires_grad=True)
+    w = make((V, D), dtype, low=-3 * bound, high=3 * bound, seed=seed + 1, requires_grad=True)
+    b = make((V,), dtype, low=-1, high=1, seed=seed + 2, requires_grad=True) if bias else None
+    return x, w, b
+
+
+def targets(shape, seed=0, ignore_index=-100):
+    t = torch.randint(0, V, shape, generator=torch.Generator().manual_seed(seed))
+    t.view(-1)[::4] = ignore_index
+    return t
+
+
+def as64(tensors):
+    return [None if t is None else t.detach().double().requires_grad_(t.requires_grad) for t in tensors]
+
+
+def outputs_and_grads(fn, leaves, upstream):
+    """fn's outputs and the gradients of sum(out * weight) over leaves (per-token upstream weights)."""
+    outs = fn(*leaves)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    total = sum((o * u.to(o.dtype)).sum() for o, u in zip(outs, upstream))
+    return list(outs) + list(torch.autograd.grad(total, [t for t in leaves if t is not None]))
+
+
+def check_accuracy(fused_fn, ref_fn, leaves, upstream):
+    """Each output and gradient: our error against float64 within 2x eager's (the reference in the same dtype)."""
+    ours = outputs_and_grads(fused_fn, leaves, upstream)
+    eager = outputs_and_grads(ref_fn, leaves, upstream)
+    exact = outputs_and_grads(ref_fn, as64(leaves), upstream)
+    assert len(ours) == len(exact)
+    for o, e, x in zip(ours, eager, exact):
+        assert o.dtype == e.dtype and o.shape == x.shape
+        assert_accuracy(o, e, x)
+
+
+# ---- linear_log_probs ----
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_log_probs_accuracy_with_per_token_gradients(dtype, temperature):
+    x, w, b = head((3, 7), 24, dtype)
+    t = targets((3, 7))
+    upstream = [make((3, 7), seed=5, low=-2, high=2), make((3, 7), seed=6, low=-2, high=2)]
+
+    def ours(x, w, b):
+        return fused.linear_log_probs(x, w, t, linear_bias=b, temperature=temperature, return_entropy=True)
+
+    def eager(x, w, b):
+        return ref.linear_log_probs(x, w, t, b, temperature, return_entropy=True)
+
+    check_accuracy(ours, eager, [x, w, b], upstream)
+    logp, entropy = ours(x, w, b)
+    assert logp.dtype == torch.float32 and (logp[t == -100] == 0).all() and (entropy[t == -100] == 0).all()
+
+
+def test_log_probs_only_logp_and_float64():
+    x, w, b = as64(head((10,), 8))
+    t = targets((10,))
+    logp = fused.linear_log_probs(x, w, t, linear_bias=b)
+    assert logp.dtype == torch.float64
+    assert_close(logp, ref.linear_log_probs(x, w, t, b))
+    g = torch.autograd.grad(logp.sum(), x)[0]
+    assert_close(g, torch.autograd.grad(ref.linear_log_probs(x, w, t, b).sum(), x)[0])
+    assert (g[t == -100] == 0).all()  # ignored tokens: no gradient
+
+
+def test_log_probs_ignore_index_and_all_ignored():
+    x, w, b = head((6,), 8)
+    for ignore_index in (-100, 3):
+        t = torch.full((6,), ignore_index)
+        logp, entropy = fused.linear_log_probs(x, w, t, linear_bias=b, ignore_index=ignore_index, return_entropy=True)
+        assert (logp == 0).all() and (entropy == 0).all()
+        grads = torch.autograd.grad((logp + entropy).sum(), [x, w, b])
+        assert all((g == 0).all() for g in grads)
+    t = targets((6,), ignore_index=0)
+    t[1] = 3  # ignore_index inside the class range: those tokens only
+    got = fused.linear_log_probs(x, w, t, linear_bias=b, ignore_index=3)
+    assert_close(got, ref.linear_log_probs(x, w, t, b, ignore_index=3))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_entropy_of_uniform_row_is_log_v(dtype):
+    x = make((4, 8), dtype)
+    w = torch.zeros(V, 8, dtype=dtype)
+    logp, entropy = fused.linear_log_probs(x, w, torch.arange(4), return_entropy=True)
+    assert (entropy - math.log(V)).abs().max() <= 2e-6 and (logp + math.log(V)).abs().max() <= 2e-6
+
+
+def test_confident_predictions_exact_in_bf16():
+    """log p_t near 0 (p_t = 0.9 .. 0.9999): logp and its gradient computed from the bf16 logits in fp32 (the
+    target's 1 - p_t from expm1, not from a rounded p_t), as exact as float64 on the same bf16 logits."""
+    rows = []
+    for i, p_t in enumerate((0.9, 0.99, 0.999, 0.9999)):
+        row = torch.randn(V, generator=torch.Generator().manual_seed(i), dtype=torch.float64)
+        row[7] = math.log(p_t / (1 - p_t) * row.exp().sum().item())
+        rows.append(row)
+    logits = torch.stack(rows).bfloat16()
+    t = torch.full((4,), 7)
+    w = logits.t().contiguous().requires_grad_()  # input = one-hot rows: the logits are w's columns
+    logp = fused.linear_log_probs(torch.eye(4, dtype=torch.bfloat16), w, t)
+    w64 = logits.double().t().contiguous().requires_grad_()
+    logp64 = ref.linear_log_probs(torch.eye(4, dtype=torch.float64), w64, t)
+    assert (logp64 > -0.2).all() and rel_error(logp, logp64) < 1e-5
+    g, g64 = torch.autograd.grad(logp.sum(), w)[0][7], torch.autograd.grad(logp64.sum(), w64)[0][7]
+    for i in range(4):  # each 1 - p_t to bf16's rounding of itself, however small
+        assert rel_error(g[i : i + 1], g64[i : i + 1]) <= torch.finfo(torch.bfloat16).eps
+
+
+def test_grpo_clipped_surrogate_matches_eager():
+    """Log-prob ratios of a policy against a frozen copy, PPO/GRPO clipped surrogate with per-token advantages and
+    a mask, mean per sequence then over sequences, backward: equal to the same on eager full logits."""
+    x, w, b = head((4, 9), 16)
+    t = targets((4, 9))
+    w_old = (w.detach() + 0.05 * make(w.shape, seed=9)).requires_grad_(False)
+    adv = make((4, 1), seed=11, low=-1, high=1).expand(4, 9)
+    mask = (t != -100).float()
+
+    def surrogate(log_probs, x, w, b):
+        logp = log_probs(x, w, t, b)
+        with torch.no_grad():
+            old = log_probs(x, w_old, t, b)
+        ratio = torch.exp(logp - old)
+        per_token = -torch.minimum(ratio * adv, ratio.clamp(0.8, 1.2) * adv)
+        return ((per_token * mask).sum(1) / mask.sum(1)).mean()
+
+    def ours(x, w, t, b):
+        return fused.linear_log_probs(x, w, t, linear_bias=b)
+
+    got = outputs_and_grads(lambda *a: surrogate(ours, *a), [x, w, b], [torch.ones(())])
+    want = outputs_and_grads(lambda *a: surrogate(ref.linear_log_probs, *a), [x, w, b], [torch.ones(())])
+    for g, e in zip(got, want):
+        assert_close(g, e)
+
+
+# ---- linear_distillation_loss ----
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_distillation_accuracy(dtype, divergence, reduction):
+    """Teacher and student of different hidden sizes, temperature 2, ignored tokens; "none" with arbitrary
+    per-token upstream weights."""
+    x, w, b = head((2, 9), 16, dtype)
+    xt, wt, bt = (t.detach() for t in head((2, 9), 40, dtype, seed=10))
+    tgt = targets((2, 9))
+    upstream = [make((2, 9), seed=7, low=-2, high=2) if reduction == "none" else torch.ones(())]
+    kw = dict(divergence=divergence, beta=0.3, temperature=2.0, reduction=reduction)
+
+    def ours(x, w, b):
+        return fused.linear_distillation_loss(x, w, xt, wt, tgt, student_bias=b, teacher_bias=bt, **kw)
+
+    def eager(x, w, b):
+        xt_, wt_, bt_ = (t.to(x.dtype) for t in (xt, wt, bt))
+        return ref.linear_distillation_loss(x, w, xt_, wt_, tgt, b, bt_, **kw)
+
+    check_accuracy(ours, eager, [x, w, b], upstream)
+    if reduction == "none":
+        assert (ours(x, w, b)[tgt == -100] == 0).all()
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_jsd_beta(beta):
+    x, w, b = head((12,), 8)
+    xt, wt, _ = (t.detach() for t in head((12,), 8, seed=3))
+    loss = fused.linear_distillation_loss(x, w, xt, wt, student_bias=b, divergence="jsd", beta=beta)
+    grads = torch.autograd.grad(loss, [x, w, b])
+    want = ref.linear_distillation_loss(x, w, xt, wt, None, b, divergence="jsd", beta=beta)
+    want_grads = torch.autograd.grad(want, [x, w, b])
+    assert_close(loss, want)
+    for g, e in zip(grads, want_grads):
+        assert_close(g, e)
+    if beta in (0.0, 1.0):  # a distribution against itself
+        assert loss == 0 and all((g == 0).all() for g in grads)
+    else:
+        assert loss > 0
+
+
+def test_distillation_all_ignored_and_no_target():
+    x, w, b = head((5,), 8)
+    xt, wt, _ = (t.detach() for t in head((5,), 12, seed=3))
+    t = torch.full((5,), -100)
+    assert torch.isnan(fused.linear_distillation_loss(x, w, xt, wt, t))  # 0 / 0 tokens, as the reference
+    for reduction in ("sum", "none"):
+        loss = fused.linear_distillation_loss(x, w, xt, wt, t, reduction=reduction)
+        assert (loss == 0).all() and all((g == 0).all() for g in torch.autograd.grad(loss.sum(), [x, w]))
+    got = fused.linear_distillation_loss(x, w, xt, wt, reverse := None, divergence="reverse_kl")
+    assert reverse is None
+    assert_close(got, ref.linear_distillation_loss(x, w, xt, wt, None, divergence="reverse_kl"))
+
+
+def test_teacher_gets_no_gradient_and_second_backward():
+    x, w, b = head((6,), 8)
+    xt, wt, bt = head((6,), 10, seed=3)
+    loss = fused.linear_distillation_loss(x, w, xt, wt, student_bias=b, teacher_bias=bt)
+    loss.backward(retain_graph=True)
+    assert xt.grad is None and wt.grad is None and bt.grad is None
+    first = w.grad.clone()
+    w.grad = None
+    loss.backward()  # forward's gradients were consumed: the backward op recomputes them
+    assert_close(w.grad, first)
+
+
+def test_gradcheck_float64():
+    x, w, b = as64(head((3,), 5))
+    t = torch.tensor([1, -100, 4])
+    xt, wt = make((3, 4), torch.float64, seed=4), make((V, 4), torch.float64, seed=5)
+    torch.autograd.gradcheck(
+        lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, temperature=0.7, return_entropy=True),
+        (x, w, b),
+    )
+    for divergence in ("forward_kl", "reverse_kl", "jsd"):
+        torch.autograd.gradcheck(
+            lambda x, w, b: fused.linear_distillation_loss(
+                x, w, xt, wt, t, student_bias=b, divergence=divergence, temperature=1.5, reduction="none"
+            ),
+            (x, w, b),
+        )
+
+
+def test_compile_fullgraph():
+    x, w, b = head((2, 5), 8)
+    xt, wt, _ = (t.detach() for t in head((2, 5), 6, seed=3))
+    t = targets((2, 5))
+    check_compile(lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, return_entropy=True), x, w, b)
+    check_compile_grads(
+        lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, return_entropy=True)[1].sum(), x, w, b
+    )
+    check_compile_grads(
+        lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, t, divergence="jsd", reduction="none").sum(), x, w
+    )
+    check_compile_grads(lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, t), x, w)
+
+
+def test_modules_match_functional():
+    x, w, b = head((2, 5), 8)
+    xt, wt, _ = (t.detach() for t in head((2, 5), 6, seed=3))
+    t = targets((2, 5))
+    module = fused.nn.FusedLinearLogProbs(temperature=0.8, return_entropy=True)
+    for got, want in zip(
+        module(x, w, t, b), fused.linear_log_probs(x, w, t, linear_bias=b, temperature=0.8, return_entropy=True)
+    ):
+        assert torch.equal(got, want)
+    module = fused.nn.FusedLinearDistillationLoss(divergence="reverse_kl", temperature=2.0)
+    assert torch.equal(
+        module(x, w, xt, wt, t),
+        fused.linear_distillation_loss(x, w, xt, wt, t, divergence="reverse_kl", temperature=2.0),
+    )
+    with raises("fused.nn.FusedLinearDistillationLoss: divergence must be"):
+        fused.nn.FusedLinearDistillationLoss(divergence="kl")
+
+
+def test_errors_name_op_and_argument():
+    x, w, b = head((4,), 8)
+    xt, wt, _ = head((4,), 6, seed=3)
+    t = torch.tensor([0, 1, 2, 3])
+    lp, kd = "fused.linear_log_probs", "fused.linear_distillation_loss"
+    with raises(f"{lp}: temperature must be > 0"):
+        fused.linear_log_probs(x, w, t, temperature=0.0)
+    with raises(f"{lp}: linear_weight has in_features"):
+        fused.linear_log_probs(x, w[:, :5], t)
+    with raises(f"{lp}: target must hold"):
+        fused.linear_log_probs(x, w, t.float())
+    with pytest.raises(IndexError, match=f"{lp}: target {V} is out of bounds"):
+        fused.linear_log_probs(x, w, torch.tensor([0, V, 1, 2]))
+    with raises(f"{kd}: divergence must be"):
+        fused.linear_distillation_loss(x, w, xt, wt, divergence="kl")
+    with raises(f"{kd}: beta must be in"):
+        fused.linear_distillation_loss(x, w, xt, wt, beta=1.5)
+    with raises(f"{kd}: reduction must be"):
+        fused.linear_distillation_loss(x, w, xt, wt, reduction="avg")
+    with raises(f"{kd}: teacher_weight must have the vocabulary"):
+        fused.linear_distillation_loss(x, w, xt, wt[:7])
+    with raises(f"{kd}: teacher_input must have the tokens"):
+        fused.linear_distillation_loss(x, w, xt[:3], wt)
+    with raises(f"{kd}: student_bias must be 1-D"):
+        fused.linear_distillation_loss(x, w, xt, wt, student_bias=b[:5])
+    with raises(f"{kd}: teacher_weight has dtype"):
+        fused.linear_distillation_loss(x, w, xt, wt.double())
+    for device in ("cpu", "meta"):  # the C++ kernel and the fake kernel
+        logits = torch.zeros(4, V, device=device)
+        with raises("fused.log_prob_rows: scale must be"):
+            torch.ops.fused.log_prob_rows(logits, t.to(device), torch.zeros(4, device=device), logits, -100, 1.0)
+        with raises("fused.distillation_rows: teacher_logits must have the shape"):
+            torch.ops.fused.distillation_rows(
+                logits, logits[:2], None, torch.ones((), device=device), logits, "jsd", 0.5, 1.0, -100
+            )
+        with raises("fused.distillation_rows: divergence must be"):
+            torch.ops.fused.distillation_rows(
+                logits, logits, None, torch.ones((), device=device), logits, "kl", 0.5, 1.0, -100
+            )
+
+
+# ---- the Triton row kernels under the interpreter, against the CPU kernels ----
+@requires_triton
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_triton_rows_match_cpu_kernels(dtype):
+    from fused.loss import triton_logprob as tk
+
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    logits, teacher = make((6, 300), dtype, low=-6, high=6, seed=1), make((6, 300), dtype, low=-6, high=6, seed=2)
+    t = torch.tensor([0, -100, 299, 17, 150, 3])
+    scale = make((6, 2), acc, low=-2, high=2, seed=3)
+    for temperature in (1.0, 0.7):
+        want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
+        want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, temperature)
+        got = tk.log_prob_rows(logits, t, scale, got_grad, -100, temperature)
+        for a, e in zip((*got, got_grad), (*want, want_grad)):
+            assert_close(a, e, scale=4)
+    for divergence in ("forward_kl", "reverse_kl", "jsd"):
+        for beta, target, row_scale in ((0.3, t, scale[:, 0]), (1.0, None, scale[0, 0])):
+            args = (target, row_scale)
+            want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
+            want = torch.ops.fused.distillation_rows(logits, teacher, *args, want_grad, divergence, beta, 1.5, -100)
+            got = tk.distillation_rows(logits, teacher, *args, got_grad, divergence, beta, 1.5, -100)
+            assert_close(got, want, scale=4)
+            assert_close(got_grad, want_grad, scale=4)
+    in_place = logits.clone()  # the gradient written over the logits, as the chunked driver does
+    tk.distillation_rows(in_place, teacher, t, scale[:, 0], in_place, "reverse_kl", 0.5, 1.0, -100)
+    torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
+    assert_close(in_place, want_grad, scale=4)
+
+
+@requires_triton
+def test_triton_kernels_compile_for_sm90():
+    """Both row kernels build for sm_90 through their launchers (tests/triton_sm90.py: a stand-in sm_90 driver,
+    compile only) in float32, bfloat16 and float64, with and without gradient and target; their temperature
+    divisions correctly rounded (div.rn), none approximate."""
+    import re
+
+    stdout = compile_for_sm90(["logprob"])
+    for kernel, variants in (("_log_prob_rows_kernel", 3), ("_distillation_rows_kernel", 6)):
+        stats = re.search(rf"compiled {kernel}: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", stdout)
+        assert stats and int(stats[1]) == variants and int(stats[2]) > 0 and int(stats[3]) == 0, stdout
