@@ -121,6 +121,7 @@ def plain_adamw_impls(shapes, device):
         out[label] = opt.step
         state[label] = lambda opt=opt: state_bytes(opt)
 
+    add("eager", lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=False))
     add("torch.optim.AdamW(fused=True)", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))
     ours = "fused" if device == "cpu" else "fused[cuda]"
     add(ours, lambda p: fused.optim.AdamW(p, lr=1e-3))

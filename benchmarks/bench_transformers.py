@@ -58,6 +58,26 @@ def step_fn(model, opt, ids, device):
     return step
 
 
+def cases(device: str, quick: bool) -> list:
+    """make bench's case: one training step at a size the CPU times in seconds (main() takes the issue's size)."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        return []
+    args = argparse.Namespace(
+        hidden=128 if quick else 512,
+        layers=1 if quick else 2,
+        vocab=512 if quick else 32000,
+        seq=32 if quick else 256,
+        batch=2,
+        dtype=torch.float32,
+    )
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=device)
+    impls = {name: step_fn(model, opt, ids, device) for name, (model, opt) in variants(args, device).items()}
+    shape = f"hidden {args.hidden} x {args.layers} layers, vocab {args.vocab}, {args.batch}x{args.seq} tokens"
+    return [{"name": f"Llama training step ({shape}) float32", "impls": impls}]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=1024)
