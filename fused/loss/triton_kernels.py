@@ -143,19 +143,27 @@ def _cross_entropy_rows_kernel(
             tl.store(g_row + cols, to_out(g, g_ptr.dtype.element_ty), mask=mask)
 
 
-@on_device_of
-def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_smoothing, z_loss, softcap):
-    """(loss, lse) per row, and the gradient into grad when it is not empty: fused::cross_entropy_rows."""
-    check_rows("cross_entropy_rows", logits, target, weight, scale, grad, label_smoothing, softcap)
+def row_outputs(op, logits, target, ignore_index):
+    """The row kernels' common start: logits with unit column stride, two per-row outputs in the math dtype, and
+    the target range checked where that needs no sync (CPU)."""
     rows, V = logits.shape
     if V > 1 and logits.stride(1) != 1:
         logits = logits.contiguous()
     acc = math_torch_dtype(logits)
-    loss = torch.empty(rows, dtype=acc, device=logits.device)
-    lse = torch.empty(rows, dtype=acc, device=logits.device)
+    outputs = tuple(torch.empty(rows, dtype=acc, device=logits.device) for _ in range(2))
+    if rows:
+        check_target_range(op, target, V, ignore_index)
+    return logits, outputs
+
+
+@on_device_of
+def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_smoothing, z_loss, softcap):
+    """(loss, lse) per row, and the gradient into grad when it is not empty: fused::cross_entropy_rows."""
+    check_rows("cross_entropy_rows", logits, target, weight, scale, grad, label_smoothing, softcap)
+    logits, (loss, lse) = row_outputs("cross_entropy_rows", logits, target, ignore_index)
+    rows, V = logits.shape
     if rows == 0:
         return loss, lse
-    check_target_range("cross_entropy_rows", target, V, ignore_index)
     has_grad = grad.numel() > 0
     _cross_entropy_rows_kernel[(rows,)](
         logits,

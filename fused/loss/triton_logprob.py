@@ -14,7 +14,7 @@ from fused import triton_math as tm
 from fused.loss.chunked import math_dtype as math_torch_dtype
 from fused.loss.distillation import DIVERGENCES, check_distillation_rows
 from fused.loss.log_probs import check_log_prob_rows
-from fused.loss.ops import check_target_range
+from fused.loss.triton_kernels import row_outputs
 from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
 
 BLOCK = 4096  # columns per step of a row (fewer for a short row)
@@ -107,15 +107,10 @@ def _log_prob_rows_kernel(
 def log_prob_rows(logits, target, scale, grad, ignore_index, temperature):
     """(logp, entropy) per row, and the gradient into grad when it is not empty: fused::log_prob_rows."""
     check_log_prob_rows("log_prob_rows", logits, target, scale, grad, temperature)
+    logits, (logp, entropy) = row_outputs("log_prob_rows", logits, target, ignore_index)
     rows, V = logits.shape
-    if V > 1 and logits.stride(1) != 1:
-        logits = logits.contiguous()
-    acc = math_torch_dtype(logits)
-    logp = torch.empty(rows, dtype=acc, device=logits.device)
-    entropy = torch.empty(rows, dtype=acc, device=logits.device)
     if rows == 0:
         return logp, entropy
-    check_target_range("log_prob_rows", target, V, ignore_index)
     has_grad = grad.numel() > 0
     _log_prob_rows_kernel[(rows,)](
         logits,
