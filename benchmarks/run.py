@@ -23,6 +23,7 @@ import pkgutil
 import re
 import statistics
 import sys
+import time
 
 import torch
 
@@ -97,24 +98,34 @@ def measure(case, device, min_run_time, rounds):
     return rows
 
 
+def copy_bandwidth_gbps(nbytes=2**30):
+    """The device's copy bandwidth, the ceiling of a memory-bound op: a 1 GiB device-to-device copy, bytes read plus
+    bytes written over its median time."""
+    src = torch.randn(nbytes // 4, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), "cuda")
+    return 2 * nbytes / ms / 1e6
+
+
 def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
-def markdown(results, header):
+def markdown(results, header, copy_gbps=None):
     lines = [
         header,
         "",
-        "| case | impl | median ms | GB/s | TFLOP/s | peak MB | vs eager | vs best alternative |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "| case | impl | median ms | GB/s | % copy | TFLOP/s | peak MB | vs eager | vs best alternative |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         for r in case["rows"]:
             if r["error"]:
-                lines.append(f"| {case['name']} | {r['impl']} | failed: {r['error'][:60]} | | | | | |")
+                lines.append(f"| {case['name']} | {r['impl']} | failed: {r['error'][:60]} | | | | | | |")
                 continue
             lines.append(
                 f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r.get('GB/s'), '.1f')} | "
+                f"{fmt(copy_pct(r.get('GB/s'), copy_gbps), '.0f')} | "
                 f"{fmt(r.get('TFLOP/s'), '.2f')} | {fmt(r['peak_mb'], '.1f')} | {fmt(r.get('vs_eager'), '.2f')}x | "
                 f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |"
             )
@@ -128,6 +139,10 @@ def markdown(results, header):
         lines += ["", "Memory held between steps (model, gradients, master copies, optimizer state):", ""]
         lines += [f"- {h}" for h in held]
     return "\n".join(lines) + "\n"
+
+
+def copy_pct(gbps, copy_gbps):
+    return 100 * gbps / copy_gbps if gbps and copy_gbps else None
 
 
 def chart(results, path, title):
@@ -179,6 +194,7 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, help="interleaved timing rounds per case, median kept (default 3; --full 5)")
     p.add_argument("--thp", action="store_true", help="CPU: transparent huge pages for large tensors (see above)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
+    p.add_argument("--budget-s", type=float, help="start no new case after this many seconds")
     args = p.parse_args(argv)
     if args.thp and os.environ.get("THP_MEM_ALLOC_ENABLE") != "1":
         # torch reads the variable once, at its first allocation: start again with it set.
@@ -191,6 +207,7 @@ def main(argv=None):
     import fused  # noqa: F401
 
     modules = discover([s for s in args.only.split(",") if s])
+    copy_gbps = copy_bandwidth_gbps() if args.device == "cuda" else None
     results = []
     with Progress() as progress:
         rounds = args.rounds or (5 if args.full else 3)
@@ -201,7 +218,11 @@ def main(argv=None):
                 c for c in (found if args.full or args.quick else default_cases(found)) if args.match in c["name"]
             ]
         task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
+        started = time.monotonic()
         for case in cases:
+            if args.budget_s and time.monotonic() - started > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: {len(cases) - len(results)} cases not run")
+                break
             progress.update(task, description=case["name"])
             results.append(
                 {
@@ -213,6 +234,13 @@ def main(argv=None):
             )
             progress.advance(task)
             del case["impls"]
+            write(results, args, copy_gbps, final=False)  # a run cut short keeps what it measured
+    write(results, args, copy_gbps, final=True)
+
+
+def write(results, args, copy_gbps, final):
+    import fused
+
     date = datetime.date.today().isoformat()
     name = device_name(args.device)
     header = (
@@ -225,16 +253,25 @@ def main(argv=None):
         + ("-thp" if args.thp else "")
         + ("-quick" if args.quick else "")
     )
+    title = header[3:]
+    if copy_gbps:
+        header += f"\n\nDevice-to-device copy in this run: {copy_gbps:.0f} GB/s (read + written); % copy: GB/s over it."
     os.makedirs(args.out, exist_ok=True)
     base = os.path.join(args.out, f"{slug}")
-    table = markdown(results, header)
+    table = markdown(results, header, copy_gbps)
     with open(base + ".md", "w") as f:
         f.write(table)
     with open(base + ".json", "w") as f:
-        json.dump({"device": name, "date": date, "torch": torch.__version__, "results": results}, f, indent=1)
+        json.dump(
+            {"device": name, "date": date, "torch": torch.__version__, "copy_GBps": copy_gbps, "results": results},
+            f,
+            indent=1,
+        )
+    if not final:
+        return
     print(table)
     print(f"wrote {base}.md, .json")
-    if chart(results, base + ".png", header[3:]):
+    if chart(results, base + ".png", title):
         print(f"wrote {base}.png")
 
 
