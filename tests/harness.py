@@ -55,7 +55,8 @@ def device_backends(op=None):
     a GPU each GPU backend (given `op`, those it has: fused._backend.GPU_KERNELS). A test of an op that lacks a
     backend narrows the fixture: @pytest.mark.parametrize("dev", device_backends("op"), indirect=True)."""
     kernels = GPU_KERNELS[op] if op else {"cuda": True, "triton": True}
-    pairs = [pytest.param(("cpu", None), id="cpu")]
+    # FUSED_TEST_CPU=0 (tools/gpu_suite.sh): the GPU backends only, where CI has run the CPU cases.
+    pairs = [pytest.param(("cpu", None), id="cpu")] if os.environ.get("FUSED_TEST_CPU", "1") != "0" else []
     if HAS_CUDA:
         if kernels["cuda"]:
             pairs.append(pytest.param(("cuda", "cuda"), id="cuda-cuda"))

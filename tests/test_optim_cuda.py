@@ -47,19 +47,33 @@ def test_cuda_matches_cpu(name, hyper, dtype):
     b = getattr(fused.optim, name)(gpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
     # float64: normed, clipped and updated in float64 on both (only the summation order differs)
     tol = {torch.float32: dict(rtol=1e-5, atol=1e-6), torch.float64: dict(rtol=1e-12, atol=1e-14)}.get(dtype, {})
+    # 16-bit: the two differ where a last-bit difference of the fp32 update (the norm's summation order) crosses a
+    # rounding boundary, and such a flip carries into later steps; each is judged against a float64 run instead.
+    low = dtype in (torch.float16, torch.bfloat16)
+    wide = [p.detach().double().requires_grad_() for p in cpu] if low else []
+    c = getattr(fused.optim, name)(wide, max_grad_norm=1.0, clip_value=0.5, **hyper) if low else None
     for step in range(4):
         set_grads(cpu, gpu, step, poison=step == 2)
+        for p, r in zip(cpu, wide):
+            r.grad = p.grad.double()
         a.step()
         b.step()
+        if low:
+            c.step()
         assert b.last_grad_norm.dtype == a.last_grad_norm.dtype == dtype  # the gradients' dtype, as torch
         norm_tol = dict(tol, atol=0) if tol else {}
         torch.testing.assert_close(b.last_grad_norm.cpu(), a.last_grad_norm, equal_nan=True, **norm_tol)
         for p, q in zip(cpu, gpu):  # the clipped, unscaled gradient written back by both
             torch.testing.assert_close(q.grad.cpu(), p.grad, **tol)
-    for p, q in zip(cpu, gpu):
-        torch.testing.assert_close(q.detach().cpu(), p.detach(), **tol)
-        for k, v in a.state[p].items():
-            torch.testing.assert_close(b.state[q][k].cpu(), v, **tol)
+    for i, (p, q) in enumerate(zip(cpu, gpu)):
+        pairs = [(q.detach().cpu(), p.detach(), wide[i].detach() if low else None)]
+        pairs += [(b.state[q][k].cpu(), v, c.state[wide[i]][k] if low else None) for k, v in a.state[p].items()]
+        for ours, cpus, exact in pairs:
+            if not low or not ours.is_floating_point():
+                torch.testing.assert_close(ours, cpus, **tol)
+            else:  # the GPU's error against float64 no worse than twice the CPU's
+                gpu_err, cpu_err = (torch.linalg.vector_norm(t.double() - exact) for t in (ours, cpus))
+                assert gpu_err <= 2 * cpu_err + 1e-30, (gpu_err, cpu_err)
     assert float(b.state[gpu[0]]["step"]) == 3.0
 
 

@@ -13,7 +13,13 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if weight is not None and weight.dtype != x.dtype:  # float32 weight on 16-bit x: torch's CUDA kernel refuses
+        return F.layer_norm(x.float(), normalized_shape, weight.float(), _float(bias), eps).to(x.dtype)
     return F.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+def _float(t):
+    return None if t is None else t.float()
 
 
 def residual_sum(x, residual, residual_dtype=None):
