@@ -118,7 +118,7 @@ rm -rf "$OUT/.san"
 # 3. benchmarks, the GPU and the cores to themselves
 pkill -f cuda-gdb; pkill -f "build_ext --inplace"
 run bench "$OUT/bench.log" "$(($(left) - 5))" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 \
-  --budget-s "$(($(left) - 60))" --out "$OUT/bench"
+  --budget-s "$(($(left) - 60))" --out "$OUT/bench" ${BENCH_ARGS:-}
 
 echo
 echo "== gpu_suite summary ($((SECONDS - start))s; logs under $OUT)"
