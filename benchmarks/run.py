@@ -16,6 +16,7 @@ pages). On Linux with THP in madvise mode, a fresh 32 MB output otherwise costs 
 
 import argparse
 import datetime
+import gc
 import importlib
 import json
 import os
@@ -211,34 +212,39 @@ def main(argv=None):
     results = []
     with Progress() as progress:
         rounds = args.rounds or (5 if args.full else 3)
-        cases = []
+        task = progress.add_task(f"benchmarks on {args.device}", total=None)
+        started = time.monotonic()
+        # One family at a time: its cases' tensors are made, timed and freed before the next family's are made.
         for m in modules:
+            if args.budget_s and time.monotonic() - started > args.budget_s:
+                print(f"budget of {args.budget_s:.0f} s spent: {m.__name__} and the families after it not run")
+                break
             try:
                 found = m.cases(args.device, args.quick)
             except Exception as e:  # one family that cannot set up (a missing API, OOM) leaves the others
                 print(f"{m.__name__}: no cases ({type(e).__name__}: {e})"[:300])
                 continue
-            cases += [
-                c for c in (found if args.full or args.quick else default_cases(found)) if args.match in c["name"]
-            ]
-        task = progress.add_task(f"benchmarks on {args.device}", total=len(cases))
-        started = time.monotonic()
-        for case in cases:
-            if args.budget_s and time.monotonic() - started > args.budget_s:
-                print(f"budget of {args.budget_s:.0f} s spent: {len(cases) - len(results)} cases not run")
-                break
-            progress.update(task, description=case["name"])
-            results.append(
-                {
-                    "name": case["name"],
-                    "bytes": case.get("bytes"),
-                    "flops": case.get("flops"),
-                    "rows": measure(case, args.device, 0.05 if args.quick else 0.3, 1 if args.quick else rounds),
-                }
-            )
-            progress.advance(task)
-            del case["impls"]
-            write(results, args, copy_gbps, final=False)  # a run cut short keeps what it measured
+            cases = [c for c in (found if args.full or args.quick else default_cases(found)) if args.match in c["name"]]
+            del found
+            for case in cases:
+                if args.budget_s and time.monotonic() - started > args.budget_s:
+                    break
+                progress.update(task, description=case["name"])
+                results.append(
+                    {
+                        "name": case["name"],
+                        "bytes": case.get("bytes"),
+                        "flops": case.get("flops"),
+                        "rows": measure(case, args.device, 0.05 if args.quick else 0.3, 1 if args.quick else rounds),
+                    }
+                )
+                progress.advance(task)
+                del case["impls"]
+                write(results, args, copy_gbps, final=False)  # a run cut short keeps what it measured
+            del cases
+            gc.collect()
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     write(results, args, copy_gbps, final=True)
 
 

@@ -13,8 +13,9 @@ import torch
 
 BACKENDS = ("auto", "cuda", "triton")
 
-# op -> "cuda" or "triton": the faster one where a GPU benchmark measured both. Empty until GPU figures exist.
-AUTO_PREFERENCE: dict = {}
+# op -> "cuda" or "triton": the faster one where a GPU benchmark measured both (benchmarks/results/nvidia-h200.md:
+# CUDA C++ on every case measured there). Ops not listed take CUDA C++ when it was compiled.
+AUTO_PREFERENCE: dict = {op: "cuda" for op in ("bias_act", "glu", "unary_chain", "norm_fwd", "norm_backward")}
 
 # op -> {"cuda": internal op name or None, "triton": "module:launcher" or None}; fused.info lists it.
 GPU_KERNELS: dict = {}

@@ -28,6 +28,12 @@ template <typename T> inline Vec<T> p_sign(Vec<T> x) {
 template <typename T> inline Vec<T> p_clamp_min(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x < s); }
 template <typename T> inline Vec<T> p_clamp_max(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x > s); }
 template <typename T> inline Vec<T> p_fma(Vec<T> a, Vec<T> b, Vec<T> c) { return at::vec::fmadd(a, b, c); }
+// v as computed, rounded: the empty asm keeps the compiler from fusing the product that made v into a later add or
+// subtract (an fma would use it unrounded), as __fmul_rn does in CUDA.
+template <typename V> inline V rounded(V v) {
+  __asm__("" : "+m"(v));
+  return v;
+}
 template <typename T> inline Vec<T> p_where_eq(Vec<T> x, Vec<T> s, Vec<T> v) { return v & (x == s); }
 template <typename T> inline Vec<T> p_zero_at(Vec<T> x, Vec<T> v) {
   return Vec<T>::blendv(v, Vec<T>(0), x == Vec<T>(0));

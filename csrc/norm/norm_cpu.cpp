@@ -223,8 +223,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
           for_blocks<T>(h_row, C, [&](const T* hb, int64_t j, int64_t len) {
             T local[kBlock];
             const T* gb = math_view(g_row + j, local, len);
-            auto gw = [&](int64_t i, int64_t m) {
-              return w ? V::loadu(gb + i, m) * V::loadu(w + j + i, m) : V::loadu(gb + i, m);
+            auto gw = [&](int64_t i, int64_t m) {  // rounded, as below: mean(gw) and gw then cancel exactly
+              return w ? rounded(V::loadu(gb + i, m) * V::loadu(w + j + i, m)) : V::loadu(gb + i, m);
             };
             sum_gw_xhat +=
                 block_sum<T>(len, [&](int64_t i, int64_t m) { return gw(i, m) * ((V::loadu(hb + i, m) - mv) * rv); });
@@ -239,7 +239,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
             for (int64_t i = 0; i < len; i += V::size()) {
               const int64_t m = std::min<int64_t>(V::size(), len - i);
               const V gv = V::loadu(gb + i, m), xh = (V::loadu(hb + i, m) - mv) * rv;
-              V d = rv * (((w ? gv * V::loadu(w + j + i, m) : gv) - b) - xh * a);
+              V d = rv * (((w ? rounded(gv * V::loadu(w + j + i, m)) : gv) - b) - xh * a);
               if (gs) d = d + V::loadu(gs + i, m);
               d.store(dh + i, m);
               if (acc_w) (V::loadu(acc_w + j + i, m) + gv * xh).store(acc_w + j + i, m);

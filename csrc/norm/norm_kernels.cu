@@ -40,6 +40,12 @@ template <typename T> __device__ T block_sum(T v, T* shared) {
 
 template <typename T> __device__ __forceinline__ T rsqrt_rn(T v) { return T(1) / sqrt(v); }  // as the CPU kernel
 
+// grad * weight rounded on its own, as in the row's sum of them: nvcc would contract gw - mean(gw) into one fma with
+// the product unrounded, and the two would no longer cancel (a row of one element, whose exact gradient is 0, would
+// get the product's rounding error times rstd).
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 template <typename S, typename R>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_fwd_kernel(const S* __restrict__ x, const R* __restrict__ residual, const Math<S>* __restrict__ weight,
@@ -111,7 +117,7 @@ __global__ void __launch_bounds__(kMaxThreads)
     auto xhat_at = [&](int64_t j) { return (to_math(h[row * C + j]) - mu) * rs; };
     auto gw_at = [&](int64_t j) {
       const T g = to_math(grad[row * C + j]);
-      return weight ? g * weight[j] : g;
+      return weight ? mul_rn(g, weight[j]) : g;
     };
     T sum_gw_xhat = T(0), sum_gw = T(0);
     for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {

@@ -234,6 +234,7 @@ def norm_backward(grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms, 
         BLOCK_C=block_c,
         I64=_needs_i64(h),
         num_warps=_num_warps(block_c),
+        enable_fp_fusion=False,  # gw - mean(gw) from the same rounded gw (an fma would leave the product unrounded)
     )
     # fixed-order torch reductions of the partial sums (no atomics)
     if weight_grad:
