@@ -143,7 +143,10 @@ def test_save_and_load_round_trip(name, tmp_path):
         assert torch.equal(state[key], value), key
 
 
-@pytest.mark.parametrize("name", FAMILIES)
+# One family per code path (RMSNorm + SwiGLU + RoPE; Gemma-2's offset norms, sandwich norms and softcap; Phi-3's fused
+# gate_up and partial rotary; GPT-2's LayerNorm and GELU MLP): the others run the same patched modules, and every
+# family's loss and gradients are checked above.
+@pytest.mark.parametrize("name", ["llama", "gemma2", "phi3", "gpt2"])
 def test_training_tracks_eager(name):
     eager = make_model(name)
     patched = fused.patch(copy.deepcopy(eager))
