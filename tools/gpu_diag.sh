@@ -21,6 +21,18 @@ if [ "${1:-}" != slow ]; then {
   lib=$(g++ -print-file-name=libstdc++.so.6); gcc_s=$(g++ -print-file-name=libgcc_s.so.1)
   echo "== probe with the compiler's runtime preloaded: $lib $gcc_s"
   LD_PRELOAD="$lib:$gcc_s" timeout 60 python3 -c "$probe"; echo "rc=$?"
+  # the same error after other work in the process: which one makes it crash (a parallel CPU op, a CUDA kernel of
+  # ours, a Triton kernel, an inductor-compiled CPU function)
+  for first in "fused.bias_act(torch.randn(4096, 1024), None, 'gelu')" \
+    "fused.bias_act(torch.randn(64, 64, device='cuda'), None, 'gelu'); torch.cuda.synchronize()" \
+    "fused.set_backend('triton'); fused.bias_act(torch.randn(64, 64, device='cuda'), None, 'gelu'); torch.cuda.synchronize()" \
+    "torch.compile(lambda t: t.sin() + 1)(torch.randn(8))"; do
+    echo "== probe after: $first"
+    timeout 120 python3 -c "import torch, fused
+$first
+$(echo "$probe" | tail -n +2)"
+    echo "rc=$?"
+  done
 } >>"$log" 2>&1; exit 0; fi
 (echo "== backtrace"; cuda-gdb -batch -ex run -ex bt --args python3 -c "$probe" 2>&1 | grep -vE "^\[(New|Thread)|^warning:" |
   tail -60) >>"$log.bt" 2>&1 &

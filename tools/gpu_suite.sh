@@ -3,17 +3,19 @@
 # under 10 minutes (SUITE_BUDGET_S, default 570 s):
 #   1. install   pip install --no-build-isolation --no-deps -e .  (CUDA kernels for TORCH_CUDA_ARCH_LIST, default 9.0)
 #   2. at once, side by side:
-#      pytest    the whole parity suite on the GPU, both backends: the `dev` fixture gives every family's tests the
-#                ids cpu, cuda-cuda and cuda-triton (pytest-xdist spreads them over the cores). The CPU-only files
-#                (the host emulation, the HF patch, tooling, build) run in CI and are left out here.
+#      pytest    the parity suite's GPU tests, both backends: the `dev` fixture gives every family's tests the ids
+#                cuda-cuda and cuda-triton (FUSED_TEST_CPU=0 drops its cpu id), and -k "cuda or triton" (PYTEST_K)
+#                keeps the GPU-only tests; pytest-xdist spreads them over the cores. CI runs the CPU tests.
 #      sanitize  compute-sanitizer over the CUDA C++ tests (ids cuda-cuda and the test_optim_cuda file), one process
 #                per family: memcheck for each; racecheck and synccheck for the kernels with shared memory and
-#                barriers (norm rows, cross-entropy rows, bias-gradient reductions, the optimizer's grad norm)
-#   3. bench     python -m benchmarks.run --device cuda (the GPU to itself; the device's copy bandwidth measured first)
+#                barriers (norm rows, cross-entropy rows, bias-gradient reductions, the optimizer's grad norm);
+#                SANITIZE_ONLY (a regex over "tool|files|filter") runs a subset
+#      diag      tools/gpu_diag.sh: the toolchain, and the C++ argument-error probes (diag.log)
+#   3. bench     python -m benchmarks.run --device cuda (the GPU to itself; the device's copy bandwidth measured first;
+#                BENCH_S seconds kept for it, BENCH_ARGS passed on)
 # Usage: OUT=dir bash tools/gpu_suite.sh   (SUITE_TESTS: the pytest paths, default tests). Logs and figures under
-# $OUT (at most 8 files come back):
-#   install.log, pytest.log, sanitizer.log (every sanitizer process's summary, then its log), bench.log, bench/*.
-# Prints a summary last; exits 1 if any stage failed.
+# $OUT (at most 8 files come back): install.log, pytest.log, sanitizer.log (every sanitizer process's summary, then
+# its log), diag.log, bench.log, bench/*. Prints a summary last; exits 1 if any stage failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
@@ -65,7 +67,7 @@ print(torch.__version__, triton.__version__, p.name, p.multi_processor_count, 'S
 # The CUDA twins declared before their kernels exist (the op runs Triton on CUDA tensors) are listed, not failed.
 assert len(missing) <= 2, missing"
 cat "$OUT/install.log.summary"
-OUT=$OUT timeout 60 bash tools/gpu_diag.sh
+OUT=$OUT timeout 200 bash tools/gpu_diag.sh &
 OUT=$OUT timeout $(($(left) - bench_min)) bash tools/gpu_diag.sh slow &
 
 # 2. pytest and the sanitizer, side by side
@@ -75,7 +77,9 @@ cpu_only=(--ignore=tests/test_cuda_emulation.py --ignore=tests/test_patch.py --i
   --ignore=tests/test_build.py)
 workers=(-n 10)
 "$PYTHON" -c "import xdist" 2>/dev/null || workers=()  # without pytest-xdist: one process
-run pytest "$OUT/pytest.log" "$cap" env FUSED_TEST_CPU=0 "${pytest[@]}" -v "${workers[@]}" "${cpu_only[@]}" ${SUITE_TESTS:-tests} &
+# GPU tests only: the ids and names with cuda or triton (CI runs the rest); PYTEST_K="" runs everything.
+run pytest "$OUT/pytest.log" "$cap" env FUSED_TEST_CPU=0 "${pytest[@]}" -v "${workers[@]}" "${cpu_only[@]}" \
+  -k "${PYTEST_K-cuda or triton}" ${SUITE_TESTS:-tests} &
 
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
   2>/dev/null | head -1)
