@@ -62,6 +62,14 @@ def flat_offsets(I64: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def flat_load(ptr, n, MATH: tl.constexpr, BLOCK: tl.constexpr, I64: tl.constexpr):
+    """This program's block of a flat tensor of n elements: (offsets, mask, ptr's values there in MATH)."""
+    offs = flat_offsets(I64, BLOCK)
+    mask = offs < n
+    return offs, mask, tl.load(ptr + offs, mask=mask).to(MATH)
+
+
+@triton.jit
 def program_2d(inner, I64: tl.constexpr = False):
     """(outer, inner) indices of this program in a grid folded into axis 0 (inner fastest). Grid axes 1 and 2
     stop at 65535 programs, which a long row or a large batch would pass; axis 0 goes to 2**31 - 1. With I64 both
@@ -81,6 +89,14 @@ def tile_index(R0, col_block, rows, BLOCK_R: tl.constexpr, cols, BLOCK_C: tl.con
     r = R0 + tl.arange(0, BLOCK_R)
     c = col_block * BLOCK_C + tl.arange(0, BLOCK_C)
     return r[:, None], c[None, :], (r[:, None] < rows) & (c[None, :] < cols)
+
+
+@triton.jit
+def program_tile(rows, cols, BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, I64: tl.constexpr):
+    """This program's BLOCK_R x BLOCK_C tile of a rows x cols tensor (tile_index's r, c, mask), one program per
+    tile in a grid folded into axis 0 (program_2d), column tiles fastest."""
+    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
+    return tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
 
 
 def on_device_of(launcher):

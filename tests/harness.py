@@ -3,6 +3,7 @@ compare our error with eager PyTorch's, and helpers for opcheck, torch.compile a
 Every op family's tests use it."""
 
 import contextlib
+import math
 import os
 import statistics
 import subprocess
@@ -21,6 +22,13 @@ ALL_DTYPES = FLOAT_DTYPES + [torch.float64]
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+
+# Property tests: `if given is not None:` around them, as a GPU machine without hypothesis runs the rest.
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:
+    given = settings = st = None
 
 
 def compile_for_sm90(*family_groups):
@@ -183,3 +191,12 @@ def check_compile_grads(fn, *inputs):
         f(*leaves).backward()
         grads.append([t.grad for t in leaves])
     torch.testing.assert_close(grads[1], grads[0])
+
+
+def adam_step_args(params, grads, exp_avgs, exp_avg_sqs):
+    """torch.ops.fused.adam_step_'s positional arguments for one plain AdamW step over these lists (lr 1e-3,
+    betas (0.9, 0.999), eps 1e-8, no weight decay, amsgrad, clipping or scaler): for tests of its checks."""
+    steps = [torch.zeros(()) for _ in params]
+    hyper = (1e-3, 0.9, 0.999, 1e-8, 0.0)
+    flags = (False, True, False, torch.ones((), dtype=torch.float64), None, torch.zeros(()), math.inf, [])
+    return (params, grads, exp_avgs, exp_avg_sqs, [], steps, *hyper, *flags)

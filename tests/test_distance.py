@@ -24,11 +24,14 @@ from tests.harness import (
     check_compile_grads,
     compile_for_sm90,
     device_backends,
+    given,
     make,
     noncontiguous,
     raises,
     requires_cuda,
     requires_triton,
+    settings,
+    st,
 )
 
 PS = [0.0, 1.0, 2.0, 3.0, 0.5, math.inf]
@@ -337,12 +340,6 @@ def test_topk_ties_go_to_the_lower_index_and_values_are_sorted():
     assert torch.equal(v, rv) and torch.equal(i, ri)
     assert (v[:, 1:] >= v[:, :-1]).all()
 
-
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # a GPU machine without hypothesis runs the rest
-    given = None
 
 if given is not None:
 

@@ -31,10 +31,13 @@ from tests.harness import (
     assert_close,
     check_compile,
     check_compile_grads,
+    given,
     make,
     noncontiguous,
     raises,
     requires_triton,
+    settings,
+    st,
 )
 
 
@@ -481,12 +484,6 @@ def test_incorrect_inputs():
 
 
 # ---- property test: random padded batches, duplicates and ties, against the references ----
-try:
-    from hypothesis import given, settings
-    from hypothesis import strategies as st
-except ImportError:  # a GPU machine without hypothesis runs the rest
-    given = None
-
 if given is not None:
 
     @settings(max_examples=60, deadline=None)

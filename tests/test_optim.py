@@ -1,6 +1,7 @@
 """fused.optim.SGD / Adam / AdamW against torch.optim (and the clip-and-step reference) over several steps."""
 
 import copy
+import inspect
 import math
 
 import pytest
@@ -93,6 +94,19 @@ def test_takes_torch_optimizer_arguments(name):
             opt.step()
             ref.step()
         assert_params_close(ours, theirs)
+
+
+def test_adamw_signature_is_adams_with_its_own_weight_decay():
+    """AdamW's parameters (what inspect shows and calls bind against) are Adam's but decoupled_weight_decay, with
+    weight_decay=1e-2 by default, as torch.optim.AdamW's."""
+    adam, adamw = inspect.signature(fused.optim.Adam), inspect.signature(fused.optim.AdamW)
+    expected = [p for n, p in adam.parameters.items() if n != "decoupled_weight_decay"]
+    expected = [p.replace(default=1e-2) if p.name == "weight_decay" else p for p in expected]
+    assert list(adamw.parameters.values()) == expected
+    opt = fused.optim.AdamW(make_params(), 1e-3, (0.8, 0.9), 1e-6)
+    assert opt.defaults["weight_decay"] == 1e-2 and opt.defaults["decoupled_weight_decay"]
+    with pytest.raises(TypeError, match="decoupled_weight_decay"):
+        fused.optim.AdamW(make_params(), decoupled_weight_decay=False)
 
 
 @pytest.mark.parametrize("name,hyper", CONFIGS[1:4:2] + CONFIGS[6:8], ids=IDS[1:4:2] + IDS[6:8])

@@ -10,6 +10,7 @@ import torch
 
 import fused
 from fused.optim.reference import ReferenceOptimizer, stochastic_round_bf16
+from tests.harness import adam_step_args
 
 SHAPES = [(37, 5), (40000,), (3,)]
 STEPS = 50
@@ -207,25 +208,7 @@ def test_step_rejects_fp32_state_with_fp32_mismatch():
     p = torch.randn(4)
     with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] has dtype"):
         torch.ops.fused.adam_step_(
-            [p],
-            [torch.randn(4)],
-            [torch.zeros(4, dtype=torch.float64)],
-            [torch.zeros(4)],
-            [],
-            [torch.zeros(())],
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.0,
-            False,
-            True,
-            False,
-            torch.ones(()),
-            None,
-            torch.zeros(()),
-            math.inf,
-            [],
+            *adam_step_args([p], [torch.randn(4)], [torch.zeros(4, dtype=torch.float64)], [torch.zeros(4)])
         )
 
 

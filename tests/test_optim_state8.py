@@ -10,6 +10,7 @@ import torch
 
 import fused
 from fused.optim import quantize
+from tests.harness import adam_step_args
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -202,28 +203,14 @@ def test_bad_state_dtype_and_kernel_arguments():
         fused.optim.AdamW([p], state_dtype="int4")
     codes = torch.zeros(5000, dtype=torch.int8)
     sq = torch.zeros(5000, dtype=torch.uint8)
-    one = torch.ones((), dtype=torch.float64)
-    zero = torch.zeros(())
-    args = ([p.detach()], [torch.randn(5000)], [codes], [sq], [], [torch.zeros(())], 1e-3, 0.9, 0.999, 1e-8, 0.0)
-    flags = (False, True, False, one, None, zero, math.inf, [])
+    args = adam_step_args([p.detach()], [torch.randn(5000)], [codes], [sq])
     with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] holds 8-bit codes but the scales list"):
-        torch.ops.fused.adam_step_(*args, *flags)
+        torch.ops.fused.adam_step_(*args)
     with pytest.raises(RuntimeError, match="fused.adam_step_: the scales of exp_avgs\\[0\\] must be"):
-        torch.ops.fused.adam_step_(*args, *flags, exp_avg_scales=[torch.zeros(19)], exp_avg_sq_scales=[torch.zeros(20)])
+        torch.ops.fused.adam_step_(*args, exp_avg_scales=[torch.zeros(19)], exp_avg_sq_scales=[torch.zeros(20)])
     with pytest.raises(RuntimeError, match="fused.adam_step_: exp_avgs\\[0\\] has dtype"):
         torch.ops.fused.adam_step_(
-            [p.detach().double()],
-            [torch.randn(5000, dtype=torch.float64)],
-            [codes],
-            [sq],
-            [],
-            [torch.zeros(())],
-            1e-3,
-            0.9,
-            0.999,
-            1e-8,
-            0.0,
-            *flags,
+            *adam_step_args([p.detach().double()], [torch.randn(5000, dtype=torch.float64)], [codes], [sq]),
             exp_avg_scales=[torch.zeros(20)],
             exp_avg_sq_scales=[torch.zeros(20)],
         )

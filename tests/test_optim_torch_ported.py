@@ -182,6 +182,16 @@ def backward_and_step(
             optimizer.step()
 
 
+def clipping_loop(data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api, max_norm, **hooks):
+    """The run() loop of torch's two clipping tests, whose checks both keep: zero_grad, the loss, then
+    backward_and_step with the scaled run's hooks, the control clipping its gradients at max_norm."""
+    for i, (x, target) in enumerate(data):
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), target)
+        control = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)  # noqa: E731
+        backward_and_step(i, loss, model, optimizer, scaler, skip_iter, try_scaling_api, control=control, **hooks)
+
+
 @pytest.mark.parametrize(
     "scaler_cls,try_pickle", SCALER_NO_PICKLE + [pytest.param(fused.amp.GradScaler, True, id="fused_scaler-pickled")]
 )
@@ -219,20 +229,9 @@ def test_grad_scaling_clipping(scaler_cls, name, hyper, clip):
             if getattr(optimizer, "max_grad_norm", None) is None:  # else the fused step clips
                 clip_fn(model.parameters(), max_norm * scaler.get_scale())
 
-        for i, (x, target) in enumerate(data):
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), target)
-            backward_and_step(
-                i,
-                loss,
-                model,
-                optimizer,
-                scaler,
-                skip_iter,
-                try_scaling_api,
-                before_inf=clip_scaled,
-                control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
-            )
+        clipping_loop(
+            data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api, max_norm, before_inf=clip_scaled
+        )
 
     ours_kw = dict(max_grad_norm=max_norm) if clip == "max_grad_norm" else None
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1, atol=1e-5, ours_kw=ours_kw)
@@ -251,20 +250,9 @@ def test_grad_scaling_clipping_separate_unscale(scaler_cls, name, hyper, clip):
             scaler.unscale_(optimizer)
             clip_fn(model.parameters(), max_norm)
 
-        for i, (x, target) in enumerate(data):
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), target)
-            backward_and_step(
-                i,
-                loss,
-                model,
-                optimizer,
-                scaler,
-                skip_iter,
-                try_scaling_api,
-                after_inf=unscale_and_clip,
-                control=lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm),
-            )
+        clipping_loop(
+            data, model, optimizer, scaler, loss_fn, skip_iter, try_scaling_api, max_norm, after_inf=unscale_and_clip
+        )
 
     run_scaling_case(run, name, hyper, scaler_cls, unskipped=3, skipped=1)
 

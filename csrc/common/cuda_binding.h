@@ -34,6 +34,17 @@ inline void check_launch(const char* op, cudaError_t err) {
   TORCH_CHECK(err == cudaSuccess, "fused.", op, ": CUDA error: ", cudaGetErrorString(err));
 }
 
+// What a binding does before it launches on t's device: t must be a CUDA tensor with a kernel dtype; `guard`
+// keeps t's device current until the binding returns.
+struct CudaInput {
+  DType dtype;
+  c10::cuda::CUDAGuard guard;
+};
+inline CudaInput cuda_input(const char* op, const char* name, const at::Tensor& t) {
+  check_cuda(op, name, t);
+  return {dtype_of(op, name, t), c10::cuda::CUDAGuard(t.device())};
+}
+
 inline cudaStream_t current_stream() { return c10::cuda::getCurrentCUDAStream().stream(); }
 
 }  // namespace fused

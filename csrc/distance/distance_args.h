@@ -8,6 +8,15 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/registration.h"
+
+// The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
+#define FUSED_DISTANCE_OPS(X)                                   \
+  X("pairwise_distances", pairwise_distances)                   \
+  X("pairwise_distances_backward", pairwise_distances_backward) \
+  X("pairwise_topk", pairwise_topk)                             \
+  X("pairwise_topk_backward", pairwise_topk_backward)           \
+  X("radius_neighbors", radius_neighbors)
 
 namespace fused {
 namespace distance {

@@ -575,13 +575,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("pairwise_distances", &pairwise_distances_cpu);
-  m.impl("pairwise_distances_backward", &pairwise_distances_backward_cpu);
-  m.impl("pairwise_topk", &pairwise_topk_cpu);
-  m.impl("pairwise_topk_backward", &pairwise_topk_backward_cpu);
-  m.impl("radius_neighbors", &radius_neighbors_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_DISTANCE_OPS(FUSED_IMPL_CPU) }
 
 }  // namespace distance
 }  // namespace fused

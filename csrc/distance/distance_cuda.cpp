@@ -144,13 +144,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("cuda_pairwise_distances", &pairwise_distances_cuda);
-  m.impl("cuda_pairwise_distances_backward", &pairwise_distances_backward_cuda);
-  m.impl("cuda_pairwise_topk", &pairwise_topk_cuda);
-  m.impl("cuda_radius_neighbors", &radius_neighbors_cuda);
-  m.impl("cuda_pairwise_topk_backward", &pairwise_topk_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(fused, CUDA, m) { FUSED_DISTANCE_OPS(FUSED_IMPL_CUDA) }
 
 }  // namespace distance
 }  // namespace fused

@@ -7,6 +7,18 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/registration.h"
+
+// The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
+#define FUSED_ELEMENTWISE_OPS(X)                        \
+  X("bias_act", bias_act)                               \
+  X("bias_act_backward", bias_act_backward)             \
+  X("glu", glu)                                         \
+  X("glu_backward", glu_backward)                       \
+  X("bias_dropout_add_seeded", bias_dropout_add_seeded) \
+  X("dropout_backward", dropout_backward)               \
+  X("unary_chain", unary_chain)                         \
+  X("unary_chain_backward", unary_chain_backward)
 
 namespace fused {
 
@@ -66,6 +78,18 @@ inline std::tuple<at::Tensor, at::Tensor> bias_act_grads(const at::Tensor& x, co
   at::Tensor grad_bias = bias ? at::empty_like(*bias) : at::empty({0}, x.options());
   if (x.numel() == 0) grad_bias.zero_();
   return {grad_x, grad_bias};
+}
+
+// dropout_backward's operands: grad made contiguous, grad_x like it, and grad_bias [C] zeroed, C = grad.size(-1)
+// with bias_grad (0 without).
+struct DropoutGrads {
+  at::Tensor grad, grad_x, grad_bias;
+  int64_t C;
+};
+inline DropoutGrads dropout_grads(const at::Tensor& grad_in, bool bias_grad) {
+  at::Tensor grad = grad_in.contiguous();
+  const int64_t C = bias_grad ? grad.size(-1) : 0;
+  return {grad, at::empty_like(grad), at::zeros({C}, grad.options()), C};
 }
 
 inline void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {

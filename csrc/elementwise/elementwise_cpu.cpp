@@ -231,18 +231,15 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
   const char* op = "dropout_backward";
   check_floating(op, "grad", grad_in);
   const uint64_t seed = dropout_seed(op, p, seed_t);
-  at::Tensor grad = grad_in.contiguous();
-  at::Tensor grad_x = at::empty_like(grad);
-  const int64_t C = bias_grad ? grad.size(-1) : 0;
-  at::Tensor grad_bias = at::zeros({C}, grad.options());
-  const int64_t n = grad.numel();
-  if (n == 0) return {grad_x, grad_bias};
+  const DropoutGrads d = dropout_grads(grad_in, bias_grad);
+  const int64_t n = d.grad.numel(), C = d.C;
+  if (n == 0) return {d.grad_x, d.grad_bias};
   const uint64_t threshold = dropout_threshold(p);
-  FUSED_DISPATCH_FLOATING(grad.scalar_type(), "dropout_backward", [&] {
+  FUSED_DISPATCH_FLOATING(d.grad.scalar_type(), "dropout_backward", [&] {
     using T = at::opmath_type<scalar_t>;
     const T scale = p < 1.0 ? T(1.0 / (1.0 - p)) : T(0);
-    const scalar_t* gp = grad.data_ptr<scalar_t>();
-    scalar_t* gxp = grad_x.data_ptr<scalar_t>();
+    const scalar_t* gp = d.grad.data_ptr<scalar_t>();
+    scalar_t* gxp = d.grad_x.data_ptr<scalar_t>();
     auto body = [&](int64_t i, int64_t len, T* scratch) -> const T* {
       T keep[kBlock];
       const T* gv = math_view(gp + i, scratch, len);
@@ -254,9 +251,9 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cpu(const at::Tensor& grad_i
     };
     std::vector<T> sums(C);
     parallel_blocks_column_sum(n, C, bias_grad ? sums.data() : nullptr, body);
-    if (bias_grad) store_block(sums.data(), grad_bias.data_ptr<scalar_t>(), C);
+    if (bias_grad) store_block(sums.data(), d.grad_bias.data_ptr<scalar_t>(), C);
   });
-  return {grad_x, grad_bias};
+  return {d.grad_x, d.grad_bias};
 }
 
 // ---- unary_chain ----
@@ -377,15 +374,6 @@ at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor&
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("bias_act", &bias_act_cpu);
-  m.impl("bias_act_backward", &bias_act_backward_cpu);
-  m.impl("glu", &glu_cpu);
-  m.impl("glu_backward", &glu_backward_cpu);
-  m.impl("bias_dropout_add_seeded", &bias_dropout_add_seeded_cpu);
-  m.impl("dropout_backward", &dropout_backward_cpu);
-  m.impl("unary_chain", &unary_chain_cpu);
-  m.impl("unary_chain_backward", &unary_chain_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_ELEMENTWISE_OPS(FUSED_IMPL_CPU) }
 
 }  // namespace fused

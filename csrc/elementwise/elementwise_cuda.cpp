@@ -29,15 +29,13 @@ at::Tensor bias_act_cuda(const at::Tensor& x_in, const std::optional<at::Tensor>
   const char* op = "bias_act";
   const Act a = parse_act(op, act);
   check_x_bias(op, x_in, bias_in);
-  check_cuda(op, "x", x_in);
-  const DType dtype = dtype_of(op, "x", x_in);
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const CudaInput in = cuda_input(op, "x", x_in);
   at::Tensor x = x_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
-  check_launch(op, cuda::bias_act(dtype, a, x.data_ptr(), data_or_null(bias), y.data_ptr(), n, bias ? x.size(-1) : 1,
+  check_launch(op, cuda::bias_act(in.dtype, a, x.data_ptr(), data_or_null(bias), y.data_ptr(), n, bias ? x.size(-1) : 1,
                                   current_stream()));
   return y;
 }
@@ -49,9 +47,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
   const Act a = parse_act(op, act);
   check_grad_like(op, grad_in, "x", x_in);
   if (bias_in) check_bias(op, x_in, *bias_in);
-  check_cuda(op, "x", x_in);
-  const DType dtype = dtype_of(op, "x", x_in);
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const CudaInput in = cuda_input(op, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
   at::Tensor grad_x, grad_bias;
@@ -60,7 +56,7 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cuda(const at::Tensor& grad
   if (n == 0) return {grad_x, grad_bias};
   const int64_t C = bias ? x.size(-1) : 1;
   at::Tensor workspace = bias ? column_sum_workspace(x, n / C, C) : at::Tensor();
-  check_launch(op, cuda::bias_act_backward(dtype, a, grad.data_ptr(), x.data_ptr(), data_or_null(bias),
+  check_launch(op, cuda::bias_act_backward(in.dtype, a, grad.data_ptr(), x.data_ptr(), data_or_null(bias),
                                            grad_x.data_ptr(), bias ? grad_bias.data_ptr() : nullptr,
                                            bias ? workspace.data_ptr() : nullptr, n, C, current_stream()));
   return {grad_x, grad_bias};
@@ -72,14 +68,12 @@ at::Tensor glu_cuda(const at::Tensor& gate_in, const at::Tensor& up_in, c10::str
   const char* op = "glu";
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
-  check_cuda(op, "gate", gate_in);
-  const DType dtype = dtype_of(op, "gate", gate_in);
-  const c10::cuda::CUDAGuard guard(gate_in.device());
+  const CudaInput in = cuda_input(op, "gate", gate_in);
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
   if (y.numel() == 0) return y;
-  check_launch(op, cuda::glu(dtype, a, g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride, y.data_ptr(), g.rows, g.cols,
-                             current_stream()));
+  check_launch(op, cuda::glu(in.dtype, a, g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride, y.data_ptr(), g.rows,
+                             g.cols, current_stream()));
   return y;
 }
 
@@ -88,16 +82,14 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cuda(const at::Tensor& grad_in, 
   const char* op = "glu_backward";
   const Act a = parse_act(op, act);
   check_glu(op, gate_in, up_in);
-  check_cuda(op, "gate", gate_in);
+  const CudaInput in = cuda_input(op, "gate", gate_in);
   check_grad_like(op, grad_in, "gate", gate_in);
-  const DType dtype = dtype_of(op, "gate", gate_in);
-  const c10::cuda::CUDAGuard guard(gate_in.device());
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor grad = grad_in.contiguous();
   at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
   at::Tensor grad_up = at::empty(gate_in.sizes(), gate_in.options());
   if (grad.numel() == 0) return {grad_gate, grad_up};
-  check_launch(op, cuda::glu_backward(dtype, a, grad.data_ptr(), g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride,
+  check_launch(op, cuda::glu_backward(in.dtype, a, grad.data_ptr(), g.t.data_ptr(), g.stride, u.t.data_ptr(), u.stride,
                                       grad_gate.data_ptr(), grad_up.data_ptr(), g.rows, g.cols, current_stream()));
   return {grad_gate, grad_up};
 }
@@ -113,16 +105,14 @@ at::Tensor bias_dropout_add_seeded_cuda(const at::Tensor& x_in, const std::optio
   const char* op = "bias_dropout_add";
   check_bias_dropout_add(op, x_in, bias_in, residual_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
-  check_cuda(op, "x", x_in);
-  const DType dtype = dtype_of(op, "x", x_in);
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const CudaInput in = cuda_input(op, "x", x_in);
   at::Tensor x = x_in.contiguous(), residual = residual_in.contiguous();
   std::optional<at::Tensor> bias = bias_in ? std::optional<at::Tensor>(bias_in->contiguous()) : std::nullopt;
   at::Tensor y = at::empty_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
-  check_launch(op, cuda::bias_dropout_add(dtype, x.data_ptr(), data_or_null(bias), residual.data_ptr(), y.data_ptr(), n,
-                                          bias ? x.size(-1) : 1, dropout, current_stream()));
+  check_launch(op, cuda::bias_dropout_add(in.dtype, x.data_ptr(), data_or_null(bias), residual.data_ptr(), y.data_ptr(),
+                                          n, bias ? x.size(-1) : 1, dropout, current_stream()));
   return y;
 }
 
@@ -131,20 +121,15 @@ std::tuple<at::Tensor, at::Tensor> dropout_backward_cuda(const at::Tensor& grad_
   const char* op = "dropout_backward";
   check_floating(op, "grad", grad_in);
   const cuda::Dropout dropout = dropout_params(op, p, seed);
-  check_cuda(op, "grad", grad_in);
-  const DType dtype = dtype_of(op, "grad", grad_in);
-  const c10::cuda::CUDAGuard guard(grad_in.device());
-  at::Tensor grad = grad_in.contiguous();
-  at::Tensor grad_x = at::empty_like(grad);
-  const int64_t C = bias_grad ? grad.size(-1) : 0;
-  at::Tensor grad_bias = at::zeros({C}, grad.options());
-  const int64_t n = grad.numel();
-  if (n == 0) return {grad_x, grad_bias};
-  at::Tensor workspace = bias_grad ? column_sum_workspace(grad, n / C, C) : at::Tensor();
+  const CudaInput in = cuda_input(op, "grad", grad_in);
+  const DropoutGrads d = dropout_grads(grad_in, bias_grad);
+  const int64_t n = d.grad.numel(), C = d.C;
+  if (n == 0) return {d.grad_x, d.grad_bias};
+  at::Tensor workspace = bias_grad ? column_sum_workspace(d.grad, n / C, C) : at::Tensor();
   check_launch(op, cuda::dropout_backward(
-                       dtype, grad.data_ptr(), grad_x.data_ptr(), bias_grad ? grad_bias.data_ptr() : nullptr,
+                       in.dtype, d.grad.data_ptr(), d.grad_x.data_ptr(), bias_grad ? d.grad_bias.data_ptr() : nullptr,
                        bias_grad ? workspace.data_ptr() : nullptr, n, bias_grad ? C : 1, dropout, current_stream()));
-  return {grad_x, grad_bias};
+  return {d.grad_x, d.grad_bias};
 }
 
 // ---- unary_chain ----
@@ -164,13 +149,11 @@ at::Tensor unary_chain_cuda(const at::Tensor& x_in, const std::vector<std::strin
   const char* op = "unary_chain";
   const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
-  check_cuda(op, "x", x_in);
-  const DType dtype = dtype_of(op, "x", x_in);
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const CudaInput in = cuda_input(op, "x", x_in);
   at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
   if (x.numel() == 0) return y;
-  check_launch(op, cuda::unary_chain(dtype, chain, x.data_ptr(), y.data_ptr(), x.numel(), current_stream()));
+  check_launch(op, cuda::unary_chain(in.dtype, chain, x.data_ptr(), y.data_ptr(), x.numel(), current_stream()));
   return y;
 }
 
@@ -180,28 +163,17 @@ at::Tensor unary_chain_backward_cuda(const at::Tensor& grad_in, const at::Tensor
   const cuda::UnaryChain chain = chain_params(op, ops);
   check_floating(op, "x", x_in);
   check_grad_like(op, grad_in, "x", x_in);
-  check_cuda(op, "x", x_in);
-  const DType dtype = dtype_of(op, "x", x_in);
-  const c10::cuda::CUDAGuard guard(x_in.device());
+  const CudaInput in = cuda_input(op, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
   at::Tensor grad_x = at::empty_like(x);
   if (x.numel() == 0) return grad_x;
-  check_launch(op, cuda::unary_chain_backward(dtype, chain, grad.data_ptr(), x.data_ptr(), grad_x.data_ptr(), x.numel(),
-                                              current_stream()));
+  check_launch(op, cuda::unary_chain_backward(in.dtype, chain, grad.data_ptr(), x.data_ptr(), grad_x.data_ptr(),
+                                              x.numel(), current_stream()));
   return grad_x;
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("cuda_bias_act", &bias_act_cuda);
-  m.impl("cuda_bias_act_backward", &bias_act_backward_cuda);
-  m.impl("cuda_glu", &glu_cuda);
-  m.impl("cuda_glu_backward", &glu_backward_cuda);
-  m.impl("cuda_bias_dropout_add_seeded", &bias_dropout_add_seeded_cuda);
-  m.impl("cuda_dropout_backward", &dropout_backward_cuda);
-  m.impl("cuda_unary_chain", &unary_chain_cuda);
-  m.impl("cuda_unary_chain_backward", &unary_chain_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(fused, CUDA, m) { FUSED_ELEMENTWISE_OPS(FUSED_IMPL_CUDA) }
 
 }  // namespace fused

@@ -97,6 +97,14 @@ __device__ __forceinline__ void dropout_scale(T (&keep)[N], int64_t i, int len, 
   }
 }
 
+// f(tag, s, j) for op j of the chain, in order: decltype(tag)::value is the op, s its scalar in T.
+template <typename T, typename F> __device__ __forceinline__ void for_each_op(const UnaryChain& chain, const F& f) {
+  for (int j = 0; j < chain.len; ++j) {
+    const T s = static_cast<T>(chain.scalars[j]);
+    visit_unary(chain.ops[j], [&](auto tag) { f(tag, s, j); });
+  }
+}
+
 // ---- per-group bodies: body(v, i, col, len, vec) handles elements [i, i + len) (column col of the first,
 // in rows of width C), writes its outputs, and leaves in v the values the bias gradient sums (grad_x). ----
 
@@ -150,38 +158,42 @@ template <typename S, int N> struct BiasDropoutAdd {
   }
 };
 
-template <typename S, int N> struct DropoutGrad {
-  const S* grad;
-  S* grad_x;
-  Dropout dropout;
+// One input, one output: v = in[i, i + len), f(v, i, len) rewrites v, out[i, i + len) = v.
+template <typename S, int N, typename F> struct MapInOut {
+  const S* in;
+  S* out;
+  F f;
   __device__ void operator()(Math<S> (&v)[N], int64_t i, int64_t, int len, bool vec) const {
-    Math<S> keep[N];
-    load(v, grad + i, len, vec);
-    dropout_scale(keep, i, len, dropout);
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] *= keep[k];
-    store(grad_x + i, v, len, vec);
+    load(v, in + i, len, vec);
+    f(v, i, len);
+    store(out + i, v, len, vec);
   }
 };
 
-template <typename S, int N> struct UnaryChainFwd {
-  const S* x;
-  S* y;
-  UnaryChain chain;
-  __device__ void operator()(Math<S> (&v)[N], int64_t i, int64_t, int len, bool vec) const {
-    using T = Math<S>;
-    load(v, x + i, len, vec);
-    for (int j = 0; j < chain.len; ++j) {
-      const T s = static_cast<T>(chain.scalars[j]);
-      visit_unary(chain.ops[j], [&](auto tag) {
-        constexpr UnaryOp O = decltype(tag)::value;
+// grad_x = grad * keep: dropout_backward.
+struct DropoutMask {
+  Dropout dropout;
+  template <int N, typename T> __device__ void operator()(T (&v)[N], int64_t i, int len) const {
+    T keep[N];
+    dropout_scale(keep, i, len, dropout);
 #pragma unroll
-        for (int k = 0; k < N; ++k) v[k] = unary_fwd<O>(v[k], s);
-      });
-    }
-    store(y + i, v, len, vec);
+    for (int k = 0; k < N; ++k) v[k] *= keep[k];
   }
 };
+template <typename S, int N> using DropoutGrad = MapInOut<S, N, DropoutMask>;
+
+// y = op_last(... op_0(x)): unary_chain.
+struct ChainOps {
+  UnaryChain chain;
+  template <int N, typename T> __device__ void operator()(T (&v)[N], int64_t, int) const {
+    for_each_op<T>(chain, [&](auto tag, T s, int) {
+      constexpr UnaryOp O = decltype(tag)::value;
+#pragma unroll
+      for (int k = 0; k < N; ++k) v[k] = unary_fwd<O>(v[k], s);
+    });
+  }
+};
+template <typename S, int N> using UnaryChainFwd = MapInOut<S, N, ChainOps>;
 
 // grad_x = grad * prod_j op_j'(input of op j), the chain recomputed alongside.
 template <typename S, int N> struct UnaryChainGrad {
@@ -194,18 +206,15 @@ template <typename S, int N> struct UnaryChainGrad {
     T g[N];
     load(v, x + i, len, vec);
     load(g, grad + i, len, vec);
-    for (int j = 0; j < chain.len; ++j) {
-      const T s = static_cast<T>(chain.scalars[j]);
-      const bool zero_grad = chain.ops[j] == UnaryOp::pow && chain.scalars[j] == 0.0;  // d/dx x^0 = 0
-      visit_unary(chain.ops[j], [&](auto tag) {
-        constexpr UnaryOp O = decltype(tag)::value;
+    for_each_op<T>(chain, [&](auto tag, T s, int j) {
+      constexpr UnaryOp O = decltype(tag)::value;
+      const bool zero_grad = O == UnaryOp::pow && chain.scalars[j] == 0.0;  // d/dx x^0 = 0
 #pragma unroll
-        for (int k = 0; k < N; ++k) {
-          g[k] = zero_grad ? T(0) : g[k] * unary_grad<O>(v[k], s);
-          v[k] = unary_fwd<O>(v[k], s);
-        }
-      });
-    }
+      for (int k = 0; k < N; ++k) {
+        g[k] = zero_grad ? T(0) : g[k] * unary_grad<O>(v[k], s);
+        v[k] = unary_fwd<O>(v[k], s);
+      }
+    });
 #pragma unroll
     for (int k = 0; k < N; ++k) v[k] = g[k];
     store(grad_x + i, v, len, vec);
@@ -410,6 +419,21 @@ template <int N> cudaError_t rows_grid(int64_t rows, int64_t cols, dim3* grid, d
   return cudaSuccess;
 }
 
+// The glu launchers' frame: nothing for empty rows, else f(type, tag, grid, block, vec) for the dtype and the
+// act, vec when every pointer is 16-byte aligned and every row starts a whole group of N.
+template <typename F>
+cudaError_t launch_glu(DType dtype, Act act, std::initializer_list<const void*> ptrs, int64_t gate_stride,
+                       int64_t up_stride, int64_t rows, int64_t cols, const F& f) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  return visit_dtype(dtype, [&](auto type) {
+    constexpr int N = kVec<typename decltype(type)::type>;
+    dim3 grid, block;
+    if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
+    const bool vec = aligned(ptrs) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
+    return visit_act(act, [&](auto tag) { return f(type, tag, grid, block, vec); });
+  });
+}
+
 }  // namespace
 
 int64_t column_sum_workspace(int64_t rows, int64_t C) {
@@ -448,40 +472,28 @@ cudaError_t bias_act_backward(DType dtype, Act act, const void* grad, const void
 
 cudaError_t glu(DType dtype, Act act, const void* gate, int64_t gate_stride, const void* up, int64_t up_stride, void* y,
                 int64_t rows, int64_t cols, cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return visit_dtype(dtype, [&](auto type) {
-    using S = typename decltype(type)::type;
-    constexpr int N = kVec<S>;
-    dim3 grid, block;
-    if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
-    const bool vec = aligned({gate, up, y}) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
-    return visit_act(act, [&](auto tag) {
-      FUSED_LAUNCH(grid, block, 0, stream, glu_kernel<S, decltype(tag)::value>)(
-          static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride, static_cast<S*>(y), rows,
-          cols, vec);
-      return cudaGetLastError();
-    });
-  });
+  return launch_glu(dtype, act, {gate, up, y}, gate_stride, up_stride, rows, cols,
+                    [&](auto type, auto tag, dim3 grid, dim3 block, bool vec) {
+                      using S = typename decltype(type)::type;
+                      FUSED_LAUNCH(grid, block, 0, stream, glu_kernel<S, decltype(tag)::value>)(
+                          static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride,
+                          static_cast<S*>(y), rows, cols, vec);
+                      return cudaGetLastError();
+                    });
 }
 
 cudaError_t glu_backward(DType dtype, Act act, const void* grad, const void* gate, int64_t gate_stride, const void* up,
                          int64_t up_stride, void* grad_gate, void* grad_up, int64_t rows, int64_t cols,
                          cudaStream_t stream) {
-  if (rows <= 0 || cols <= 0) return cudaSuccess;
-  return visit_dtype(dtype, [&](auto type) {
-    using S = typename decltype(type)::type;
-    constexpr int N = kVec<S>;
-    dim3 grid, block;
-    if (cudaError_t err = rows_grid<N>(rows, cols, &grid, &block)) return err;
-    const bool vec =
-        aligned({grad, gate, up, grad_gate, grad_up}) && cols % N == 0 && gate_stride % N == 0 && up_stride % N == 0;
-    return visit_act(act, [&](auto tag) {
-      FUSED_LAUNCH(grid, block, 0, stream, glu_backward_kernel<S, decltype(tag)::value>)(
-          static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride, static_cast<const S*>(up), up_stride,
-          static_cast<S*>(grad_gate), static_cast<S*>(grad_up), rows, cols, vec);
-      return cudaGetLastError();
-    });
-  });
+  return launch_glu(dtype, act, {grad, gate, up, grad_gate, grad_up}, gate_stride, up_stride, rows, cols,
+                    [&](auto type, auto tag, dim3 grid, dim3 block, bool vec) {
+                      using S = typename decltype(type)::type;
+                      FUSED_LAUNCH(grid, block, 0, stream, glu_backward_kernel<S, decltype(tag)::value>)(
+                          static_cast<const S*>(grad), static_cast<const S*>(gate), gate_stride,
+                          static_cast<const S*>(up), up_stride, static_cast<S*>(grad_gate), static_cast<S*>(grad_up),
+                          rows, cols, vec);
+                      return cudaGetLastError();
+                    });
 }
 
 cudaError_t bias_dropout_add(DType dtype, const void* x, const void* bias, const void* residual, void* y, int64_t n,
@@ -506,11 +518,11 @@ cudaError_t dropout_backward(DType dtype, const void* grad, void* grad_x, void* 
     const bool vec = aligned({grad, grad_x});
     if (!grad_bias) {
       constexpr int N = kVec<S> < 4 ? 4 : kVec<S>;
-      const DropoutGrad<S, N> body{static_cast<const S*>(grad), static_cast<S*>(grad_x), dropout};
+      const DropoutGrad<S, N> body{static_cast<const S*>(grad), static_cast<S*>(grad_x), {dropout}};
       return launch_map<Math<S>, N>(body, n, 1, vec, stream);
     }
     constexpr int N = kVec<S>;
-    const DropoutGrad<S, N> body{static_cast<const S*>(grad), static_cast<S*>(grad_x), dropout};
+    const DropoutGrad<S, N> body{static_cast<const S*>(grad), static_cast<S*>(grad_x), {dropout}};
     return launch_column_sum(body, static_cast<S*>(grad_bias), workspace, n / C, C, vec && C % N == 0, stream);
   });
 }
@@ -520,7 +532,7 @@ cudaError_t unary_chain(DType dtype, const UnaryChain& chain, const void* x, voi
   return visit_dtype(dtype, [&](auto type) {
     using S = typename decltype(type)::type;
     constexpr int N = kVec<S>;
-    const UnaryChainFwd<S, N> body{static_cast<const S*>(x), static_cast<S*>(y), chain};
+    const UnaryChainFwd<S, N> body{static_cast<const S*>(x), static_cast<S*>(y), {chain}};
     return launch_map<Math<S>, N>(body, n, 1, aligned({x, y}), stream);
   });
 }

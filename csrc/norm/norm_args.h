@@ -8,6 +8,10 @@
 #include <optional>
 
 #include "common/checks.h"
+#include "common/registration.h"
+
+// The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
+#define FUSED_NORM_OPS(X) X("norm_fwd", norm_fwd) X("norm_backward", norm_backward)
 
 namespace fused {
 namespace norm {

@@ -258,10 +258,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("norm_fwd", &norm_fwd_cpu);
-  m.impl("norm_backward", &norm_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_NORM_OPS(FUSED_IMPL_CPU) }
 
 }  // namespace norm
 }  // namespace fused

@@ -66,10 +66,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cuda(
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("cuda_norm_fwd", &norm_fwd_cuda);
-  m.impl("cuda_norm_backward", &norm_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(fused, CUDA, m) { FUSED_NORM_OPS(FUSED_IMPL_CUDA) }
 
 }  // namespace norm
 }  // namespace fused

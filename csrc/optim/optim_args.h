@@ -8,6 +8,15 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/registration.h"
+
+// The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
+#define FUSED_OPTIM_OPS(X)       \
+  X("grad_norm", grad_norm)      \
+  X("scale_grads_", scale_grads) \
+  X("sgd_step_", sgd_step)       \
+  X("adam_step_", adam_step)     \
+  X("accumulate_grads_", accumulate_grads)
 
 namespace fused {
 
@@ -171,6 +180,13 @@ std::vector<std::array<double, H>> hyper_rows(const char* op, const std::optiona
 
 inline void check_nonneg(const char* op, const char* name, double v) {
   TORCH_CHECK(v >= 0, "fused.", op, ": ", name, " must be >= 0, got ", v);
+}
+
+// grad_norm's numbers: norm_type > 0 (inf included), max_norm and clip_value >= 0.
+inline void check_norm_args(const char* op, double norm_type, double max_norm, double clip_value) {
+  TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
+  check_nonneg(op, "max_norm", max_norm);
+  check_nonneg(op, "clip_value", clip_value);
 }
 
 // One tensor's SGD hyperparameters (its row of the per-tensor table: lr, momentum, dampening, weight_decay).

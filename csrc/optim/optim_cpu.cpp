@@ -115,9 +115,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cpu(at::TensorList grad
   const char* op = "grad_norm";
   check_floating_list(op, "grads", grads, kCpu);
   if (found_inf) check_scalar(op, "found_inf", *found_inf, kCpu);
-  TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
-  check_nonneg(op, "max_norm", max_norm);
-  check_nonneg(op, "clip_value", clip_value);
+  check_norm_args(op, norm_type, max_norm, clip_value);
   const float inv = inverse_scale(grad_scale, op);
   const Norm kind = norm_type == 2 ? Norm::L2 : norm_type == 1 ? Norm::L1 : std::isinf(norm_type) ? Norm::Inf : Norm::P;
 
@@ -485,12 +483,6 @@ void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwr
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("grad_norm", &grad_norm_cpu);
-  m.impl("scale_grads_", &scale_grads_cpu);
-  m.impl("sgd_step_", &sgd_step_cpu);
-  m.impl("adam_step_", &adam_step_cpu);
-  m.impl("accumulate_grads_", &accumulate_grads_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_OPTIM_OPS(FUSED_IMPL_CPU) }
 
 }  // namespace fused

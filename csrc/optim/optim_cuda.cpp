@@ -189,9 +189,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> grad_norm_cuda(at::TensorList gra
   const char* op = "grad_norm";
   const at::Device device = !grads.empty() ? grads[0].device() : found_inf ? found_inf->device() : grad_scale->device();
   check_floating_list(op, "grads", grads, device);
-  TORCH_CHECK(norm_type > 0, "fused.", op, ": norm_type must be > 0 or inf, got ", norm_type);
-  check_nonneg(op, "max_norm", max_norm);
-  check_nonneg(op, "clip_value", clip_value);
+  check_norm_args(op, norm_type, max_norm, clip_value);
   c10::cuda::CUDAGuard guard(device);
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index()).stream();
   const float* found_in = optional_ptr(op, "found_inf", found_inf, device);
@@ -323,12 +321,6 @@ void accumulate_grads_cuda(at::TensorList accs, at::TensorList grads, bool overw
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("cuda_grad_norm", &grad_norm_cuda);
-  m.impl("cuda_scale_grads_", &scale_grads_cuda);
-  m.impl("cuda_sgd_step_", &sgd_step_cuda);
-  m.impl("cuda_adam_step_", &adam_step_cuda);
-  m.impl("cuda_accumulate_grads_", &accumulate_grads_cuda);
-}
+TORCH_LIBRARY_IMPL(fused, CUDA, m) { FUSED_OPTIM_OPS(FUSED_IMPL_CUDA) }
 
 }  // namespace fused

@@ -4,6 +4,10 @@
 #include <ATen/ATen.h>
 
 #include "common/checks.h"
+#include "common/registration.h"
+
+// The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
+#define FUSED_ROPE_OPS(X) X("rope", rope) X("rope_backward", rope_backward)
 
 namespace fused {
 namespace rope {

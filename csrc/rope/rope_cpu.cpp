@@ -130,10 +130,7 @@ std::tuple<at::Tensor, at::Tensor> rope_backward_cpu(const at::Tensor& grad_q, c
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("rope", &rope_cpu);
-  m.impl("rope_backward", &rope_backward_cpu);
-}
+TORCH_LIBRARY_IMPL(fused, CPU, m) { FUSED_ROPE_OPS(FUSED_IMPL_CPU) }
 
 }  // namespace rope
 }  // namespace fused

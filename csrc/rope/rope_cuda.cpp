@@ -56,10 +56,7 @@ std::tuple<at::Tensor, at::Tensor> rope_backward_cuda(const at::Tensor& grad_q, 
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) {
-  m.impl("cuda_rope", &rope_cuda);
-  m.impl("cuda_rope_backward", &rope_backward_cuda);
-}
+TORCH_LIBRARY_IMPL(fused, CUDA, m) { FUSED_ROPE_OPS(FUSED_IMPL_CUDA) }
 
 }  // namespace rope
 }  // namespace fused

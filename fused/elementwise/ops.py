@@ -94,9 +94,10 @@ def _(grad, x, ops):
 
 
 # ---- autograd ----
-def _bias_act_setup(ctx, inputs, output):
-    x, bias, act = inputs
-    ctx.save_for_backward(x, bias)
+def _tensors_and_act_setup(ctx, inputs, output):
+    """setup_context of bias_act(x, bias, act) and glu(gate, up, act): both tensors saved, act kept."""
+    *tensors, act = inputs
+    ctx.save_for_backward(*tensors)
     ctx.act = act
 
 
@@ -106,13 +107,7 @@ def _bias_act_backward(ctx, grad):
     return grad_x, grad_bias if bias is not None else None, None
 
 
-torch.library.register_autograd("fused::bias_act", _bias_act_backward, setup_context=_bias_act_setup)
-
-
-def _glu_setup(ctx, inputs, output):
-    gate, up, act = inputs
-    ctx.save_for_backward(gate, up)
-    ctx.act = act
+torch.library.register_autograd("fused::bias_act", _bias_act_backward, setup_context=_tensors_and_act_setup)
 
 
 def _glu_backward(ctx, grad):
@@ -121,7 +116,7 @@ def _glu_backward(ctx, grad):
     return grad_gate, grad_up, None
 
 
-torch.library.register_autograd("fused::glu", _glu_backward, setup_context=_glu_setup)
+torch.library.register_autograd("fused::glu", _glu_backward, setup_context=_tensors_and_act_setup)
 
 
 def _dropout_setup(ctx, inputs, output):

@@ -9,8 +9,8 @@ from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.triton_math import NONE, keep_scale_at, keep_scale_block, unary_fwd, unary_grad_step
 from fused.triton_utils import (
+    flat_load,
     flat_meta,
-    flat_offsets,
     math_dtype,
     math_torch_dtype,
     on_device_of,
@@ -64,9 +64,7 @@ def _dropout_kernel(
     I64: tl.constexpr,
 ):
     """y = residual + dropout(x + bias); without residual and bias it is dropout_backward's grad_x."""
-    offs = flat_offsets(I64, BLOCK)
-    mask = offs < n
-    h = tl.load(x_ptr + offs, mask=mask).to(MATH)
+    offs, mask, h = flat_load(x_ptr, n, MATH, BLOCK, I64)
     if HAS_BIAS:
         h += tl.load(b_ptr + offs % cols, mask=mask).to(MATH)
     start = tl.program_id(0).to(tl.int64) * BLOCK
@@ -226,9 +224,7 @@ def _chain_kernel(
     I64: tl.constexpr,
 ):
     """y = ops(x); with GRAD also gy = g * prod of each op's derivative at its input (the chain recomputed)."""
-    offs = flat_offsets(I64, BLOCK)
-    mask = offs < n
-    x = tl.load(x_ptr + offs, mask=mask).to(MATH)
+    offs, mask, x = flat_load(x_ptr, n, MATH, BLOCK, I64)
     g = x
     if GRAD:
         g = tl.load(g_ptr + offs, mask=mask).to(MATH)

@@ -20,7 +20,16 @@ from fused.elementwise.triton_dropout_chain import (
     unary_chain_backward,
 )
 from fused.triton_math import act_fwd, act_grad
-from fused.triton_utils import math_torch_dtype, on_device_of, program_2d, rows_cols, tile_index, tile_meta, to_out
+from fused.triton_utils import (
+    math_torch_dtype,
+    on_device_of,
+    program_2d,
+    program_tile,
+    rows_cols,
+    tile_index,
+    tile_meta,
+    to_out,
+)
 
 
 # ---- bias_act ----
@@ -38,8 +47,7 @@ def _bias_act_kernel(
     BLOCK_C: tl.constexpr,
     I64: tl.constexpr,
 ):
-    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
-    r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
+    r, c, mask = program_tile(rows, cols, BLOCK_R, BLOCK_C, I64)
     h = tl.load(x_ptr + r * cols + c, mask=mask).to(MATH)
     if HAS_BIAS:
         h += tl.load(b_ptr + c, mask=c < cols).to(MATH)
@@ -166,8 +174,7 @@ def _glu_kernel(
     I64: tl.constexpr,
 ):
     """Forward: y = act(gate) * up. Backward: y = grad_gate = grad * up * act'(gate), gup = grad * act(gate)."""
-    row_block, col_block = program_2d(tl.cdiv(cols, BLOCK_C), I64)
-    r, c, mask = tile_index(row_block * BLOCK_R, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
+    r, c, mask = program_tile(rows, cols, BLOCK_R, BLOCK_C, I64)
     gate = tl.load(gate_ptr + r * gate_stride + c, mask=mask).to(MATH)
     up = tl.load(up_ptr + r * up_stride + c, mask=mask).to(MATH)
     if BACKWARD:

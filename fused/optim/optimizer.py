@@ -19,6 +19,9 @@ between micro-batches carries the sums ("accumulated_grads"), so a checkpoint th
 invisible to code that reads .grad (use max_grad_norm rather than clip_grad_norm_ on the parameters;
 fused.amp.GradScaler.unscale_ does unscale them, through scaler_step)."""
 
+import functools
+import inspect
+
 import torch
 
 from fused.optim import (
@@ -583,46 +586,26 @@ class Adam(_FusedOptimizer):
         return torch.float32 if self._fp32_state(p) else p.dtype
 
 
-class AdamW(Adam):
-    _decoupled = True
+def _variant_init(base_init, drop=(), **defaults):
+    """base_init with other defaults and without the parameters in `drop`: calls bind against the changed
+    signature, which inspect and help() show, then run base_init with every argument."""
+    sig = inspect.signature(base_init)
+    sig = sig.replace(
+        parameters=[p.replace(default=defaults.get(n, p.default)) for n, p in sig.parameters.items() if n not in drop]
+    )
 
-    def __init__(
-        self,
-        params,
-        lr=1e-3,
-        betas=(0.9, 0.999),
-        eps=1e-8,
-        weight_decay=1e-2,
-        amsgrad=False,
-        *,
-        maximize=False,
-        foreach=None,
-        capturable=False,
-        differentiable=False,
-        fused=None,
-        max_grad_norm=None,
-        clip_value=None,
-        master_weights=False,
-        stochastic_rounding=False,
-        track_grad_norm=False,
-        state_dtype=None,
-    ):
-        super().__init__(
-            params,
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            amsgrad,
-            foreach=foreach,
-            maximize=maximize,
-            capturable=capturable,
-            differentiable=differentiable,
-            fused=fused,
-            max_grad_norm=max_grad_norm,
-            clip_value=clip_value,
-            master_weights=master_weights,
-            stochastic_rounding=stochastic_rounding,
-            track_grad_norm=track_grad_norm,
-            state_dtype=state_dtype,
-        )
+    @functools.wraps(base_init)
+    def __init__(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        base_init(*bound.args, **bound.kwargs)
+
+    __init__.__signature__ = sig
+    return __init__
+
+
+class AdamW(Adam):
+    """torch.optim.AdamW's drop-in: Adam with decoupled weight decay, weight_decay=1e-2 by default."""
+
+    _decoupled = True
+    __init__ = _variant_init(Adam.__init__, drop=("decoupled_weight_decay",), weight_decay=1e-2)
