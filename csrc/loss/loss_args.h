@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "common/checks.h"
 #include "loss/logprob_math.h"
@@ -74,6 +75,25 @@ inline CrossEntropyRows cross_entropy_rows_inputs(const char* op, const at::Tens
           weight ? std::optional<at::Tensor>(weight->contiguous()) : std::nullopt,
           at::empty({rows}, math_opts),
           at::empty({rows}, math_opts)};
+}
+
+// A backend of fused::cross_entropy_rows: fills in.loss and in.lse (and grad when it is not empty).
+using CrossEntropyRowsRun = void (*)(const char* op, const CrossEntropyRows& in, const at::Tensor& grad,
+                                     int64_t ignore_index, double label_smoothing, double z_loss, double softcap);
+
+// fused::cross_entropy_rows with the schema's arguments on the backend Run (the CPU kernel, the CUDA binding): the
+// checks and inputs of cross_entropy_rows_inputs first, on every backend.
+template <CrossEntropyRowsRun Run>
+std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_op(const at::Tensor& logits, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         const at::Tensor& scale, const at::Tensor& grad,
+                                                         int64_t ignore_index, double label_smoothing, double z_loss,
+                                                         double softcap) {
+  const char* op = "cross_entropy_rows";
+  const CrossEntropyRows in =
+      cross_entropy_rows_inputs(op, logits, target, weight, scale, grad, label_smoothing, softcap);
+  Run(op, in, grad, ignore_index, label_smoothing, z_loss, softcap);
+  return {in.loss, in.lse};
 }
 
 // target: int64 of shape [rows] on logits' device (every row kernel's).

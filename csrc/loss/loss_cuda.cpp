@@ -4,8 +4,6 @@
 // the current stream. Built only when torch has CUDA.
 #include <torch/library.h>
 
-#include <tuple>
-
 #include "common/cuda_binding.h"
 #include "loss/loss_args.h"
 #include "loss/loss_kernels.h"
@@ -13,17 +11,11 @@
 namespace fused {
 namespace {
 
-std::tuple<at::Tensor, at::Tensor> cuda_cross_entropy_rows(const at::Tensor& logits_in, const at::Tensor& target_in,
-                                                           const std::optional<at::Tensor>& weight_in,
-                                                           const at::Tensor& scale_in, const at::Tensor& grad,
-                                                           int64_t ignore_index, double label_smoothing, double z_loss,
-                                                           double softcap) {
-  const char* op = "cross_entropy_rows";
-  const CrossEntropyRows in =
-      cross_entropy_rows_inputs(op, logits_in, target_in, weight_in, scale_in, grad, label_smoothing, softcap);
-  check_cuda(op, "logits", logits_in);
-  const DType dtype = dtype_of(op, "logits", logits_in);
-  const c10::cuda::CUDAGuard guard(logits_in.device());
+void cuda_cross_entropy_rows(const char* op, const CrossEntropyRows& in, const at::Tensor& grad, int64_t ignore_index,
+                             double label_smoothing, double z_loss, double softcap) {
+  check_cuda(op, "logits", in.logits);
+  const DType dtype = dtype_of(op, "logits", in.logits);
+  const c10::cuda::CUDAGuard guard(in.logits.device());
   const at::Tensor &logits = in.logits, &target = in.target, &scale = in.scale, &loss = in.loss, &lse = in.lse;
   const std::optional<at::Tensor>& weight = in.weight;
   const int64_t rows = logits.size(0), V = logits.size(1);
@@ -46,11 +38,12 @@ std::tuple<at::Tensor, at::Tensor> cuda_cross_entropy_rows(const at::Tensor& log
                                   z_loss,
                                   softcap};
   check_launch(op, cuda::loss::cross_entropy_rows(dtype, args, current_stream()));
-  return {loss, lse};
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(fused, CUDA, m) { m.impl("cuda_cross_entropy_rows", &cuda_cross_entropy_rows); }
+TORCH_LIBRARY_IMPL(fused, CUDA, m) {
+  m.impl("cuda_cross_entropy_rows", &cross_entropy_rows_op<cuda_cross_entropy_rows>);
+}
 
 }  // namespace fused
