@@ -13,7 +13,9 @@ import torch
 import fused
 from fused.loss import chunked
 from fused.loss import reference as ref
+from tests import cuda_emulation
 from tests import harness as h
+from tests.test_cuda_emulation import buf, launch, out
 
 V = 131
 
@@ -359,3 +361,166 @@ def test_triton_kernels_compile_for_sm90():
     for kernel, variants in (("_log_prob_rows_kernel", 3), ("_distillation_rows_kernel", 6)):
         stats = re.search(rf"compiled {kernel}: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", stdout)
         assert stats and int(stats[1]) == variants and int(stats[2]) > 0 and int(stats[3]) == 0, stdout
+
+
+# ---- the CUDA C++ row kernels, run on the CPU by the host emulation of CUDA (tests/cuda_emulation.py) ----
+requires_emulation = pytest.mark.skipif(
+    cuda_emulation.unavailable() is not None, reason=str(cuda_emulation.unavailable())
+)
+
+
+def _math(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def emu_log_prob_rows(emu, logits, target, scale, grad, ignore_index, temperature):
+    """fused::log_prob_rows' CUDA launcher as the binding calls it, with the op's arguments: logits and grad (None:
+    no gradient; it may be logits) guarded buffers (tests/test_cuda_emulation.py's buf): (logp, entropy)."""
+    rows, V = logits.shape
+    logp, entropy = out((rows,), _math(logits)), out((rows,), _math(logits))
+    launch(
+        emu.log_prob_rows,
+        cuda_emulation.code(logits.dtype),
+        logits,
+        V,
+        grad,
+        V if grad is not None else 0,
+        buf(target),
+        buf(scale),
+        logp,
+        entropy,
+        rows,
+        V,
+        ignore_index,
+        temperature,
+    )
+    return logp, entropy
+
+
+def emu_distillation_rows(emu, logits, teacher, target, scale, grad, divergence, beta, temperature, ignore_index):
+    """fused::distillation_rows' CUDA launcher, as emu_log_prob_rows: the loss per row."""
+    rows, V = logits.shape
+    loss = out((rows,), _math(logits))
+    launch(
+        emu.distillation_rows,
+        cuda_emulation.code(logits.dtype),
+        logits,
+        V,
+        buf(teacher),
+        V,
+        grad,
+        V if grad is not None else 0,
+        None if target is None else buf(target),
+        buf(scale),
+        1 if scale.dim() == 1 else 0,
+        loss,
+        rows,
+        V,
+        ignore_index,
+        ("forward_kl", "reverse_kl", "jsd").index(divergence),
+        beta,
+        temperature,
+    )
+    return loss
+
+
+def identity_head(logits):
+    """(input, weight) whose linear layer gives logits exactly: the reference's formulas on given logits."""
+    return logits, torch.eye(logits.shape[-1], dtype=logits.dtype)
+
+
+def log_prob_rows64(logits, target, scale, ignore_index, temperature):
+    """fused::log_prob_rows in float64 from the reference: (logp, entropy, gradient of the scaled sum)."""
+    z = logits.double().requires_grad_()
+    logp, entropy = ref.linear_log_probs(
+        *identity_head(z), target, temperature=temperature, ignore_index=ignore_index, return_entropy=True
+    )
+    s = scale.double()
+    return logp, entropy, torch.autograd.grad((s[:, 0] * logp + s[:, 1] * entropy).sum(), z)[0]
+
+
+def distillation_rows64(logits, teacher, target, scale, divergence, beta, temperature, ignore_index):
+    """fused::distillation_rows in float64 from the reference: (loss per row, gradient of the scaled sum)."""
+    z = logits.double().requires_grad_()
+    kw = dict(divergence=divergence, beta=beta, temperature=temperature, ignore_index=ignore_index)
+    loss = ref.linear_distillation_loss(
+        *identity_head(z), *identity_head(teacher.double()), target, **kw, reduction="none"
+    )
+    return loss, torch.autograd.grad((scale.double() * loss).sum(), z)[0]
+
+
+def check_emulated(got, cpu, ref64):
+    """The emulated CUDA kernel's outputs against the CPU kernel's (parity) and against float64: no further off
+    than the CPU kernel (x2)."""
+    for g, c, r in zip(got, cpu, ref64):
+        h.assert_close(g, c, scale=4)
+        h.assert_accuracy(g, c, r)
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", h.ALL_DTYPES)
+@pytest.mark.parametrize("V, temperature", [(1, 1.0), (131, 0.7), (1300, 1.0)])  # 1300: 2-3 columns per thread
+def test_cuda_emulation_log_prob_rows(emu, dtype, V, temperature):
+    """The CUDA log-prob row kernel (one block per row, per-thread online max / sums, fixed-tree combine): log-probs,
+    entropy and gradient against the CPU kernel and float64, with ignored rows, per-row upstream gradients, the
+    gradient in its own buffer, over the logits, and none; every buffer between NaN guards."""
+    acc = _math(torch.empty(0, dtype=dtype))
+    logits = h.make((5, V), dtype, low=-6, high=6, seed=1)
+    t = torch.tensor([0, V - 1, -100, V // 2, -100])
+    scale = h.make((5, 2), acc, low=-2, high=2, seed=2)
+    want_grad = torch.empty_like(logits)
+    want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, temperature)
+    logp64, entropy64, grad64 = log_prob_rows64(logits, t, scale, -100, temperature)
+    grad = buf(torch.zeros_like(logits))
+    got = emu_log_prob_rows(emu, buf(logits), t, scale, grad, -100, temperature)
+    check_emulated((*got, grad), (*want, want_grad), (logp64, entropy64, grad64))
+    in_place = buf(logits)
+    emu_log_prob_rows(emu, in_place, t, scale, in_place, -100, temperature)
+    h.assert_close(in_place, want_grad, scale=4)
+    for a, e in zip(emu_log_prob_rows(emu, buf(logits), t, scale, None, -100, temperature), want):
+        h.assert_close(a, e, scale=4)
+
+
+DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.0), ("jsd", 0.3), ("jsd", 1.0)]
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", h.ALL_DTYPES)
+@pytest.mark.parametrize("divergence, beta", DIVERGENCE_CASES)
+def test_cuda_emulation_distillation_rows(emu, dtype, divergence, beta):
+    """The CUDA distillation row kernel: the divergence per row and the student's gradient against the CPU kernel
+    and float64, for every divergence and JSD's beta at 0, 1 (0 and no gradient) and between, at a temperature, with
+    ignored rows and per-row scales; the gradient in its own buffer and over the logits."""
+    acc = _math(torch.empty(0, dtype=dtype))
+    logits, teacher = h.make((5, 131), dtype, low=-6, high=6, seed=1), h.make((5, 131), dtype, low=-6, high=6, seed=2)
+    t = torch.tensor([3, -100, 7, 0, -100])
+    scale = h.make((5,), acc, low=0.5, high=2, seed=3)
+    args = (t, scale)
+    options = (divergence, beta, 0.7, -100)
+    want_grad = torch.empty_like(logits)
+    want = torch.ops.fused.distillation_rows(logits, teacher, *args, want_grad, *options)
+    ref64 = distillation_rows64(logits, teacher, *args, *options)
+    grad = buf(torch.zeros_like(logits))
+    got = emu_distillation_rows(emu, buf(logits), teacher, *args, grad, *options)
+    check_emulated((got, grad), (want, want_grad), ref64)
+    in_place = buf(logits)
+    emu_distillation_rows(emu, in_place, teacher, *args, in_place, *options)
+    h.assert_close(in_place, want_grad, scale=4)
+
+
+@requires_emulation
+@pytest.mark.parametrize("V", [1, 1300])
+def test_cuda_emulation_distillation_rows_shapes(emu, V):
+    """One class (every divergence 0, no gradient) and rows of 2-3 columns per thread; no target (every row counts),
+    one scale for all rows, and no gradient."""
+    logits, teacher = h.make((3, V), low=-6, high=6, seed=4), h.make((3, V), low=-6, high=6, seed=5)
+    scale = torch.tensor(0.5)
+    for divergence, beta in DIVERGENCE_CASES:
+        options = (divergence, beta, 1.0, -100)
+        want_grad = torch.empty_like(logits)
+        want = torch.ops.fused.distillation_rows(logits, teacher, None, scale, want_grad, *options)
+        loss64, grad64 = distillation_rows64(logits, teacher, None, scale, *options)
+        grad = buf(torch.zeros_like(logits))
+        got = emu_distillation_rows(emu, buf(logits), teacher, None, scale, grad, *options)
+        check_emulated((got, grad), (want, want_grad), (loss64, grad64))
+        h.assert_close(emu_distillation_rows(emu, buf(logits), teacher, None, scale, None, *options), want, scale=4)

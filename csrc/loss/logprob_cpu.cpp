@@ -117,68 +117,46 @@ void distillation_rows_kernel(const scalar_t* student, const scalar_t* teacher, 
   });
 }
 
-at::Tensor columns_contiguous(const at::Tensor& t) { return t.size(1) <= 1 || t.stride(1) == 1 ? t : t.contiguous(); }
-
-std::tuple<at::Tensor, at::Tensor> log_prob_rows_cpu(const at::Tensor& logits_in, const at::Tensor& target_in,
-                                                     const at::Tensor& scale_in, const at::Tensor& grad,
-                                                     int64_t ignore_index, double temperature) {
-  const char* op = "log_prob_rows";
-  check_log_prob_rows(op, logits_in, target_in, scale_in, grad, temperature);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  const at::Tensor logits = columns_contiguous(logits_in);
-  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  check_target_range(op, target, V, ignore_index);
-  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
-  at::Tensor logp = at::empty({rows}, math_opts), entropy = at::empty({rows}, math_opts);
-  if (rows == 0) return {logp, entropy};
-  FUSED_DISPATCH_FLOATING(logits.scalar_type(), "log_prob_rows", [&] {
+void log_prob_rows_cpu(const char* op, const LogProbRows& in, const at::Tensor& grad, int64_t ignore_index,
+                       double temperature) {
+  const int64_t rows = in.logits.size(0), V = in.logits.size(1);
+  check_target_range(op, in.target, V, ignore_index);
+  if (rows == 0) return;
+  FUSED_DISPATCH_FLOATING(in.logits.scalar_type(), "log_prob_rows", [&] {
     using M = at::opmath_type<scalar_t>;
-    const auto g = loss::row_grad<scalar_t>(grad);
-    log_prob_rows_kernel<scalar_t>(logits.data_ptr<scalar_t>(), logits.stride(0), g, target.data_ptr<int64_t>(),
-                                   scale.data_ptr<M>(), rows, V, ignore_index, static_cast<M>(temperature),
-                                   logp.data_ptr<M>(), entropy.data_ptr<M>());
+    log_prob_rows_kernel<scalar_t>(in.logits.data_ptr<scalar_t>(), in.logits.stride(0), loss::row_grad<scalar_t>(grad),
+                                   in.target.data_ptr<int64_t>(), in.scale.data_ptr<M>(), rows, V, ignore_index,
+                                   static_cast<M>(temperature), in.logp.data_ptr<M>(), in.entropy.data_ptr<M>());
   });
-  return {logp, entropy};
 }
 
-at::Tensor distillation_rows_cpu(const at::Tensor& logits_in, const at::Tensor& teacher_in,
-                                 const std::optional<at::Tensor>& target_in, const at::Tensor& scale_in,
-                                 const at::Tensor& grad, c10::string_view divergence, double beta, double temperature,
-                                 int64_t ignore_index) {
-  const char* op = "distillation_rows";
-  const loss::Divergence d =
-      check_distillation_rows(op, logits_in, teacher_in, target_in, scale_in, grad, divergence, beta, temperature);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  const at::Tensor logits = columns_contiguous(logits_in), teacher = columns_contiguous(teacher_in);
-  const at::Tensor scale = scale_in.contiguous();
-  const std::optional<at::Tensor> target =
-      target_in ? std::optional<at::Tensor>(target_in->contiguous()) : std::nullopt;
-  at::Tensor loss = at::empty({rows}, logits.options().dtype(loss_math_dtype(logits)));
-  if (rows == 0) return loss;
+void distillation_rows_cpu(const char* op, const DistillationRows& in, const at::Tensor& grad, double beta,
+                           double temperature, int64_t ignore_index) {
+  const at::Tensor &logits = in.logits, &teacher = in.teacher, &scale = in.scale;
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  if (rows == 0) return;
   FUSED_DISPATCH_FLOATING(logits.scalar_type(), "distillation_rows", [&] {
     using M = at::opmath_type<scalar_t>;
     const loss::JsdParams<M> j{static_cast<M>(beta), static_cast<M>(1.0 - beta), static_cast<M>(std::log(beta)),
                                static_cast<M>(std::log1p(-beta))};
-    const auto g = loss::row_grad<scalar_t>(grad);
     auto run = [&](auto tag) {
       distillation_rows_kernel<decltype(tag)::value, scalar_t>(
-          logits.data_ptr<scalar_t>(), teacher.data_ptr<scalar_t>(), logits.stride(0), teacher.stride(0), g,
-          target ? target->data_ptr<int64_t>() : nullptr, scale.data_ptr<M>(), scale.dim() == 1 ? 1 : 0, rows, V,
-          ignore_index, static_cast<M>(temperature), j, loss.data_ptr<M>());
+          logits.data_ptr<scalar_t>(), teacher.data_ptr<scalar_t>(), logits.stride(0), teacher.stride(0),
+          loss::row_grad<scalar_t>(grad), in.target ? in.target->data_ptr<int64_t>() : nullptr, scale.data_ptr<M>(),
+          scale.dim() == 1 ? 1 : 0, rows, V, ignore_index, static_cast<M>(temperature), j, in.loss.data_ptr<M>());
     };
     using loss::Divergence;
-    if (d == Divergence::ForwardKL) run(std::integral_constant<Divergence, Divergence::ForwardKL>());
-    else if (d == Divergence::ReverseKL) run(std::integral_constant<Divergence, Divergence::ReverseKL>());
+    if (in.divergence == Divergence::ForwardKL) run(std::integral_constant<Divergence, Divergence::ForwardKL>());
+    else if (in.divergence == Divergence::ReverseKL) run(std::integral_constant<Divergence, Divergence::ReverseKL>());
     else run(std::integral_constant<Divergence, Divergence::JSD>());
   });
-  return loss;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("log_prob_rows", &log_prob_rows_cpu);
-  m.impl("distillation_rows", &distillation_rows_cpu);
+  m.impl("log_prob_rows", &log_prob_rows_op<log_prob_rows_cpu>);
+  m.impl("distillation_rows", &distillation_rows_op<distillation_rows_cpu>);
 }
 
 }  // namespace fused
