@@ -13,19 +13,9 @@ import torch
 import fused
 from fused.loss import chunked
 from fused.loss import reference as ref
-from tests.harness import (
-    ALL_DTYPES,
-    FLOAT_DTYPES,
-    assert_accuracy,
-    assert_close,
-    check_compile,
-    check_compile_grads,
-    compile_for_sm90,
-    make,
-    raises,
-    rel_error,
-    requires_triton,
-)
+from tests import cuda_emulation
+from tests import harness as h
+from tests.test_cuda_emulation import buf, launch, out
 
 V = 131
 
@@ -39,9 +29,9 @@ def small_chunks(monkeypatch):
 def head(shape, D, dtype=torch.float32, seed=0, bias=True):
     """input [*shape, D], weight [V, D], bias [V] at nn.Linear's scale (logits O(1)), all requiring grad."""
     bound = 1.0 / math.sqrt(D)
-    x = make((*shape, D), dtype, low=-2, high=2, seed=seed, requires_grad=True)
-    w = make((V, D), dtype, low=-3 * bound, high=3 * bound, seed=seed + 1, requires_grad=True)
-    b = make((V,), dtype, low=-1, high=1, seed=seed + 2, requires_grad=True) if bias else None
+    x = h.make((*shape, D), dtype, low=-2, high=2, seed=seed, requires_grad=True)
+    w = h.make((V, D), dtype, low=-3 * bound, high=3 * bound, seed=seed + 1, requires_grad=True)
+    b = h.make((V,), dtype, low=-1, high=1, seed=seed + 2, requires_grad=True) if bias else None
     return x, w, b
 
 
@@ -71,16 +61,16 @@ def check_accuracy(fused_fn, ref_fn, leaves, upstream):
     assert len(ours) == len(exact)
     for o, e, x in zip(ours, eager, exact):
         assert o.dtype == e.dtype and o.shape == x.shape
-        assert_accuracy(o, e, x)
+        h.assert_accuracy(o, e, x)
 
 
 # ---- linear_log_probs ----
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", h.FLOAT_DTYPES)
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 def test_log_probs_accuracy_with_per_token_gradients(dtype, temperature):
     x, w, b = head((3, 7), 24, dtype)
     t = targets((3, 7))
-    upstream = [make((3, 7), seed=5, low=-2, high=2), make((3, 7), seed=6, low=-2, high=2)]
+    upstream = [h.make((3, 7), seed=5, low=-2, high=2), h.make((3, 7), seed=6, low=-2, high=2)]
 
     def ours(x, w, b):
         return fused.linear_log_probs(x, w, t, linear_bias=b, temperature=temperature, return_entropy=True)
@@ -98,9 +88,9 @@ def test_log_probs_only_logp_and_float64():
     t = targets((10,))
     logp = fused.linear_log_probs(x, w, t, linear_bias=b)
     assert logp.dtype == torch.float64
-    assert_close(logp, ref.linear_log_probs(x, w, t, b))
+    h.assert_close(logp, ref.linear_log_probs(x, w, t, b))
     g = torch.autograd.grad(logp.sum(), x)[0]
-    assert_close(g, torch.autograd.grad(ref.linear_log_probs(x, w, t, b).sum(), x)[0])
+    h.assert_close(g, torch.autograd.grad(ref.linear_log_probs(x, w, t, b).sum(), x)[0])
     assert (g[t == -100] == 0).all()  # ignored tokens: no gradient
 
 
@@ -115,12 +105,12 @@ def test_log_probs_ignore_index_and_all_ignored():
     t = targets((6,), ignore_index=0)
     t[1] = 3  # ignore_index inside the class range: those tokens only
     got = fused.linear_log_probs(x, w, t, linear_bias=b, ignore_index=3)
-    assert_close(got, ref.linear_log_probs(x, w, t, b, ignore_index=3))
+    h.assert_close(got, ref.linear_log_probs(x, w, t, b, ignore_index=3))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_entropy_of_uniform_row_is_log_v(dtype):
-    x = make((4, 8), dtype)
+    x = h.make((4, 8), dtype)
     w = torch.zeros(V, 8, dtype=dtype)
     logp, entropy = fused.linear_log_probs(x, w, torch.arange(4), return_entropy=True)
     assert (entropy - math.log(V)).abs().max() <= 2e-6 and (logp + math.log(V)).abs().max() <= 2e-6
@@ -140,10 +130,10 @@ def test_confident_predictions_exact_in_bf16():
     logp = fused.linear_log_probs(torch.eye(4, dtype=torch.bfloat16), w, t)
     w64 = logits.double().t().contiguous().requires_grad_()
     logp64 = ref.linear_log_probs(torch.eye(4, dtype=torch.float64), w64, t)
-    assert (logp64 > -0.2).all() and rel_error(logp, logp64) < 1e-5
+    assert (logp64 > -0.2).all() and h.rel_error(logp, logp64) < 1e-5
     g, g64 = torch.autograd.grad(logp.sum(), w)[0][7], torch.autograd.grad(logp64.sum(), w64)[0][7]
     for i in range(4):  # each 1 - p_t to bf16's rounding of itself, however small
-        assert rel_error(g[i : i + 1], g64[i : i + 1]) <= torch.finfo(torch.bfloat16).eps
+        assert h.rel_error(g[i : i + 1], g64[i : i + 1]) <= torch.finfo(torch.bfloat16).eps
 
 
 def test_grpo_clipped_surrogate_matches_eager():
@@ -151,8 +141,8 @@ def test_grpo_clipped_surrogate_matches_eager():
     a mask, mean per sequence then over sequences, backward: equal to the same on eager full logits."""
     x, w, b = head((4, 9), 16)
     t = targets((4, 9))
-    w_old = (w.detach() + 0.05 * make(w.shape, seed=9)).requires_grad_(False)
-    adv = make((4, 1), seed=11, low=-1, high=1).expand(4, 9)
+    w_old = (w.detach() + 0.05 * h.make(w.shape, seed=9)).requires_grad_(False)
+    adv = h.make((4, 1), seed=11, low=-1, high=1).expand(4, 9)
     mask = (t != -100).float()
 
     def surrogate(log_probs, x, w, b):
@@ -169,11 +159,11 @@ def test_grpo_clipped_surrogate_matches_eager():
     got = outputs_and_grads(lambda *a: surrogate(ours, *a), [x, w, b], [torch.ones(())])
     want = outputs_and_grads(lambda *a: surrogate(ref.linear_log_probs, *a), [x, w, b], [torch.ones(())])
     for g, e in zip(got, want):
-        assert_close(g, e)
+        h.assert_close(g, e)
 
 
 # ---- linear_distillation_loss ----
-@pytest.mark.parametrize("dtype", FLOAT_DTYPES)
+@pytest.mark.parametrize("dtype", h.FLOAT_DTYPES)
 @pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_distillation_accuracy(dtype, divergence, reduction):
@@ -182,7 +172,7 @@ def test_distillation_accuracy(dtype, divergence, reduction):
     x, w, b = head((2, 9), 16, dtype)
     xt, wt, bt = (t.detach() for t in head((2, 9), 40, dtype, seed=10))
     tgt = targets((2, 9))
-    upstream = [make((2, 9), seed=7, low=-2, high=2) if reduction == "none" else torch.ones(())]
+    upstream = [h.make((2, 9), seed=7, low=-2, high=2) if reduction == "none" else torch.ones(())]
     kw = dict(divergence=divergence, beta=0.3, temperature=2.0, reduction=reduction)
 
     def ours(x, w, b):
@@ -205,9 +195,9 @@ def test_jsd_beta(beta):
     grads = torch.autograd.grad(loss, [x, w, b])
     want = ref.linear_distillation_loss(x, w, xt, wt, None, b, divergence="jsd", beta=beta)
     want_grads = torch.autograd.grad(want, [x, w, b])
-    assert_close(loss, want)
+    h.assert_close(loss, want)
     for g, e in zip(grads, want_grads):
-        assert_close(g, e)
+        h.assert_close(g, e)
     if beta in (0.0, 1.0):  # a distribution against itself
         assert loss == 0 and all((g == 0).all() for g in grads)
     else:
@@ -224,7 +214,7 @@ def test_distillation_all_ignored_and_no_target():
         assert (loss == 0).all() and all((g == 0).all() for g in torch.autograd.grad(loss.sum(), [x, w]))
     got = fused.linear_distillation_loss(x, w, xt, wt, reverse := None, divergence="reverse_kl")
     assert reverse is None
-    assert_close(got, ref.linear_distillation_loss(x, w, xt, wt, None, divergence="reverse_kl"))
+    h.assert_close(got, ref.linear_distillation_loss(x, w, xt, wt, None, divergence="reverse_kl"))
 
 
 def test_teacher_gets_no_gradient_and_second_backward():
@@ -236,13 +226,13 @@ def test_teacher_gets_no_gradient_and_second_backward():
     first = w.grad.clone()
     w.grad = None
     loss.backward()  # forward's gradients were consumed: the backward op recomputes them
-    assert_close(w.grad, first)
+    h.assert_close(w.grad, first)
 
 
 def test_gradcheck_float64():
     x, w, b = as64(head((3,), 5))
     t = torch.tensor([1, -100, 4])
-    xt, wt = make((3, 4), torch.float64, seed=4), make((V, 4), torch.float64, seed=5)
+    xt, wt = h.make((3, 4), torch.float64, seed=4), h.make((V, 4), torch.float64, seed=5)
     torch.autograd.gradcheck(
         lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, temperature=0.7, return_entropy=True),
         (x, w, b),
@@ -260,14 +250,14 @@ def test_compile_fullgraph():
     x, w, b = head((2, 5), 8)
     xt, wt, _ = (t.detach() for t in head((2, 5), 6, seed=3))
     t = targets((2, 5))
-    check_compile(lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, return_entropy=True), x, w, b)
-    check_compile_grads(
+    h.check_compile(lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, return_entropy=True), x, w, b)
+    h.check_compile_grads(
         lambda x, w, b: fused.linear_log_probs(x, w, t, linear_bias=b, return_entropy=True)[1].sum(), x, w, b
     )
-    check_compile_grads(
+    h.check_compile_grads(
         lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, t, divergence="jsd", reduction="none").sum(), x, w
     )
-    check_compile_grads(lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, t), x, w)
+    h.check_compile_grads(lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, t), x, w)
 
 
 def test_modules_match_functional():
@@ -284,7 +274,7 @@ def test_modules_match_functional():
         module(x, w, xt, wt, t),
         fused.linear_distillation_loss(x, w, xt, wt, t, divergence="reverse_kl", temperature=2.0),
     )
-    with raises("fused.nn.FusedLinearDistillationLoss: divergence must be"):
+    with h.raises("fused.nn.FusedLinearDistillationLoss: divergence must be"):
         fused.nn.FusedLinearDistillationLoss(divergence="kl")
 
 
@@ -293,81 +283,244 @@ def test_errors_name_op_and_argument():
     xt, wt, _ = head((4,), 6, seed=3)
     t = torch.tensor([0, 1, 2, 3])
     lp, kd = "fused.linear_log_probs", "fused.linear_distillation_loss"
-    with raises(f"{lp}: temperature must be > 0"):
+    with h.raises(f"{lp}: temperature must be > 0"):
         fused.linear_log_probs(x, w, t, temperature=0.0)
-    with raises(f"{lp}: linear_weight has in_features"):
+    with h.raises(f"{lp}: linear_weight has in_features"):
         fused.linear_log_probs(x, w[:, :5], t)
-    with raises(f"{lp}: target must hold"):
+    with h.raises(f"{lp}: target must hold"):
         fused.linear_log_probs(x, w, t.float())
     with pytest.raises(IndexError, match=f"{lp}: target {V} is out of bounds"):
         fused.linear_log_probs(x, w, torch.tensor([0, V, 1, 2]))
-    with raises(f"{kd}: divergence must be"):
+    with h.raises(f"{kd}: divergence must be"):
         fused.linear_distillation_loss(x, w, xt, wt, divergence="kl")
-    with raises(f"{kd}: beta must be in"):
+    with h.raises(f"{kd}: beta must be in"):
         fused.linear_distillation_loss(x, w, xt, wt, beta=1.5)
-    with raises(f"{kd}: reduction must be"):
+    with h.raises(f"{kd}: reduction must be"):
         fused.linear_distillation_loss(x, w, xt, wt, reduction="avg")
-    with raises(f"{kd}: teacher_weight must have the vocabulary"):
+    with h.raises(f"{kd}: teacher_weight must have the vocabulary"):
         fused.linear_distillation_loss(x, w, xt, wt[:7])
-    with raises(f"{kd}: teacher_input must have the tokens"):
+    with h.raises(f"{kd}: teacher_input must have the tokens"):
         fused.linear_distillation_loss(x, w, xt[:3], wt)
-    with raises(f"{kd}: student_bias must be 1-D"):
+    with h.raises(f"{kd}: student_bias must be 1-D"):
         fused.linear_distillation_loss(x, w, xt, wt, student_bias=b[:5])
-    with raises(f"{kd}: teacher_weight has dtype"):
+    with h.raises(f"{kd}: teacher_weight has dtype"):
         fused.linear_distillation_loss(x, w, xt, wt.double())
     for device in ("cpu", "meta"):  # the C++ kernel and the fake kernel
         logits = torch.zeros(4, V, device=device)
-        with raises("fused.log_prob_rows: scale must be"):
+        with h.raises("fused.log_prob_rows: scale must be"):
             torch.ops.fused.log_prob_rows(logits, t.to(device), torch.zeros(4, device=device), logits, -100, 1.0)
-        with raises("fused.distillation_rows: teacher_logits must have the shape"):
+        with h.raises("fused.distillation_rows: teacher_logits must have the shape"):
             torch.ops.fused.distillation_rows(
                 logits, logits[:2], None, torch.ones((), device=device), logits, "jsd", 0.5, 1.0, -100
             )
-        with raises("fused.distillation_rows: divergence must be"):
+        with h.raises("fused.distillation_rows: divergence must be"):
             torch.ops.fused.distillation_rows(
                 logits, logits, None, torch.ones((), device=device), logits, "kl", 0.5, 1.0, -100
             )
 
 
 # ---- the Triton row kernels under the interpreter, against the CPU kernels ----
-@requires_triton
+@h.requires_triton
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
-@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("dtype", h.ALL_DTYPES)
 def test_triton_rows_match_cpu_kernels(dtype):
     from fused.loss import triton_logprob as tk
 
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    logits, teacher = make((6, 300), dtype, low=-6, high=6, seed=1), make((6, 300), dtype, low=-6, high=6, seed=2)
+    logits, teacher = h.make((6, 300), dtype, low=-6, high=6, seed=1), h.make((6, 300), dtype, low=-6, high=6, seed=2)
     t = torch.tensor([0, -100, 299, 17, 150, 3])
-    scale = make((6, 2), acc, low=-2, high=2, seed=3)
+    scale = h.make((6, 2), acc, low=-2, high=2, seed=3)
     for temperature in (1.0, 0.7):
         want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
         want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, temperature)
         got = tk.log_prob_rows(logits, t, scale, got_grad, -100, temperature)
         for a, e in zip((*got, got_grad), (*want, want_grad)):
-            assert_close(a, e, scale=4)
+            h.assert_close(a, e, scale=4)
     for divergence in ("forward_kl", "reverse_kl", "jsd"):
         for beta, target, row_scale in ((0.3, t, scale[:, 0]), (1.0, None, scale[0, 0])):
             args = (target, row_scale)
             want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
             want = torch.ops.fused.distillation_rows(logits, teacher, *args, want_grad, divergence, beta, 1.5, -100)
             got = tk.distillation_rows(logits, teacher, *args, got_grad, divergence, beta, 1.5, -100)
-            assert_close(got, want, scale=4)
-            assert_close(got_grad, want_grad, scale=4)
+            h.assert_close(got, want, scale=4)
+            h.assert_close(got_grad, want_grad, scale=4)
     in_place = logits.clone()  # the gradient written over the logits, as the chunked driver does
     tk.distillation_rows(in_place, teacher, t, scale[:, 0], in_place, "reverse_kl", 0.5, 1.0, -100)
     torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
-    assert_close(in_place, want_grad, scale=4)
+    h.assert_close(in_place, want_grad, scale=4)
 
 
-@requires_triton
+@h.requires_triton
 def test_triton_kernels_compile_for_sm90():
     """Both row kernels build for sm_90 through their launchers (tests/triton_sm90.py: a stand-in sm_90 driver,
     compile only) in float32, bfloat16 and float64, with and without gradient and target; their temperature
     divisions correctly rounded (div.rn), none approximate."""
     import re
 
-    stdout = compile_for_sm90(["logprob"])
+    stdout = h.compile_for_sm90(["logprob"])
     for kernel, variants in (("_log_prob_rows_kernel", 3), ("_distillation_rows_kernel", 6)):
         stats = re.search(rf"compiled {kernel}: (\d+) variants, .* div.rn.f32 (\d+), div.full.f32 (\d+)", stdout)
         assert stats and int(stats[1]) == variants and int(stats[2]) > 0 and int(stats[3]) == 0, stdout
+
+
+# ---- the CUDA C++ row kernels, run on the CPU by the host emulation of CUDA (tests/cuda_emulation.py) ----
+requires_emulation = pytest.mark.skipif(
+    cuda_emulation.unavailable() is not None, reason=str(cuda_emulation.unavailable())
+)
+
+
+def _math(t):
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def emu_log_prob_rows(emu, logits, target, scale, grad, ignore_index, temperature):
+    """fused::log_prob_rows' CUDA launcher as the binding calls it, with the op's arguments: logits and grad (None:
+    no gradient; it may be logits) guarded buffers (tests/test_cuda_emulation.py's buf): (logp, entropy)."""
+    rows, V = logits.shape
+    logp, entropy = out((rows,), _math(logits)), out((rows,), _math(logits))
+    launch(
+        emu.log_prob_rows,
+        cuda_emulation.code(logits.dtype),
+        logits,
+        V,
+        grad,
+        V if grad is not None else 0,
+        buf(target),
+        buf(scale),
+        logp,
+        entropy,
+        rows,
+        V,
+        ignore_index,
+        temperature,
+    )
+    return logp, entropy
+
+
+def emu_distillation_rows(emu, logits, teacher, target, scale, grad, divergence, beta, temperature, ignore_index):
+    """fused::distillation_rows' CUDA launcher, as emu_log_prob_rows: the loss per row."""
+    rows, V = logits.shape
+    loss = out((rows,), _math(logits))
+    launch(
+        emu.distillation_rows,
+        cuda_emulation.code(logits.dtype),
+        logits,
+        V,
+        buf(teacher),
+        V,
+        grad,
+        V if grad is not None else 0,
+        None if target is None else buf(target),
+        buf(scale),
+        1 if scale.dim() == 1 else 0,
+        loss,
+        rows,
+        V,
+        ignore_index,
+        ("forward_kl", "reverse_kl", "jsd").index(divergence),
+        beta,
+        temperature,
+    )
+    return loss
+
+
+def identity_head(logits):
+    """(input, weight) whose linear layer gives logits exactly: the reference's formulas on given logits."""
+    return logits, torch.eye(logits.shape[-1], dtype=logits.dtype)
+
+
+def log_prob_rows64(logits, target, scale, ignore_index, temperature):
+    """fused::log_prob_rows in float64 from the reference: (logp, entropy, gradient of the scaled sum)."""
+    z = logits.double().requires_grad_()
+    logp, entropy = ref.linear_log_probs(
+        *identity_head(z), target, temperature=temperature, ignore_index=ignore_index, return_entropy=True
+    )
+    s = scale.double()
+    return logp, entropy, torch.autograd.grad((s[:, 0] * logp + s[:, 1] * entropy).sum(), z)[0]
+
+
+def distillation_rows64(logits, teacher, target, scale, divergence, beta, temperature, ignore_index):
+    """fused::distillation_rows in float64 from the reference: (loss per row, gradient of the scaled sum)."""
+    z = logits.double().requires_grad_()
+    kw = dict(divergence=divergence, beta=beta, temperature=temperature, ignore_index=ignore_index)
+    loss = ref.linear_distillation_loss(
+        *identity_head(z), *identity_head(teacher.double()), target, **kw, reduction="none"
+    )
+    return loss, torch.autograd.grad((scale.double() * loss).sum(), z)[0]
+
+
+def check_emulated(got, cpu, ref64):
+    """The emulated CUDA kernel's outputs against the CPU kernel's (parity) and against float64: no further off
+    than the CPU kernel (x2)."""
+    for g, c, r in zip(got, cpu, ref64):
+        h.assert_close(g, c, scale=4)
+        h.assert_accuracy(g, c, r)
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", h.ALL_DTYPES)
+@pytest.mark.parametrize("V, temperature", [(1, 1.0), (131, 0.7), (1300, 1.0)])  # 1300: 2-3 columns per thread
+def test_cuda_emulation_log_prob_rows(emu, dtype, V, temperature):
+    """The CUDA log-prob row kernel (one block per row, per-thread online max / sums, fixed-tree combine): log-probs,
+    entropy and gradient against the CPU kernel and float64, with ignored rows, per-row upstream gradients, the
+    gradient in its own buffer, over the logits, and none; every buffer between NaN guards."""
+    acc = _math(torch.empty(0, dtype=dtype))
+    logits = h.make((5, V), dtype, low=-6, high=6, seed=1)
+    t = torch.tensor([0, V - 1, -100, V // 2, -100])
+    scale = h.make((5, 2), acc, low=-2, high=2, seed=2)
+    want_grad = torch.empty_like(logits)
+    want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, temperature)
+    logp64, entropy64, grad64 = log_prob_rows64(logits, t, scale, -100, temperature)
+    grad = buf(torch.zeros_like(logits))
+    got = emu_log_prob_rows(emu, buf(logits), t, scale, grad, -100, temperature)
+    check_emulated((*got, grad), (*want, want_grad), (logp64, entropy64, grad64))
+    in_place = buf(logits)
+    emu_log_prob_rows(emu, in_place, t, scale, in_place, -100, temperature)
+    h.assert_close(in_place, want_grad, scale=4)
+    for a, e in zip(emu_log_prob_rows(emu, buf(logits), t, scale, None, -100, temperature), want):
+        h.assert_close(a, e, scale=4)
+
+
+DIVERGENCE_CASES = [("forward_kl", 0.5), ("reverse_kl", 0.5), ("jsd", 0.0), ("jsd", 0.3), ("jsd", 1.0)]
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", h.ALL_DTYPES)
+@pytest.mark.parametrize("divergence, beta", DIVERGENCE_CASES)
+def test_cuda_emulation_distillation_rows(emu, dtype, divergence, beta):
+    """The CUDA distillation row kernel: the divergence per row and the student's gradient against the CPU kernel
+    and float64, for every divergence and JSD's beta at 0, 1 (0 and no gradient) and between, at a temperature, with
+    ignored rows and per-row scales; the gradient in its own buffer and over the logits."""
+    acc = _math(torch.empty(0, dtype=dtype))
+    logits, teacher = h.make((5, 131), dtype, low=-6, high=6, seed=1), h.make((5, 131), dtype, low=-6, high=6, seed=2)
+    t = torch.tensor([3, -100, 7, 0, -100])
+    scale = h.make((5,), acc, low=0.5, high=2, seed=3)
+    args = (t, scale)
+    options = (divergence, beta, 0.7, -100)
+    want_grad = torch.empty_like(logits)
+    want = torch.ops.fused.distillation_rows(logits, teacher, *args, want_grad, *options)
+    ref64 = distillation_rows64(logits, teacher, *args, *options)
+    grad = buf(torch.zeros_like(logits))
+    got = emu_distillation_rows(emu, buf(logits), teacher, *args, grad, *options)
+    check_emulated((got, grad), (want, want_grad), ref64)
+    in_place = buf(logits)
+    emu_distillation_rows(emu, in_place, teacher, *args, in_place, *options)
+    h.assert_close(in_place, want_grad, scale=4)
+
+
+@requires_emulation
+@pytest.mark.parametrize("V", [1, 1300])
+def test_cuda_emulation_distillation_rows_shapes(emu, V):
+    """One class (every divergence 0, no gradient) and rows of 2-3 columns per thread; no target (every row counts),
+    one scale for all rows, and no gradient."""
+    logits, teacher = h.make((3, V), low=-6, high=6, seed=4), h.make((3, V), low=-6, high=6, seed=5)
+    scale = torch.tensor(0.5)
+    for divergence, beta in DIVERGENCE_CASES:
+        options = (divergence, beta, 1.0, -100)
+        want_grad = torch.empty_like(logits)
+        want = torch.ops.fused.distillation_rows(logits, teacher, None, scale, want_grad, *options)
+        loss64, grad64 = distillation_rows64(logits, teacher, None, scale, *options)
+        grad = buf(torch.zeros_like(logits))
+        got = emu_distillation_rows(emu, buf(logits), teacher, None, scale, grad, *options)
+        check_emulated((got, grad), (want, want_grad), (loss64, grad64))
+        h.assert_close(emu_distillation_rows(emu, buf(logits), teacher, None, scale, None, *options), want, scale=4)

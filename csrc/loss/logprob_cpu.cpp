@@ -17,21 +17,19 @@
 namespace fused {
 namespace {
 
-template <typename M> inline Vec<M> vadd(Vec<M> a, Vec<M> b) { return a + b; }
-
 // sum_c exp(z_c - m) and sum_c exp(z_c - m) (z_c - m).
 template <typename M> void softmax_sums(const M* z, int64_t n, M m, double& sum_exp, double& sum_ez) {
   const Vec<M> vm(m);
   sum_exp = sum_ez = 0.0;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t len = std::min(kBlock, n - i);
-    sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, vadd<M>, z + i, len);
+    sum_exp += at::vec::map_reduce_all<M>([&](Vec<M> v) { return (v - vm).exp(); }, loss::vadd<M>, z + i, len);
     sum_ez += at::vec::map_reduce_all<M>(
         [&](Vec<M> v) {
           const Vec<M> d = v - vm;
           return d.exp() * d;
         },
-        vadd<M>, z + i, len);
+        loss::vadd<M>, z + i, len);
   }
 }
 
@@ -44,172 +42,121 @@ template <typename M> void to_log_probs(M* z, int64_t n) {
   vec_map(z, n, [&](Vec<M> v) { return (v - vm) - vlog_s; });
 }
 
-template <typename scalar_t> void zero_row(scalar_t* row, int64_t n) {
-  if (row) std::fill(row, row + n, scalar_t(0));
-}
-
-template <typename scalar_t> struct RowGrad {
-  scalar_t* grad;
-  int64_t ldg;
-  scalar_t* row(int64_t r) const { return grad ? grad + r * ldg : nullptr; }
-};
-
 template <typename scalar_t>
-void log_prob_rows_kernel(const scalar_t* logits, int64_t ld, RowGrad<scalar_t> grad, const int64_t* target,
+void log_prob_rows_kernel(const scalar_t* logits, int64_t ld, loss::RowGrad<scalar_t> grad, const int64_t* target,
                           const at::opmath_type<scalar_t>* scale, int64_t rows, int64_t V, int64_t ignore_index,
                           at::opmath_type<scalar_t> temperature, at::opmath_type<scalar_t>* logp_out,
                           at::opmath_type<scalar_t>* entropy_out) {
   using M = at::opmath_type<scalar_t>;
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(V, 1));
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<M> zbuf(V);
-    M* z = zbuf.data();
-    M local[kBlock];
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = target[r];
-      scalar_t* grow = grad.row(r);
-      if (t == ignore_index) {
-        logp_out[r] = entropy_out[r] = M(0);
-        zero_row(grow, V);
-        continue;
-      }
-      loss::load_row(logits + r * ld, z, V, temperature);
-      const M m = loss::row_max(z, V);
-      double sum_exp, sum_ez;
-      softmax_sums(z, V, m, sum_exp, sum_ez);
-      const M log_s = static_cast<M>(std::log(sum_exp));
-      const M entropy = static_cast<M>(std::log(sum_exp) - sum_ez / sum_exp), logp_t = (z[t] - m) - log_s;
-      logp_out[r] = logp_t;
-      entropy_out[r] = entropy;
-      if (!grow) continue;
-      const M g_l = scale[2 * r] / temperature, g_h = scale[2 * r + 1] / temperature;
-      const Vec<M> vm(m), vlog_s(log_s), vg_l(g_l), vg_h(g_h), vh(entropy);
-      for (int64_t i = 0; i < V; i += kBlock) {
-        const int64_t len = std::min(kBlock, V - i);
-        M* out = work_buffer(grow + i, local);
-        vec_map_to(out, z + i, len, [&](Vec<M> v) { return loss::log_prob_grad((v - vm) - vlog_s, vg_l, vg_h, vh); });
-        store_block(out, grow + i, len);
-      }
-      grow[t] = static_cast<scalar_t>(
-          loss::log_prob_target_grad(logp_t, std::exp(logp_t), std::expm1(logp_t), g_l, g_h, entropy));
+  loss::for_each_row<M>(rows, V, V, int64_t(1) << 15, [&](int64_t r, M* z, M* local) {
+    const int64_t t = target[r];
+    scalar_t* grow = grad.row(r);
+    if (loss::ignored_row(t == ignore_index, grow, V, logp_out[r], entropy_out[r])) return;
+    loss::load_row(logits + r * ld, z, V, temperature);
+    const M m = loss::row_max(z, V);
+    double sum_exp, sum_ez;
+    softmax_sums(z, V, m, sum_exp, sum_ez);
+    const M log_s = static_cast<M>(std::log(sum_exp));
+    const M entropy = static_cast<M>(std::log(sum_exp) - sum_ez / sum_exp), logp_t = (z[t] - m) - log_s;
+    logp_out[r] = logp_t;
+    entropy_out[r] = entropy;
+    if (!grow) return;
+    const M g_l = scale[2 * r] / temperature, g_h = scale[2 * r + 1] / temperature;
+    const Vec<M> vm(m), vlog_s(log_s), vg_l(g_l), vg_h(g_h), vh(entropy);
+    for (int64_t i = 0; i < V; i += kBlock) {
+      const int64_t len = std::min(kBlock, V - i);
+      M* out = work_buffer(grow + i, local);
+      vec_map_to(out, z + i, len, [&](Vec<M> v) { return loss::log_prob_grad((v - vm) - vlog_s, vg_l, vg_h, vh); });
+      store_block(out, grow + i, len);
     }
+    grow[t] = static_cast<scalar_t>(
+        loss::log_prob_target_grad(logp_t, std::exp(logp_t), std::expm1(logp_t), g_l, g_h, entropy));
   });
 }
 
 template <loss::Divergence D, typename scalar_t>
 void distillation_rows_kernel(const scalar_t* student, const scalar_t* teacher, int64_t ld, int64_t ldt,
-                              RowGrad<scalar_t> grad, const int64_t* target, const at::opmath_type<scalar_t>* scale,
-                              int64_t scale_step, int64_t rows, int64_t V, int64_t ignore_index,
-                              at::opmath_type<scalar_t> temperature,
+                              loss::RowGrad<scalar_t> grad, const int64_t* target,
+                              const at::opmath_type<scalar_t>* scale, int64_t scale_step, int64_t rows, int64_t V,
+                              int64_t ignore_index, at::opmath_type<scalar_t> temperature,
                               const loss::JsdParams<at::opmath_type<scalar_t>>& j,
                               at::opmath_type<scalar_t>* loss_out) {
   using M = at::opmath_type<scalar_t>;
   // JSD with beta 0 or 1 compares a distribution with itself: 0, and no gradient.
   const bool trivial = D == loss::Divergence::JSD && (j.beta == M(0) || j.one_minus_beta == M(0));
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(V, 1));
   const Vec<M> vb(j.beta), vomb(j.one_minus_beta), vlb(j.log_beta), vlomb(j.log_one_minus_beta);
   const loss::JsdParams<Vec<M>> vj{vb, vomb, vlb, vlomb};
-  at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
-    std::vector<M> buf(2 * V);
-    M *ls = buf.data(), *lt = ls + V;
-    M local[kBlock];
-    for (int64_t r = r0; r < r1; ++r) {
-      scalar_t* grow = grad.row(r);
-      if (trivial || (target && target[r] == ignore_index)) {
-        loss_out[r] = M(0);
-        zero_row(grow, V);
-        continue;
-      }
-      loss::load_row(student + r * ld, ls, V, temperature);
-      loss::load_row(teacher + r * ldt, lt, V, temperature);
-      to_log_probs(ls, V);
-      to_log_probs(lt, V);
-      double sum_t = 0.0, sum_s = 0.0;
-      for (int64_t i = 0; i < V; i += kBlock) {
-        const int64_t len = std::min(kBlock, V - i);
-        auto point = [&](Vec<M> s, Vec<M> t) { return loss::divergence_point<D>(s, t, vj); };
-        sum_t += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return t.exp() * (t - point(s, t)); }, vadd<M>,
-                                             ls + i, lt + i, len);
-        sum_s += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return s.exp() * (s - point(s, t)); }, vadd<M>,
-                                             ls + i, lt + i, len);
-      }
-      loss_out[r] = loss::divergence_loss<D>(static_cast<M>(sum_t), static_cast<M>(sum_s), j);
-      if (!grow) continue;
-      const Vec<M> coef(scale[r * scale_step] / temperature), vsum_s(static_cast<M>(sum_s));
-      for (int64_t i = 0; i < V; i += kBlock) {
-        const int64_t len = std::min(kBlock, V - i);
-        M* out = work_buffer(grow + i, local);
-        vec_map2_to(out, ls + i, lt + i, len, [&](Vec<M> s, Vec<M> t) {
-          return coef * loss::divergence_grad<D>(s, t, loss::divergence_point<D>(s, t, vj), vsum_s, vj);
-        });
-        store_block(out, grow + i, len);
-      }
+  loss::for_each_row<M>(rows, V, 2 * V, int64_t(1) << 14, [&](int64_t r, M* ls, M* local) {
+    M* lt = ls + V;
+    scalar_t* grow = grad.row(r);
+    if (loss::ignored_row(trivial || (target && target[r] == ignore_index), grow, V, loss_out[r])) return;
+    loss::load_row(student + r * ld, ls, V, temperature);
+    loss::load_row(teacher + r * ldt, lt, V, temperature);
+    to_log_probs(ls, V);
+    to_log_probs(lt, V);
+    double sum_t = 0.0, sum_s = 0.0;
+    for (int64_t i = 0; i < V; i += kBlock) {
+      const int64_t len = std::min(kBlock, V - i);
+      auto point = [&](Vec<M> s, Vec<M> t) { return loss::divergence_point<D>(s, t, vj); };
+      sum_t += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return t.exp() * (t - point(s, t)); },
+                                           loss::vadd<M>, ls + i, lt + i, len);
+      sum_s += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return s.exp() * (s - point(s, t)); },
+                                           loss::vadd<M>, ls + i, lt + i, len);
+    }
+    loss_out[r] = loss::divergence_loss<D>(static_cast<M>(sum_t), static_cast<M>(sum_s), j);
+    if (!grow) return;
+    const Vec<M> coef(scale[r * scale_step] / temperature), vsum_s(static_cast<M>(sum_s));
+    for (int64_t i = 0; i < V; i += kBlock) {
+      const int64_t len = std::min(kBlock, V - i);
+      M* out = work_buffer(grow + i, local);
+      vec_map2_to(out, ls + i, lt + i, len, [&](Vec<M> s, Vec<M> t) {
+        return coef * loss::divergence_grad<D>(s, t, loss::divergence_point<D>(s, t, vj), vsum_s, vj);
+      });
+      store_block(out, grow + i, len);
     }
   });
 }
 
-at::Tensor columns_contiguous(const at::Tensor& t) { return t.size(1) <= 1 || t.stride(1) == 1 ? t : t.contiguous(); }
-
-std::tuple<at::Tensor, at::Tensor> log_prob_rows_cpu(const at::Tensor& logits_in, const at::Tensor& target_in,
-                                                     const at::Tensor& scale_in, const at::Tensor& grad,
-                                                     int64_t ignore_index, double temperature) {
-  const char* op = "log_prob_rows";
-  check_log_prob_rows(op, logits_in, target_in, scale_in, grad, temperature);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  const at::Tensor logits = columns_contiguous(logits_in);
-  const at::Tensor target = target_in.contiguous(), scale = scale_in.contiguous();
-  check_target_range(op, target, V, ignore_index);
-  const auto math_opts = logits.options().dtype(loss_math_dtype(logits));
-  at::Tensor logp = at::empty({rows}, math_opts), entropy = at::empty({rows}, math_opts);
-  if (rows == 0) return {logp, entropy};
-  FUSED_DISPATCH_FLOATING(logits.scalar_type(), "log_prob_rows", [&] {
+void log_prob_rows_cpu(const char* op, const LogProbRows& in, const at::Tensor& grad, int64_t ignore_index,
+                       double temperature) {
+  const int64_t rows = in.logits.size(0), V = in.logits.size(1);
+  check_target_range(op, in.target, V, ignore_index);
+  if (rows == 0) return;
+  FUSED_DISPATCH_FLOATING(in.logits.scalar_type(), "log_prob_rows", [&] {
     using M = at::opmath_type<scalar_t>;
-    const RowGrad<scalar_t> g{grad.numel() ? grad.data_ptr<scalar_t>() : nullptr, grad.numel() ? grad.stride(0) : 0};
-    log_prob_rows_kernel<scalar_t>(logits.data_ptr<scalar_t>(), logits.stride(0), g, target.data_ptr<int64_t>(),
-                                   scale.data_ptr<M>(), rows, V, ignore_index, static_cast<M>(temperature),
-                                   logp.data_ptr<M>(), entropy.data_ptr<M>());
+    log_prob_rows_kernel<scalar_t>(in.logits.data_ptr<scalar_t>(), in.logits.stride(0), loss::row_grad<scalar_t>(grad),
+                                   in.target.data_ptr<int64_t>(), in.scale.data_ptr<M>(), rows, V, ignore_index,
+                                   static_cast<M>(temperature), in.logp.data_ptr<M>(), in.entropy.data_ptr<M>());
   });
-  return {logp, entropy};
 }
 
-at::Tensor distillation_rows_cpu(const at::Tensor& logits_in, const at::Tensor& teacher_in,
-                                 const std::optional<at::Tensor>& target_in, const at::Tensor& scale_in,
-                                 const at::Tensor& grad, c10::string_view divergence, double beta, double temperature,
-                                 int64_t ignore_index) {
-  const char* op = "distillation_rows";
-  const loss::Divergence d =
-      check_distillation_rows(op, logits_in, teacher_in, target_in, scale_in, grad, divergence, beta, temperature);
-  const int64_t rows = logits_in.size(0), V = logits_in.size(1);
-  const at::Tensor logits = columns_contiguous(logits_in), teacher = columns_contiguous(teacher_in);
-  const at::Tensor scale = scale_in.contiguous();
-  const std::optional<at::Tensor> target =
-      target_in ? std::optional<at::Tensor>(target_in->contiguous()) : std::nullopt;
-  at::Tensor loss = at::empty({rows}, logits.options().dtype(loss_math_dtype(logits)));
-  if (rows == 0) return loss;
+void distillation_rows_cpu(const char* op, const DistillationRows& in, const at::Tensor& grad, double beta,
+                           double temperature, int64_t ignore_index) {
+  const at::Tensor &logits = in.logits, &teacher = in.teacher, &scale = in.scale;
+  const int64_t rows = logits.size(0), V = logits.size(1);
+  if (rows == 0) return;
   FUSED_DISPATCH_FLOATING(logits.scalar_type(), "distillation_rows", [&] {
     using M = at::opmath_type<scalar_t>;
     const loss::JsdParams<M> j{static_cast<M>(beta), static_cast<M>(1.0 - beta), static_cast<M>(std::log(beta)),
                                static_cast<M>(std::log1p(-beta))};
-    const RowGrad<scalar_t> g{grad.numel() ? grad.data_ptr<scalar_t>() : nullptr, grad.numel() ? grad.stride(0) : 0};
     auto run = [&](auto tag) {
       distillation_rows_kernel<decltype(tag)::value, scalar_t>(
-          logits.data_ptr<scalar_t>(), teacher.data_ptr<scalar_t>(), logits.stride(0), teacher.stride(0), g,
-          target ? target->data_ptr<int64_t>() : nullptr, scale.data_ptr<M>(), scale.dim() == 1 ? 1 : 0, rows, V,
-          ignore_index, static_cast<M>(temperature), j, loss.data_ptr<M>());
+          logits.data_ptr<scalar_t>(), teacher.data_ptr<scalar_t>(), logits.stride(0), teacher.stride(0),
+          loss::row_grad<scalar_t>(grad), in.target ? in.target->data_ptr<int64_t>() : nullptr, scale.data_ptr<M>(),
+          scale.dim() == 1 ? 1 : 0, rows, V, ignore_index, static_cast<M>(temperature), j, in.loss.data_ptr<M>());
     };
     using loss::Divergence;
-    if (d == Divergence::ForwardKL) run(std::integral_constant<Divergence, Divergence::ForwardKL>());
-    else if (d == Divergence::ReverseKL) run(std::integral_constant<Divergence, Divergence::ReverseKL>());
+    if (in.divergence == Divergence::ForwardKL) run(std::integral_constant<Divergence, Divergence::ForwardKL>());
+    else if (in.divergence == Divergence::ReverseKL) run(std::integral_constant<Divergence, Divergence::ReverseKL>());
     else run(std::integral_constant<Divergence, Divergence::JSD>());
   });
-  return loss;
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(fused, CPU, m) {
-  m.impl("log_prob_rows", &log_prob_rows_cpu);
-  m.impl("distillation_rows", &distillation_rows_cpu);
+  m.impl("log_prob_rows", &log_prob_rows_op<log_prob_rows_cpu>);
+  m.impl("distillation_rows", &distillation_rows_op<distillation_rows_cpu>);
 }
 
 }  // namespace fused

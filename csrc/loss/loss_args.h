@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "common/checks.h"
 #include "loss/logprob_math.h"
@@ -74,6 +75,25 @@ inline CrossEntropyRows cross_entropy_rows_inputs(const char* op, const at::Tens
           weight ? std::optional<at::Tensor>(weight->contiguous()) : std::nullopt,
           at::empty({rows}, math_opts),
           at::empty({rows}, math_opts)};
+}
+
+// A backend of fused::cross_entropy_rows: fills in.loss and in.lse (and grad when it is not empty).
+using CrossEntropyRowsRun = void (*)(const char* op, const CrossEntropyRows& in, const at::Tensor& grad,
+                                     int64_t ignore_index, double label_smoothing, double z_loss, double softcap);
+
+// fused::cross_entropy_rows with the schema's arguments on the backend Run (the CPU kernel, the CUDA binding): the
+// checks and inputs of cross_entropy_rows_inputs first, on every backend.
+template <CrossEntropyRowsRun Run>
+std::tuple<at::Tensor, at::Tensor> cross_entropy_rows_op(const at::Tensor& logits, const at::Tensor& target,
+                                                         const std::optional<at::Tensor>& weight,
+                                                         const at::Tensor& scale, const at::Tensor& grad,
+                                                         int64_t ignore_index, double label_smoothing, double z_loss,
+                                                         double softcap) {
+  const char* op = "cross_entropy_rows";
+  const CrossEntropyRows in =
+      cross_entropy_rows_inputs(op, logits, target, weight, scale, grad, label_smoothing, softcap);
+  Run(op, in, grad, ignore_index, label_smoothing, z_loss, softcap);
+  return {in.loss, in.lse};
 }
 
 // target: int64 of shape [rows] on logits' device (every row kernel's).
@@ -152,6 +172,68 @@ inline loss::Divergence check_distillation_rows(const char* op, const at::Tensor
   TORCH_CHECK(beta >= 0.0 && beta <= 1.0, "fused.", op, ": beta must be in [0, 1], got ", beta);
   check_temperature(op, temperature);
   return parse_divergence(op, divergence);
+}
+
+// logits with unit column stride (a copy otherwise: never the case for the in-place use).
+inline at::Tensor columns_contiguous(const at::Tensor& t) {
+  return t.size(1) <= 1 || t.stride(1) == 1 ? t : t.contiguous();
+}
+
+inline at::Tensor row_output(const at::Tensor& logits) {
+  return at::empty({logits.size(0)}, logits.options().dtype(loss_math_dtype(logits)));
+}
+
+// fused::log_prob_rows' tensors as both kernels read them (checked), and the outputs.
+struct LogProbRows {
+  at::Tensor logits, target, scale, logp, entropy;
+};
+
+// A backend of fused::log_prob_rows: fills in.logp and in.entropy (and grad when it is not empty).
+using LogProbRowsRun = void (*)(const char* op, const LogProbRows& in, const at::Tensor& grad, int64_t ignore_index,
+                                double temperature);
+
+// fused::log_prob_rows with the schema's arguments on the backend Run, after the checks.
+template <LogProbRowsRun Run>
+std::tuple<at::Tensor, at::Tensor> log_prob_rows_op(const at::Tensor& logits, const at::Tensor& target,
+                                                    const at::Tensor& scale, const at::Tensor& grad,
+                                                    int64_t ignore_index, double temperature) {
+  const char* op = "log_prob_rows";
+  check_log_prob_rows(op, logits, target, scale, grad, temperature);
+  const LogProbRows in{columns_contiguous(logits), target.contiguous(), scale.contiguous(), row_output(logits),
+                       row_output(logits)};
+  Run(op, in, grad, ignore_index, temperature);
+  return {in.logp, in.entropy};
+}
+
+// fused::distillation_rows' tensors as both kernels read them (checked), the divergence, and the output.
+struct DistillationRows {
+  at::Tensor logits, teacher, scale;
+  std::optional<at::Tensor> target;
+  loss::Divergence divergence;
+  at::Tensor loss;
+};
+
+// A backend of fused::distillation_rows: fills in.loss (and grad when it is not empty).
+using DistillationRowsRun = void (*)(const char* op, const DistillationRows& in, const at::Tensor& grad, double beta,
+                                     double temperature, int64_t ignore_index);
+
+// fused::distillation_rows with the schema's arguments on the backend Run, after the checks.
+template <DistillationRowsRun Run>
+at::Tensor distillation_rows_op(const at::Tensor& logits, const at::Tensor& teacher,
+                                const std::optional<at::Tensor>& target, const at::Tensor& scale,
+                                const at::Tensor& grad, c10::string_view divergence, double beta, double temperature,
+                                int64_t ignore_index) {
+  const char* op = "distillation_rows";
+  const loss::Divergence d =
+      check_distillation_rows(op, logits, teacher, target, scale, grad, divergence, beta, temperature);
+  const DistillationRows in{columns_contiguous(logits),
+                            columns_contiguous(teacher),
+                            scale.contiguous(),
+                            target ? std::optional<at::Tensor>(target->contiguous()) : std::nullopt,
+                            d,
+                            row_output(logits)};
+  Run(op, in, grad, beta, temperature, ignore_index);
+  return in.loss;
 }
 
 }  // namespace fused

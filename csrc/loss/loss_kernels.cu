@@ -11,16 +11,12 @@
 #include "common/scalar_math.h"
 #include "loss/loss_kernels.h"
 #include "loss/loss_math.h"
+#include "loss/rows_cuda.cuh"
 
 namespace fused {
 namespace cuda {
 namespace loss {
 namespace {
-
-constexpr int kThreads = 512;
-
-__device__ __forceinline__ float expm1_of(float x) { return expm1f(x); }
-__device__ __forceinline__ double expm1_of(double x) { return ::expm1(x); }
 
 template <typename M> __device__ __forceinline__ M capped(M x, M cap) {
   return cap != M(0) ? cap * p_tanh(x / cap) : x;
@@ -49,33 +45,24 @@ template <typename M> __device__ __forceinline__ void combine(Partial<M>& a, con
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kRowThreads)
     cross_entropy_rows_kernel(RowsArgs a, typename MathType<T>::type ls, typename MathType<T>::type eps,
                               typename MathType<T>::type z_loss, typename MathType<T>::type cap) {
   using M = typename MathType<T>::type;
-  __shared__ Partial<M> part[kThreads];
+  __shared__ Partial<M> part[kRowThreads];
   __shared__ M shared[5];  // m, log_s, coef_p, coef_w, target gradient
   const int tid = threadIdx.x;
   const int64_t row = blockIdx.x, V = a.V;
-  const T* x = static_cast<const T*>(a.logits) + row * a.ld;
-  T* grad = a.grad ? static_cast<T*>(a.grad) + row * a.ldg : nullptr;
+  const auto [x, grad, t, ignored, bad] = block_row<T>(a);
   const M* weight = static_cast<const M*>(a.weight);
   const M* scale = static_cast<const M*>(a.scale) + row * a.scale_ld;
   M* loss = static_cast<M*>(a.loss);
   M* lse = static_cast<M*>(a.lse);
-  int64_t t = a.target[row];
-  if (t == a.ignore_index) {
-    if (tid == 0) loss[row] = lse[row] = M(0);
-    if (grad)
-      for (int64_t c = tid; c < V; c += kThreads) grad[c] = from_math<T>(M(0));
-    return;
-  }
-  const bool bad = t < 0 || t >= V;
-  if (bad) t = 0;
+  if (skip_row(ignored, grad, V, row, loss, lse)) return;
   const bool smooth = ls != M(0);
   const M inf = M(INFINITY);
   Partial<M> p{-inf, M(0), M(0), M(0)};
-  for (int64_t c = tid; c < V; c += kThreads) {
+  for (int64_t c = tid; c < V; c += kRowThreads) {
     const M z = capped(to_math(x[c]), cap);
     const M w = weight ? weight[c] : M(1);
     if (z > p.m) {  // a new max: rescale what was summed so far
@@ -93,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   part[tid] = p;
   __syncthreads();
-  for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+  for (int stride = kRowThreads / 2; stride > 0; stride /= 2) {
     if (tid < stride) combine(part[tid], part[tid + stride]);
     __syncthreads();
   }
@@ -118,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
   if (!grad) return;
   __syncthreads();
   const M m = shared[0], log_s = shared[1], coef_p = shared[2], coef_w = shared[3], g_t = shared[4];
-  for (int64_t c = tid; c < V; c += kThreads) {
+  for (int64_t c = tid; c < V; c += kRowThreads) {
     const M z = capped(to_math(x[c]), cap);
     M g = c == t ? g_t : coef_p * p_exp((z - m) - log_s) - coef_w * (weight ? weight[c] : M(1));
     if (cap != M(0)) {
@@ -132,15 +119,12 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 cudaError_t cross_entropy_rows(DType dtype, const RowsArgs& args, cudaStream_t stream) {
-  if (args.rows == 0) return cudaSuccess;
-  if (args.rows > 0x7fffffff) return cudaErrorInvalidConfiguration;
-  return visit_dtype(dtype, [&](auto type) {
+  return launch_rows(dtype, args.rows, [&](auto type, unsigned blocks) {
     using T = typename decltype(type)::type;
     using M = typename MathType<T>::type;
-    FUSED_LAUNCH(static_cast<unsigned>(args.rows), kThreads, 0, stream, cross_entropy_rows_kernel<T>)(
+    FUSED_LAUNCH(blocks, kRowThreads, 0, stream, cross_entropy_rows_kernel<T>)(
         args, M(args.label_smoothing), M(args.label_smoothing / (args.V > 0 ? args.V : 1)), M(args.z_loss),
         M(args.softcap));
-    return cudaGetLastError();
   });
 }
 

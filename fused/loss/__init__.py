@@ -11,6 +11,18 @@ from fused.loss import log_probs as _log_probs  # noqa: F401  autograd and GPU r
 from fused.loss import ops as _ops  # noqa: F401
 
 
+def _cross_entropy_options(weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
+    """The keyword arguments linear_cross_entropy and cross_entropy share, by their schemas' names."""
+    return dict(
+        weight=weight,
+        reduction=reduction,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        z_loss=z_loss,
+        softcap=softcap,
+    )
+
+
 def linear_cross_entropy(
     input: torch.Tensor,
     linear_weight: torch.Tensor,
@@ -35,12 +47,7 @@ def linear_cross_entropy(
         linear_weight,
         target,
         linear_bias=linear_bias,
-        weight=weight,
-        reduction=reduction,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        z_loss=z_loss,
-        softcap=softcap,
+        **_cross_entropy_options(weight, reduction, ignore_index, label_smoothing, z_loss, softcap),
     )
 
 
@@ -59,14 +66,7 @@ def cross_entropy(
     softcap as in linear_cross_entropy: one pass reads the logits and writes their gradient (in forward when
     autograd will want it)."""
     return torch.ops.fused.cross_entropy(
-        logits,
-        target,
-        weight=weight,
-        reduction=reduction,
-        ignore_index=ignore_index,
-        label_smoothing=label_smoothing,
-        z_loss=z_loss,
-        softcap=softcap,
+        logits, target, **_cross_entropy_options(weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
     )
 
 

@@ -4,8 +4,11 @@ Per chunk: the logits GEMM into one reused buffer, a row kernel (the loss's own 
 per-row values and writes the gradient of the loss with respect to the logits over them, then the backward GEMMs
 (grad_input for the chunk's rows; grad_weight and grad_bias accumulated in the math dtype).
 
-Also here: the linear layer's argument checks, the autocast cast, and the autograd helpers of a loss whose forward
-computes its gradients ("mean" / "sum": the backward only scales them by grad_output, in place)."""
+Also here: the linear layer's argument checks, the autocast cast, the public composites' keyword arguments, and the
+autograd helpers of a loss whose forward computes its gradients ("mean" / "sum": the backward only scales them by
+grad_output, in place)."""
+
+import functools
 
 import torch
 
@@ -134,6 +137,20 @@ def register_kernels(**fns):
     """The internal ops' kernels on every device: ATen's GEMMs and the row kernel, routed per device."""
     for name, fn in fns.items():
         torch.library.impl(f"fused::{name}", "CompositeExplicitAutograd", plain(fn))
+
+
+@functools.cache
+def _keyword_defaults(op):
+    return tuple(
+        (a.name, a.default_value) for a in getattr(torch.ops.fused, op).default._schema.arguments if a.kwarg_only
+    )
+
+
+def keyword_options(op, options):
+    """fused::<op>'s keyword-only arguments in the schema's order, as a composite receives them in `options`: the
+    dispatcher leaves out those equal to their defaults, which come from the schema (the one place that names and
+    defaults them)."""
+    return tuple(options.get(name, default) for name, default in _keyword_defaults(op))
 
 
 def needs_grad(*tensors):

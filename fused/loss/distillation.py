@@ -11,7 +11,7 @@ from fused._backend import register_gpu
 from fused.loss import chunked
 from fused.loss.chunked import check_linear, math_dtype
 from fused.loss.log_probs import check_row_logits, check_row_target, check_temperature
-from fused.loss.ops import REDUCTIONS, check_target
+from fused.loss.ops import check_reduction, check_target
 
 OP = "linear_distillation_loss"
 DIVERGENCES = ("forward_kl", "reverse_kl", "jsd")
@@ -25,8 +25,7 @@ def check_options(op, divergence, beta, temperature, reduction):
     if not 0.0 <= beta <= 1.0:
         raise ValueError(f"fused.{op}: beta must be in [0, 1], got {beta}")
     check_temperature(op, temperature)
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"fused.{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+    check_reduction(op, reduction)
 
 
 def check_distillation(op, student_input, student_weight, teacher_input, teacher_weight, target, sb, tb):
@@ -177,21 +176,10 @@ torch.library.register_autograd("fused::linear_distillation_fwd", _backward, set
 
 
 # ---- the public composite ----
-def _linear_distillation_loss(
-    student_input,
-    student_weight,
-    teacher_input,
-    teacher_weight,
-    target=None,
-    *,
-    student_bias=None,
-    teacher_bias=None,
-    divergence="forward_kl",
-    beta=0.5,
-    temperature=1.0,
-    ignore_index=-100,
-    reduction="mean",
-):
+def _linear_distillation_loss(student_input, student_weight, teacher_input, teacher_weight, target=None, **options):
+    student_bias, teacher_bias, divergence, beta, temperature, ignore_index, reduction = chunked.keyword_options(
+        OP, options
+    )
     check_options(OP, divergence, beta, temperature, reduction)
     student_input, student_weight, student_bias = chunked.autocast_linear(student_input, student_weight, student_bias)
     teacher_input, teacher_weight, teacher_bias = chunked.autocast_linear(teacher_input, teacher_weight, teacher_bias)

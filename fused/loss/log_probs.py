@@ -131,9 +131,8 @@ torch.library.register_autograd("fused::linear_log_probs_fwd", _backward, setup_
 
 
 # ---- the public composite ----
-def _linear_log_probs(
-    input, linear_weight, target, *, linear_bias=None, temperature=1.0, ignore_index=-100, return_entropy=False
-):
+def _linear_log_probs(input, linear_weight, target, **options):
+    linear_bias, temperature, ignore_index, return_entropy = chunked.keyword_options(OP, options)
     check_temperature(OP, temperature)
     input, linear_weight, linear_bias = chunked.autocast_linear(input, linear_weight, linear_bias)
     check_linear_log_probs(OP, input, linear_weight, target, linear_bias)

@@ -20,9 +20,13 @@ REDUCTIONS = ("none", "mean", "sum")
 
 
 # ---- argument checks (public ops; the fake kernels and Triton launchers reuse them) ----
-def check_options(op, reduction, label_smoothing, z_loss, softcap):
+def check_reduction(op, reduction):
     if reduction not in REDUCTIONS:
         raise ValueError(f"fused.{op}: reduction must be 'none', 'mean' or 'sum', got {reduction!r}")
+
+
+def check_options(op, reduction, label_smoothing, z_loss, softcap):
+    check_reduction(op, reduction)
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"fused.{op}: label_smoothing must be in [0, 1], got {label_smoothing}")
     if not z_loss >= 0.0:
@@ -335,49 +339,36 @@ def _loss_dtype(loss, like):
     return loss if torch.is_autocast_enabled(like.device.type) else loss.to(like.dtype)
 
 
-def _linear_cross_entropy(
-    input,
-    linear_weight,
-    target,
-    *,
-    linear_bias=None,
-    weight=None,
-    reduction="mean",
-    ignore_index=-100,
-    label_smoothing=0.0,
-    z_loss=0.0,
-    softcap=None,
-):
-    op = "linear_cross_entropy"
-    ignore_index = -100 if ignore_index is None else ignore_index
+def _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap):
+    """The options, checked, as the internal ops take them: (reduction, ignore_index, label_smoothing, z_loss,
+    softcap), softcap 0 for none."""
     check_options(op, reduction, label_smoothing, z_loss, softcap)
+    return reduction, ignore_index, float(label_smoothing), float(z_loss), float(softcap or 0.0)
+
+
+def _linear_cross_entropy(input, linear_weight, target, **options):
+    op = "linear_cross_entropy"
+    linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss, softcap = chunked.keyword_options(
+        op, options
+    )
+    ignore_index = -100 if ignore_index is None else ignore_index
+    row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
     input, linear_weight, linear_bias = chunked.autocast_linear(input, linear_weight, linear_bias)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
     grads = chunked.needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
     loss = torch.ops.fused.linear_cross_entropy_fwd(
-        input.reshape(-1, input.shape[-1]),
-        linear_weight,
-        target,
-        linear_bias,
-        weight,
-        reduction,
-        ignore_index,
-        float(label_smoothing),
-        float(z_loss),
-        float(softcap or 0.0),
-        *grads,
+        input.reshape(-1, input.shape[-1]), linear_weight, target, linear_bias, weight, *row_options, *grads
     )[0]
     loss = _loss_dtype(loss, input)
     return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
-def _cross_entropy(
-    logits, target, *, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None
-):
+def _cross_entropy(logits, target, **options):
     op = "cross_entropy"
-    check_options(op, reduction, label_smoothing, z_loss, softcap)
+    weight, reduction, ignore_index, label_smoothing, z_loss, softcap = chunked.keyword_options(op, options)
+    row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
     check_logits(op, logits, target, weight)
     classes = logits.shape[min(1, logits.dim() - 1)]
     rows = logits.movedim(1, -1) if logits.dim() > 2 else logits  # (N, C, d1, ...): classes last (a copy)
@@ -387,17 +378,7 @@ def _cross_entropy(
     flat_target = target.reshape(-1).long()
     check_target_range(op, flat_target, classes, ignore_index)
     grad = chunked.needs_grad(logits)[0] and reduction != "none"
-    loss = torch.ops.fused.cross_entropy_fwd(
-        rows,
-        flat_target,
-        weight,
-        reduction,
-        ignore_index,
-        float(label_smoothing),
-        float(z_loss),
-        float(softcap or 0.0),
-        grad,
-    )[0]
+    loss = torch.ops.fused.cross_entropy_fwd(rows, flat_target, weight, *row_options, grad)[0]
     loss = _loss_dtype(loss, logits)
     return loss.view(target.shape) if reduction == "none" else loss
 

@@ -28,6 +28,34 @@ def _capped(x, softcap, CAP: tl.constexpr):
 
 
 @triton.jit
+def row_start(x_ptr, ld, g_ptr, ldg, t_ptr, ignore_index, V, BLOCK: tl.constexpr):
+    """This program's row: (row, x_row, g_row, cols0, ignored, t, bad). An out-of-range target t reads as 0 with bad
+    set, and the row gets NaN (loss and gradient) instead of a read out of bounds; the launcher reports it on the
+    CPU, a GPU goes on without a sync."""
+    row = tl.program_id(0).to(tl.int64)
+    t = tl.load(t_ptr + row)
+    bad = (t < 0) | (t >= V)
+    return row, x_ptr + row * ld, g_ptr + row * ldg, tl.arange(0, BLOCK), t == ignore_index, tl.where(bad, 0, t), bad
+
+
+@triton.jit
+def zero_row(g_row, V, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
+    """The gradient of an ignored row."""
+    for start in range(0, V, BLOCK):
+        cols = start + cols0
+        tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_row.dtype.element_ty), mask=cols < V)
+
+
+@triton.jit
+def ignored_row(out_a, out_b, g_row, V, cols0, GRAD: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr):
+    """An ignored row: its two outputs 0 and, when a gradient is asked for, its gradient zero."""
+    tl.store(out_a, tl.zeros((), MATH))
+    tl.store(out_b, tl.zeros((), MATH))
+    if GRAD:
+        zero_row(g_row, V, cols0, MATH, BLOCK)
+
+
+@triton.jit
 def _cross_entropy_rows_kernel(
     x_ptr,
     ld,
@@ -53,23 +81,10 @@ def _cross_entropy_rows_kernel(
     MATH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    t = tl.load(t_ptr + row)
-    x_row = x_ptr + row * ld
-    g_row = g_ptr + row * ldg
-    cols0 = tl.arange(0, BLOCK)
-    if t == ignore_index:
-        tl.store(loss_ptr + row, tl.zeros((), MATH))
-        tl.store(lse_ptr + row, tl.zeros((), MATH))
-        if GRAD:
-            for start in range(0, V, BLOCK):
-                cols = start + cols0
-                tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_ptr.dtype.element_ty), mask=cols < V)
+    row, x_row, g_row, cols0, ignored, t, bad = row_start(x_ptr, ld, g_ptr, ldg, t_ptr, ignore_index, V, BLOCK)
+    if ignored:
+        ignored_row(loss_ptr + row, lse_ptr + row, g_row, V, cols0, GRAD, MATH, BLOCK)
         return
-    # An out-of-range target gets NaN (loss and gradient) instead of a read out of bounds; the launcher reports
-    # it on the CPU, a GPU goes on without a sync.
-    bad = (t < 0) | (t >= V)
-    t = tl.where(bad, 0, t)
     ls = scalar_in(label_smoothing, MATH)
     weight_sum = tl.full((), V, MATH)
     if HAS_WEIGHT:
@@ -143,6 +158,29 @@ def _cross_entropy_rows_kernel(
             tl.store(g_row + cols, to_out(g, g_ptr.dtype.element_ty), mask=mask)
 
 
+def launch_rows(kernel, logits, grad, *args, **constexprs):
+    """kernel, one program a row of logits (none when there are no rows), with the row kernels' first arguments
+    (the logits and their row stride, the gradient, or the logits as a stand-in when none is asked for, and its row
+    stride), then args, and with their launch keywords (GRAD, MATH, BLOCK, num_warps) after constexprs."""
+    rows, V = logits.shape
+    if rows == 0:
+        return
+    has_grad = grad.numel() > 0
+    block = min(BLOCK, triton.next_power_of_2(max(V, 1)))
+    kernel[(rows,)](
+        logits,
+        logits.stride(0),
+        grad if has_grad else logits,
+        grad.stride(0) if has_grad else 0,
+        *args,
+        **constexprs,
+        GRAD=has_grad,
+        MATH=math_dtype(logits),
+        BLOCK=block,
+        num_warps=8,
+    )
+
+
 def row_outputs(op, logits, target, ignore_index):
     """The row kernels' common start: logits with unit column stride, two per-row outputs in the math dtype, and
     the target range checked where that needs no sync (CPU)."""
@@ -161,15 +199,11 @@ def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_
     """(loss, lse) per row, and the gradient into grad when it is not empty: fused::cross_entropy_rows."""
     check_rows("cross_entropy_rows", logits, target, weight, scale, grad, label_smoothing, softcap)
     logits, (loss, lse) = row_outputs("cross_entropy_rows", logits, target, ignore_index)
-    rows, V = logits.shape
-    if rows == 0:
-        return loss, lse
-    has_grad = grad.numel() > 0
-    _cross_entropy_rows_kernel[(rows,)](
+    V = logits.shape[1]
+    launch_rows(
+        _cross_entropy_rows_kernel,
         logits,
-        logits.stride(0),
-        grad if has_grad else logits,
-        grad.stride(0) if has_grad else 0,
+        grad,
         target.contiguous(),
         weight.contiguous() if weight is not None else loss,
         weight.double().sum() if weight is not None else loss,
@@ -186,9 +220,5 @@ def cross_entropy_rows(logits, target, weight, scale, grad, ignore_index, label_
         HAS_WEIGHT=weight is not None,
         SMOOTH=label_smoothing != 0,
         CAP=softcap != 0,
-        GRAD=has_grad,
-        MATH=math_dtype(logits),
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))),
-        num_warps=8,
     )
     return loss, lse

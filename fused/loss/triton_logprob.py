@@ -14,10 +14,8 @@ from fused import triton_math as tm
 from fused.loss.chunked import math_dtype as math_torch_dtype
 from fused.loss.distillation import DIVERGENCES, check_distillation_rows
 from fused.loss.log_probs import check_log_prob_rows
-from fused.loss.triton_kernels import row_outputs
-from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
-
-BLOCK = 4096  # columns per step of a row (fewer for a short row)
+from fused.loss.triton_kernels import ignored_row, launch_rows, row_outputs, row_start, zero_row
+from fused.triton_utils import on_device_of, scalar_in, to_out
 
 
 @triton.jit
@@ -44,14 +42,6 @@ def _row_stats(x_row, V, inv_t, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _zero_row(g_row, V, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
-    """The gradient of an ignored row."""
-    for start in range(0, V, BLOCK):
-        cols = start + cols0
-        tl.store(g_row + cols, tl.zeros((BLOCK,), MATH).to(g_row.dtype.element_ty), mask=cols < V)
-
-
-@triton.jit
 def _log_prob_rows_kernel(
     x_ptr,
     ld,
@@ -68,19 +58,10 @@ def _log_prob_rows_kernel(
     MATH: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
-    t = tl.load(t_ptr + row)
-    x_row = x_ptr + row * ld
-    g_row = g_ptr + row * ldg
-    cols0 = tl.arange(0, BLOCK)
-    if t == ignore_index:
-        tl.store(logp_ptr + row, tl.zeros((), MATH))
-        tl.store(entropy_ptr + row, tl.zeros((), MATH))
-        if GRAD:
-            _zero_row(g_row, V, cols0, MATH, BLOCK)
+    row, x_row, g_row, cols0, ignored, t, bad = row_start(x_ptr, ld, g_ptr, ldg, t_ptr, ignore_index, V, BLOCK)
+    if ignored:
+        ignored_row(logp_ptr + row, entropy_ptr + row, g_row, V, cols0, GRAD, MATH, BLOCK)
         return
-    bad = (t < 0) | (t >= V)  # NaN for that row instead of a read out of bounds (the launcher reports it on CPU)
-    t = tl.where(bad, 0, t)
     temp = scalar_in(temperature, MATH)
     inv_t = tm.div(tl.full((), 1.0, MATH), temp)
     m, s, sez = _row_stats(x_row, V, inv_t, cols0, MATH, BLOCK)
@@ -108,26 +89,17 @@ def log_prob_rows(logits, target, scale, grad, ignore_index, temperature):
     """(logp, entropy) per row, and the gradient into grad when it is not empty: fused::log_prob_rows."""
     check_log_prob_rows("log_prob_rows", logits, target, scale, grad, temperature)
     logits, (logp, entropy) = row_outputs("log_prob_rows", logits, target, ignore_index)
-    rows, V = logits.shape
-    if rows == 0:
-        return logp, entropy
-    has_grad = grad.numel() > 0
-    _log_prob_rows_kernel[(rows,)](
+    launch_rows(
+        _log_prob_rows_kernel,
         logits,
-        logits.stride(0),
-        grad if has_grad else logits,
-        grad.stride(0) if has_grad else 0,
+        grad,
         target.contiguous(),
         scale.contiguous(),
         logp,
         entropy,
-        V,
+        logits.shape[1],
         ignore_index,
         float(temperature),
-        GRAD=has_grad,
-        MATH=math_dtype(logits),
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))),
-        num_warps=8,
     )
     return logp, entropy
 
@@ -149,10 +121,10 @@ def _point(ls, lt, log_beta, log_1mb, DIV: tl.constexpr):
 def _distillation_rows_kernel(
     x_ptr,
     ld,
-    y_ptr,
-    ldt,
     g_ptr,
     ldg,
+    y_ptr,
+    ldt,
     t_ptr,
     scale_ptr,
     scale_step,
@@ -181,7 +153,7 @@ def _distillation_rows_kernel(
     if skip:
         tl.store(loss_ptr + row, tl.zeros((), MATH))
         if GRAD:
-            _zero_row(g_row, V, cols0, MATH, BLOCK)
+            zero_row(g_row, V, cols0, MATH, BLOCK)
         return
     temp = scalar_in(temperature, MATH)
     inv_t = tm.div(tl.full((), 1.0, MATH), temp)
@@ -234,19 +206,15 @@ def distillation_rows(logits, teacher_logits, target, scale, grad, divergence, b
     rows, V = logits.shape
     logits, teacher_logits = (t.contiguous() if V > 1 and t.stride(1) != 1 else t for t in (logits, teacher_logits))
     loss = torch.empty(rows, dtype=math_torch_dtype(logits), device=logits.device)
-    if rows == 0:
-        return loss
-    has_grad = grad.numel() > 0
     div = DIVERGENCES.index(divergence)
     log_beta = float(torch.tensor(beta, dtype=torch.float64).log())
     log_1mb = float(torch.tensor(-beta, dtype=torch.float64).log1p())
-    _distillation_rows_kernel[(rows,)](
+    launch_rows(
+        _distillation_rows_kernel,
         logits,
-        logits.stride(0),
+        grad,
         teacher_logits,
         teacher_logits.stride(0),
-        grad if has_grad else logits,
-        grad.stride(0) if has_grad else 0,
         target.contiguous() if target is not None else loss,
         scale.contiguous(),
         1 if scale.dim() == 1 else 0,
@@ -260,9 +228,5 @@ def distillation_rows(logits, teacher_logits, target, scale, grad, divergence, b
         HAS_TARGET=target is not None,
         TRIVIAL=div == 2 and beta in (0.0, 1.0),
         DIV=div,
-        GRAD=has_grad,
-        MATH=math_dtype(logits),
-        BLOCK=min(BLOCK, triton.next_power_of_2(max(V, 1))),
-        num_warps=8,
     )
     return loss

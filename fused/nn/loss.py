@@ -12,10 +12,26 @@ from fused.loss.log_probs import check_temperature
 from fused.loss.ops import check_options
 
 
-class FusedLinearCrossEntropyLoss(nn.Module):
+class _FixedOptions(nn.Module):
+    """A loss module whose options, named by OPTIONS, are attributes passed to its function by name (and shown by
+    repr). It holds no parameters."""
+
+    OPTIONS = ()
+
+    def options(self, **given):
+        """The keyword arguments of the function: those given (the call's tensors), then this module's options."""
+        return {**given, **{name: getattr(self, name) for name in self.OPTIONS}}
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={getattr(self, name)!r}" for name in self.OPTIONS)
+
+
+class FusedLinearCrossEntropyLoss(_FixedOptions):
     """loss(input, linear_weight, target, linear_bias=None) = fused.linear_cross_entropy(...) with this module's
     reduction, ignore_index, label_smoothing, z_loss and softcap. It holds no parameters: pass the LM head's (or
     the tied embedding's) weight."""
+
+    OPTIONS = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap")
 
     def __init__(
         self,
@@ -37,28 +53,14 @@ class FusedLinearCrossEntropyLoss(nn.Module):
         target: torch.Tensor,
         linear_bias: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        return linear_cross_entropy(
-            input,
-            linear_weight,
-            target,
-            linear_bias=linear_bias,
-            reduction=self.reduction,
-            ignore_index=self.ignore_index,
-            label_smoothing=self.label_smoothing,
-            z_loss=self.z_loss,
-            softcap=self.softcap,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"reduction={self.reduction!r}, ignore_index={self.ignore_index}, "
-            f"label_smoothing={self.label_smoothing}, z_loss={self.z_loss}, softcap={self.softcap}"
-        )
+        return linear_cross_entropy(input, linear_weight, target, **self.options(linear_bias=linear_bias))
 
 
-class FusedLinearLogProbs(nn.Module):
+class FusedLinearLogProbs(_FixedOptions):
     """logp (and entropy) = fused.linear_log_probs(input, linear_weight, target, linear_bias=...) with this module's
     temperature, ignore_index and return_entropy. It holds no parameters: pass the policy head's weight."""
+
+    OPTIONS = ("temperature", "ignore_index", "return_entropy")
 
     def __init__(self, temperature: float = 1.0, ignore_index: int = -100, return_entropy: bool = False):
         super().__init__()
@@ -66,24 +68,15 @@ class FusedLinearLogProbs(nn.Module):
         self.temperature, self.ignore_index, self.return_entropy = temperature, ignore_index, return_entropy
 
     def forward(self, input, linear_weight, target, linear_bias=None):
-        return linear_log_probs(
-            input,
-            linear_weight,
-            target,
-            linear_bias=linear_bias,
-            temperature=self.temperature,
-            ignore_index=self.ignore_index,
-            return_entropy=self.return_entropy,
-        )
-
-    def extra_repr(self) -> str:
-        return f"temperature={self.temperature}, ignore_index={self.ignore_index}, return_entropy={self.return_entropy}"
+        return linear_log_probs(input, linear_weight, target, **self.options(linear_bias=linear_bias))
 
 
-class FusedLinearDistillationLoss(nn.Module):
+class FusedLinearDistillationLoss(_FixedOptions):
     """loss(student_input, student_weight, teacher_input, teacher_weight, target=None, student_bias=None,
     teacher_bias=None) = fused.linear_distillation_loss(...) with this module's divergence, beta, temperature,
     ignore_index and reduction. It holds no parameters."""
+
+    OPTIONS = ("divergence", "beta", "temperature", "ignore_index", "reduction")
 
     def __init__(
         self,
@@ -114,17 +107,5 @@ class FusedLinearDistillationLoss(nn.Module):
             teacher_input,
             teacher_weight,
             target,
-            student_bias=student_bias,
-            teacher_bias=teacher_bias,
-            divergence=self.divergence,
-            beta=self.beta,
-            temperature=self.temperature,
-            ignore_index=self.ignore_index,
-            reduction=self.reduction,
-        )
-
-    def extra_repr(self) -> str:
-        return (
-            f"divergence={self.divergence!r}, beta={self.beta}, temperature={self.temperature}, "
-            f"ignore_index={self.ignore_index}, reduction={self.reduction!r}"
+            **self.options(student_bias=student_bias, teacher_bias=teacher_bias),
         )

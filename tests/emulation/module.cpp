@@ -14,6 +14,7 @@
 #include "elementwise/elementwise_kernels.h"
 #include "linear/linear_kernels.h"
 #include "norm/norm_kernels.h"
+#include "loss/logprob_kernels.h"
 #include "loss/loss_kernels.h"
 #include "optim/optim_kernels.h"
 #include "rope/rope_kernels.h"
@@ -168,30 +169,48 @@ void def_rope(py::module_& m) {
   });
 }
 
+// The rows of a launch (loss_kernels.h's Rows), from the launchers' leading arguments.
+cuda::loss::Rows loss_rows(Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, int64_t n, int64_t V,
+                           int64_t ignore) {
+  return {ptr(logits), ld, ptr(grad), ldg, ptr<const int64_t>(target), n, V, ignore};
+}
+
 void def_loss(py::module_& m) {
-  m.def("cross_entropy_rows",
-        [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight, Ptr weight_sum, Ptr scale,
-           int64_t scale_ld, Ptr loss, Ptr lse, int64_t rows, int64_t V, int64_t ignore_index, double label_smoothing,
-           double z_loss, double softcap) {
-          const cuda::loss::RowsArgs args{ptr(logits),
-                                          ld,
-                                          ptr(grad),
-                                          ldg,
-                                          ptr<const int64_t>(target),
-                                          ptr(weight),
-                                          ptr<const double>(weight_sum),
-                                          ptr(scale),
-                                          scale_ld,
-                                          ptr(loss),
-                                          ptr(lse),
-                                          rows,
-                                          V,
-                                          ignore_index,
-                                          label_smoothing,
-                                          z_loss,
-                                          softcap};
-          check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
-        });
+  m.def("cross_entropy_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr weight,
+                                 Ptr weight_sum, Ptr scale, int64_t scale_ld, Ptr loss, Ptr lse, int64_t n, int64_t V,
+                                 int64_t ignore_index, double label_smoothing, double z_loss, double softcap) {
+    const cuda::loss::RowsArgs args{loss_rows(logits, ld, grad, ldg, target, n, V, ignore_index),
+                                    ptr(weight),
+                                    ptr<const double>(weight_sum),
+                                    ptr(scale),
+                                    scale_ld,
+                                    ptr(loss),
+                                    ptr(lse),
+                                    label_smoothing,
+                                    z_loss,
+                                    softcap};
+    check("cross_entropy_rows", cuda::loss::cross_entropy_rows(Code{dtype}, args, nullptr));
+  });
+  m.def("log_prob_rows", [](int dtype, Ptr logits, int64_t ld, Ptr grad, int64_t ldg, Ptr target, Ptr scale, Ptr logp,
+                            Ptr entropy, int64_t n, int64_t V, int64_t ignore_index, double temperature) {
+    const cuda::loss::LogProbArgs args{loss_rows(logits, ld, grad, ldg, target, n, V, ignore_index), ptr(scale),
+                                       ptr(logp), ptr(entropy), temperature};
+    check("log_prob_rows", cuda::loss::log_prob_rows(Code{dtype}, args, nullptr));
+  });
+  m.def("distillation_rows", [](int dtype, Ptr logits, int64_t ld, Ptr teacher, int64_t ldt, Ptr grad, int64_t ldg,
+                                Ptr target, Ptr scale, int64_t scale_step, Ptr loss, int64_t n, int64_t V,
+                                int64_t ignore_index, int divergence, double beta, double temperature) {
+    const cuda::loss::DistillationArgs args{loss_rows(logits, ld, grad, ldg, target, n, V, ignore_index),
+                                            ptr(teacher),
+                                            ldt,
+                                            ptr(scale),
+                                            scale_step,
+                                            ptr(loss),
+                                            divergence,
+                                            beta,
+                                            temperature};
+    check("distillation_rows", cuda::loss::distillation_rows(Code{dtype}, args, nullptr));
+  });
 }
 
 namespace oc = optim_cuda;
