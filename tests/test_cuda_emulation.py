@@ -1303,9 +1303,12 @@ def emu_norm_backward(emu, grad, grad_sum, h, mean, rstd, weight, rms, weight_gr
 
 @pytest.mark.parametrize("rms", [True, False])
 @pytest.mark.parametrize("dtype,stream", NORM_DTYPES)
-@pytest.mark.parametrize("rows,C,misalign", [(5, 37, False), (3, 300, True), (4, 1, False)])
+@pytest.mark.parametrize(
+    "rows,C,misalign", [(5, 37, False), (3, 300, True), (4, 1, False), (2, 8192, False), (2, 8193, True)]
+)
 def test_norm_forward_and_backward(emu, rms, dtype, stream, rows, C, misalign):
-    """A block per row (C = 300: threads stride over the row), the sum rounded to the stream's dtype as the CPU
+    """A block per row (C = 300: threads stride over the row; up to C = 8192 a thread holds its elements in
+    registers between the passes, C = 8193 re-reads them from memory), the sum rounded to the stream's dtype as the CPU
     kernel rounds it (bit for bit), statistics and gradients against the CPU op; with and without residual,
     weight, bias and grad_sum."""
     math_dtype = torch.float64 if dtype == torch.float64 else torch.float32

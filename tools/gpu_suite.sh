@@ -12,7 +12,7 @@
 #                SANITIZE_ONLY (a regex over "tool|files|filter") runs a subset
 #      diag      tools/gpu_diag.sh: the toolchain, and the C++ argument-error probes (diag.log)
 #   3. bench     python -m benchmarks.run --device cuda (the GPU to itself; the device's copy bandwidth measured first;
-#                BENCH_S seconds kept for it, BENCH_ARGS passed on)
+#                BENCH_S seconds kept for it, BENCH_ARGS passed on; BENCH_FIRST=1 runs it before step 2)
 # Usage: OUT=dir bash tools/gpu_suite.sh   (SUITE_TESTS: the pytest paths, default tests). Logs and figures under
 # $OUT (at most 8 files come back): install.log, pytest.log, sanitizer.log (every sanitizer process's summary, then
 # its log), diag.log, bench.log, bench/*. Prints a summary last; exits 1 if any stage failed.
@@ -66,15 +66,26 @@ p = torch.cuda.get_device_properties(0)
 print(torch.__version__, triton.__version__, p.name, p.multi_processor_count, 'SMs; CUDA kernels missing:', missing)
 assert not missing"
 cat "$OUT/install.log.summary"
-OUT=$OUT timeout 200 bash tools/gpu_diag.sh &
-OUT=$OUT timeout $(($(left) - bench_min)) bash tools/gpu_diag.sh slow &
+
+# bench LIMIT: the benchmarks (BENCH_ARGS) for at most LIMIT seconds, the GPU and the cores to themselves
+bench() {
+  pkill -f cuda-gdb; pkill -f "build_ext --inplace"
+  run bench "$OUT/bench.log" "$1" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 --budget-s "$(($1 - 55))" \
+    --out "$OUT/bench" ${BENCH_ARGS:-}
+}
+# BENCH_FIRST=1: the benchmarks before the tests (their BENCH_S seconds first), e.g. to time a changed kernel
+[ -n "${BENCH_FIRST:-}" ] && bench "$bench_min"
 
 # 2. pytest and the sanitizer, side by side
-cap=$(($(left) - bench_min))
+reserve=$bench_min
+[ -n "${BENCH_FIRST:-}" ] && reserve=5
+cap=$(($(left) - reserve))
+OUT=$OUT timeout 200 bash tools/gpu_diag.sh &
+OUT=$OUT timeout "$cap" bash tools/gpu_diag.sh slow &
 pytest=("$PYTHON" -m pytest -p no:cacheprovider -rfE --tb=short --maxfail=300 -o faulthandler_timeout=120)
 cpu_only=(--ignore=tests/test_cuda_emulation.py --ignore=tests/test_patch.py --ignore=tests/test_tooling.py
   --ignore=tests/test_build.py)
-workers=(-n 10)
+workers=(-n "${WORKERS:-10}")
 "$PYTHON" -c "import xdist" 2>/dev/null || workers=()  # without pytest-xdist: one process
 # GPU tests only: the ids and names with cuda or triton (CI runs the rest); PYTEST_K="" runs everything.
 run pytest "$OUT/pytest.log" "$cap" env FUSED_TEST_CPU=0 "${pytest[@]}" -v "${workers[@]}" "${cpu_only[@]}" \
@@ -119,10 +130,7 @@ done
 rm -rf "$OUT/.san"
 
 # 3. benchmarks, the GPU and the cores to themselves
-pkill -f cuda-gdb; pkill -f "build_ext --inplace"
-run bench "$OUT/bench.log" "$(($(left) - 5))" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 \
-  --budget-s "$(($(left) - 60))" --out "$OUT/bench" ${BENCH_ARGS:-}
-
+[ -z "${BENCH_FIRST:-}" ] && bench "$(($(left) - 5))"
 echo
 echo "== gpu_suite summary ($((SECONDS - start))s; logs under $OUT)"
 failed=0

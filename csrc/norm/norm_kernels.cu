@@ -1,8 +1,9 @@
 // CUDA kernels of the norm family (launchers declared in norm_kernels.h), torch-free. A block takes a whole row
 // (forward) or a chunk of rows (backward); its threads stride over the row's columns with coalesced accesses and
-// re-read the row from L1/L2 for each pass (the statistics, then the outputs). Block sums: a warp butterfly, then
-// the warps' sums added in warp order by every thread, so every run adds in the same order. Each thread reads back
-// only elements it wrote itself.
+// hold their elements in registers between the passes (the statistics, then the outputs), or re-read them from
+// L1/L2 when the row is wider than kHeld * kMaxThreads. Block sums: a warp butterfly, then the warps' sums added
+// in warp order by every thread, so every run adds in the same order. Each thread reads back only elements it wrote
+// itself.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -23,19 +24,37 @@ template <typename S> using Math = typename MathType<S>::type;
 
 constexpr int kMaxThreads = 1024;
 constexpr int64_t kBackwardChunks = 512;  // about how many blocks the backward launches (fixed: deterministic)
+// Row elements a thread holds in registers between the passes over its row: rows of up to kHeld * kMaxThreads
+// columns are read from memory once; wider rows (kHeld = 0 instantiations) are re-read on each pass.
+constexpr int kHeld = 8;
+constexpr int kSumLanes = 32;  // chunk_sum_kernel: threads (blockDim.y) that share one column's chunks
 
 __host__ __device__ constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// The sum of v over the block, the same value in every thread; `shared` holds one T per warp.
-template <typename T> __device__ T block_sum(T v, T* shared) {
+// The sums of v[0..N) over the block, the same values in every thread; `shared` holds N T per warp.
+template <int N, typename T> __device__ void block_sums(T (&v)[N], T* shared) {
 #pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  if (threadIdx.x % 32 == 0) shared[threadIdx.x / 32] = v;
+  for (int offset = 16; offset > 0; offset >>= 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] += __shfl_xor_sync(0xffffffffu, v[i], offset);
+  }
+  if (threadIdx.x % 32 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) shared[N * (threadIdx.x / 32) + i] = v[i];
+  }
   __syncthreads();
-  T total = T(0);
-  for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) total += shared[w];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    v[i] = T(0);
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) v[i] += shared[N * w + i];
+  }
   __syncthreads();  // shared is reused by the next call
-  return total;
+}
+
+// How many of the row's elements this thread visits (j = threadIdx.x + k * blockDim.x for k below it): kHeld, or
+// as many as the row needs when nothing is held. The loops stop at j >= C.
+template <int kPer> __device__ __forceinline__ int per_thread(int64_t C) {
+  return kPer > 0 ? kPer : static_cast<int>(ceil_div(C, blockDim.x));
 }
 
 template <typename T> __device__ __forceinline__ T rsqrt_rn(T v) { return T(1) / sqrt(v); }  // as the CPU kernel
@@ -46,7 +65,7 @@ template <typename T> __device__ __forceinline__ T rsqrt_rn(T v) { return T(1) /
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
-template <typename S, typename R>
+template <typename S, typename R, int kPer>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_fwd_kernel(const S* __restrict__ x, const R* __restrict__ residual, const Math<S>* __restrict__ weight,
                     const Math<S>* __restrict__ bias, S* __restrict__ out, R* __restrict__ sum,
@@ -55,10 +74,18 @@ __global__ void __launch_bounds__(kMaxThreads)
   __shared__ T shared[kMaxThreads / 32];
   const int64_t row = blockIdx.x;
   const S* xr = x + row * C;
+  const int per = per_thread<kPer>(C);
+  T held[kPer > 0 ? kPer : 1] = {};
   // h as the norm reads it: x, or x + residual rounded to the stream's dtype (written by this thread in pass 1)
-  auto h_at = [&](int64_t j) -> T { return residual ? to_math(sum[row * C + j]) : to_math(xr[j]); };
-  T acc = T(0);
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
+  auto h_at = [&](int k, int64_t j) -> T {
+    if constexpr (kPer > 0) return held[k];
+    return residual ? to_math(sum[row * C + j]) : to_math(xr[j]);
+  };
+  T acc[1] = {T(0)};
+#pragma unroll
+  for (int k = 0; k < per; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    if (j >= C) break;
     T h;
     if (residual) {
       const R rounded = from_math<R>(to_math(xr[j]) + to_math(residual[row * C + j]));
@@ -67,85 +94,148 @@ __global__ void __launch_bounds__(kMaxThreads)
     } else {
       h = to_math(xr[j]);
     }
-    acc += rms ? h * h : h;
+    if constexpr (kPer > 0) held[k] = h;
+    acc[0] += rms ? h * h : h;
   }
   const T n = static_cast<T>(C);
   T mean = T(0), ms;
+  block_sums(acc, shared);
   if (rms) {
-    ms = block_sum(acc, shared) / n;
+    ms = acc[0] / n;
   } else {
-    mean = block_sum(acc, shared) / n;
-    T dev = T(0);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      const T d = h_at(j) - mean;
-      dev += d * d;
+    mean = acc[0] / n;
+    T dev[1] = {T(0)};
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j >= C) break;
+      const T d = h_at(k, j) - mean;
+      dev[0] += d * d;
     }
-    ms = block_sum(dev, shared) / n;
+    block_sums(dev, shared);
+    ms = dev[0] / n;
   }
   const T rstd = rsqrt_rn(ms + static_cast<T>(eps));
   if (threadIdx.x == 0) {
     if (mean_out) mean_out[row] = mean;
     rstd_out[row] = rstd;
   }
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-    T y = (h_at(j) - mean) * rstd;
+#pragma unroll
+  for (int k = 0; k < per; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    if (j >= C) break;
+    T y = (h_at(k, j) - mean) * rstd;
     if (weight) y *= weight[j];
     if (bias) y += bias[j];
     out[row * C + j] = from_math<S>(y);
   }
 }
 
-template <typename S, typename R>
+// A block per chunk of rows_per_chunk rows, in row order. Its weight and bias gradient partials (this chunk's
+// sums of grad * xhat and grad over its rows) are kept in registers when the row is held, else in the workspace.
+template <typename S, typename R, int kPer>
 __global__ void __launch_bounds__(kMaxThreads)
     norm_backward_kernel(const S* __restrict__ grad, const R* __restrict__ grad_sum, const R* __restrict__ h,
                          const Math<S>* __restrict__ mean, const Math<S>* __restrict__ rstd,
                          const Math<S>* __restrict__ weight, R* __restrict__ grad_h, Math<S>* __restrict__ partial_w,
                          Math<S>* __restrict__ partial_b, int64_t rows, int64_t C, int64_t rows_per_chunk) {
   using T = Math<S>;
-  __shared__ T shared[kMaxThreads / 32];
+  constexpr int kSlots = kPer > 0 ? kPer : 1;
+  __shared__ T shared[2 * (kMaxThreads / 32)];
   const int64_t chunk = blockIdx.x;
   T* acc_w = partial_w ? partial_w + chunk * C : nullptr;
   T* acc_b = partial_b ? partial_b + chunk * C : nullptr;
-  for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-    if (acc_w) acc_w[j] = T(0);
-    if (acc_b) acc_b[j] = T(0);
+  const int per = per_thread<kPer>(C);
+  T held_weight[kSlots] = {}, held_w[kSlots] = {}, held_b[kSlots] = {}, held_g[kSlots] = {}, held_xhat[kSlots] = {};
+#pragma unroll
+  for (int k = 0; k < per; ++k) {
+    const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+    if (j >= C) break;
+    if constexpr (kPer > 0) {
+      held_weight[k] = weight ? weight[j] : T(1);
+      held_w[k] = held_b[k] = T(0);
+    } else {
+      if (acc_w) acc_w[j] = T(0);
+      if (acc_b) acc_b[j] = T(0);
+    }
   }
+  auto gw_of = [&](int k, int64_t j, T g) {
+    if constexpr (kPer > 0) return weight ? mul_rn(g, held_weight[k]) : g;
+    return weight ? mul_rn(g, weight[j]) : g;
+  };
   const int64_t end = rows < (chunk + 1) * rows_per_chunk ? rows : (chunk + 1) * rows_per_chunk;
   const T n = static_cast<T>(C);
   for (int64_t row = chunk * rows_per_chunk; row < end; ++row) {
     const T mu = mean ? mean[row] : T(0), rs = rstd[row];
-    auto xhat_at = [&](int64_t j) { return (to_math(h[row * C + j]) - mu) * rs; };
-    auto gw_at = [&](int64_t j) {
-      const T g = to_math(grad[row * C + j]);
-      return weight ? mul_rn(g, weight[j]) : g;
+    auto g_at = [&](int k, int64_t j) -> T {
+      if constexpr (kPer > 0) return held_g[k];
+      return to_math(grad[row * C + j]);
     };
-    T sum_gw_xhat = T(0), sum_gw = T(0);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      const T gw = gw_at(j);
-      sum_gw_xhat += gw * xhat_at(j);
-      sum_gw += gw;
+    auto xhat_at = [&](int k, int64_t j) -> T {
+      if constexpr (kPer > 0) return held_xhat[k];
+      return (to_math(h[row * C + j]) - mu) * rs;
+    };
+    T sums[2] = {T(0), T(0)};  // of grad * weight * xhat, of grad * weight
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j >= C) break;
+      const T g = to_math(grad[row * C + j]), xh = (to_math(h[row * C + j]) - mu) * rs;
+      if constexpr (kPer > 0) held_g[k] = g, held_xhat[k] = xh;
+      const T gw = gw_of(k, j, g);
+      sums[0] += gw * xh;
+      sums[1] += gw;
     }
-    const T a = block_sum(sum_gw_xhat, shared) / n;
-    const T b = mean ? block_sum(sum_gw, shared) / n : T(0);
-    for (int64_t j = threadIdx.x; j < C; j += blockDim.x) {
-      const T xh = xhat_at(j), g = to_math(grad[row * C + j]);
-      T d = rs * ((gw_at(j) - b) - xh * a);
+    block_sums(sums, shared);
+    const T a = sums[0] / n;
+    const T b = mean ? sums[1] / n : T(0);
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j >= C) break;
+      const T xh = xhat_at(k, j), g = g_at(k, j);
+      T d = rs * ((gw_of(k, j, g) - b) - xh * a);
       if (grad_sum) d += to_math(grad_sum[row * C + j]);
       grad_h[row * C + j] = from_math<R>(d);
-      if (acc_w) acc_w[j] += g * xh;
-      if (acc_b) acc_b[j] += g;
+      if constexpr (kPer > 0) {
+        held_w[k] += g * xh;
+        held_b[k] += g;
+      } else {
+        if (acc_w) acc_w[j] += g * xh;
+        if (acc_b) acc_b[j] += g;
+      }
+    }
+  }
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int k = 0; k < per; ++k) {
+      const int64_t j = threadIdx.x + int64_t(k) * blockDim.x;
+      if (j >= C) break;
+      if (acc_w) acc_w[j] = held_w[k];
+      if (acc_b) acc_b[j] = held_b[k];
     }
   }
 }
 
-// out[j] = sum over chunks of partial[chunk * C + j], in chunk order.
+// out[j] = sum over chunks of partial[chunk * C + j]. A block takes 32 columns (threadIdx.x); its kSumLanes rows
+// of threads (threadIdx.y = y) each add the chunks y, y + kSumLanes, ... in order, then thread y = 0 adds those
+// kSumLanes sums in y order: a fixed order, so every run gives the same bits.
 template <typename T>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(32 * kSumLanes)
     chunk_sum_kernel(const T* __restrict__ partial, T* __restrict__ out, int64_t chunks, int64_t C) {
-  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < C; j += int64_t(gridDim.x) * blockDim.x) {
-    T s = T(0);
-    for (int64_t k = 0; k < chunks; ++k) s += partial[k * C + j];
-    out[j] = s;
+  __shared__ T lane_sums[kSumLanes][33];
+  const int64_t j = int64_t(blockIdx.x) * 32 + threadIdx.x;
+  T s = T(0);
+  if (j < C) {
+#pragma unroll 4
+    for (int64_t k = threadIdx.y; k < chunks; k += kSumLanes) s += partial[k * C + j];
+  }
+  lane_sums[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < C) {
+    T total = T(0);
+    for (int y = 0; y < kSumLanes; ++y) total += lane_sums[y][threadIdx.x];
+    out[j] = total;
   }
 }
 
@@ -160,11 +250,18 @@ template <typename F> cudaError_t visit_norm_dtypes(DType x, DType stream, F&& f
   });
 }
 
-// Threads per block: a power of two from 32 to kMaxThreads, about 8 elements of the row each.
+// Threads per block: a power of two from 32 to kMaxThreads, up to kHeld elements of the row each.
 int threads_for(int64_t C) {
   int t = 32;
-  while (t < kMaxThreads && t * 8 < C) t *= 2;
+  while (t < kMaxThreads && t * kHeld < C) t *= 2;
   return t;
+}
+
+// launch(std::integral_constant<int, kPer>) with kPer = kHeld where threads_for(C) threads hold the whole row,
+// else 0 (the row re-read on each pass).
+template <typename F> void with_held(int64_t C, F&& launch) {
+  if (C <= int64_t(kHeld) * threads_for(C)) launch(std::integral_constant<int, kHeld>{});
+  else launch(std::integral_constant<int, 0>{});
 }
 
 struct Chunks {
@@ -186,10 +283,12 @@ cudaError_t norm_fwd(DType x_dtype, DType stream, const void* x, const void* res
     using S = typename decltype(s_type)::type;
     using R = typename decltype(r_type)::type;
     using T = Math<S>;
-    FUSED_LAUNCH(unsigned(rows), threads_for(C), 0, cuda_stream, norm_fwd_kernel<S, R>)(
-        static_cast<const S*>(x), static_cast<const R*>(residual), static_cast<const T*>(weight),
-        static_cast<const T*>(bias), static_cast<S*>(out), static_cast<R*>(sum), static_cast<T*>(mean),
-        static_cast<T*>(rstd), C, eps, rms);
+    with_held(C, [&](auto held) {
+      FUSED_LAUNCH(unsigned(rows), threads_for(C), 0, cuda_stream, norm_fwd_kernel<S, R, decltype(held)::value>)(
+          static_cast<const S*>(x), static_cast<const R*>(residual), static_cast<const T*>(weight),
+          static_cast<const T*>(bias), static_cast<S*>(out), static_cast<R*>(sum), static_cast<T*>(mean),
+          static_cast<T*>(rstd), C, eps, rms);
+    });
     return cudaGetLastError();
   });
 }
@@ -211,16 +310,19 @@ cudaError_t norm_backward(DType grad_dtype, DType stream, const void* grad, cons
     using T = Math<S>;
     T* pw = grad_weight ? static_cast<T*>(workspace_weight) : nullptr;
     T* pb = grad_bias ? static_cast<T*>(workspace_bias) : nullptr;
-    FUSED_LAUNCH(unsigned(chunks.count), threads_for(C), 0, cuda_stream, norm_backward_kernel<S, R>)(
-        static_cast<const S*>(grad), static_cast<const R*>(grad_sum), static_cast<const R*>(h),
-        rms ? nullptr : static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<const T*>(weight),
-        static_cast<R*>(grad_h), pw, pb, rows, C, chunks.rows);
+    with_held(C, [&](auto held) {
+      FUSED_LAUNCH(unsigned(chunks.count), threads_for(C), 0, cuda_stream,
+                   norm_backward_kernel<S, R, decltype(held)::value>)(
+          static_cast<const S*>(grad), static_cast<const R*>(grad_sum), static_cast<const R*>(h),
+          rms ? nullptr : static_cast<const T*>(mean), static_cast<const T*>(rstd), static_cast<const T*>(weight),
+          static_cast<R*>(grad_h), pw, pb, rows, C, chunks.rows);
+    });
     cudaError_t err = cudaGetLastError();
-    const unsigned finish_blocks = unsigned(ceil_div(C, 256) < 65535 ? ceil_div(C, 256) : 65535);
+    const dim3 finish_grid(unsigned(ceil_div(C, 32))), finish_block(32, kSumLanes);
     for (auto [partial, result] : {std::pair<T*, void*>{pw, grad_weight}, std::pair<T*, void*>{pb, grad_bias}}) {
       if (err != cudaSuccess || partial == nullptr) continue;
-      FUSED_LAUNCH(finish_blocks, 256, 0, cuda_stream, chunk_sum_kernel<T>)(partial, static_cast<T*>(result),
-                                                                            chunks.count, C);
+      FUSED_LAUNCH(finish_grid, finish_block, 0, cuda_stream, chunk_sum_kernel<T>)(partial, static_cast<T*>(result),
+                                                                                   chunks.count, C);
       err = cudaGetLastError();
     }
     return err;
