@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from benchmarks.timing import device_name, median_ms, peak_memory_mb
+from benchmarks.timing import device_name, graph_ms, median_ms, peak_memory_mb
 
 OURS = ("fused", "fused[cuda]", "fused[triton]")
 
@@ -83,6 +83,8 @@ def measure(case, device, min_run_time, rounds):
                     "error": None,
                 }
             )
+            if device == "cuda":
+                rows[-1]["graph_ms"] = graph_ms(fn)
             if label in case.get("resident_mb", {}):  # memory held between steps (model, grads, state)
                 rows[-1]["resident_mb"] = case["resident_mb"][label]()
     eager = next((r["ms"] for r in rows if r["impl"] == "eager" and r["ms"]), None)
@@ -113,19 +115,23 @@ def fmt(v, spec):
 
 
 def markdown(results, header, copy_gbps=None):
+    # GPU tables: "graph ms", the device time alone (benchmarks.timing.graph_ms), beside do_bench's median
+    graphs = any("graph_ms" in r for case in results for r in case["rows"])
     lines = [
         header,
         "",
-        "| case | impl | median ms | GB/s | % copy | TFLOP/s | peak MB | vs eager | vs best alternative |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        f"| case | impl | median ms |{' graph ms |' if graphs else ''} GB/s | % copy | TFLOP/s | peak MB | vs eager | "
+        "vs best alternative |",
+        f"|---|---|---:|{'---:|' if graphs else ''}---:|---:|---:|---:|---:|---:|",
     ]
     for case in results:
         for r in case["rows"]:
             if r["error"]:
-                lines.append(f"| {case['name']} | {r['impl']} | failed: {r['error'][:60]} | | | | | | |")
+                lines.append(f"| {case['name']} | {r['impl']} | failed: {r['error'][:60]} |{' |' * (7 + graphs)}")
                 continue
+            graph = f" {fmt(r.get('graph_ms'), '.3f')} |" if graphs else ""
             lines.append(
-                f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} | {fmt(r.get('GB/s'), '.1f')} | "
+                f"| {case['name']} | {r['impl']} | {fmt(r['ms'], '.3f')} |{graph} {fmt(r.get('GB/s'), '.1f')} | "
                 f"{fmt(copy_pct(r.get('GB/s'), copy_gbps), '.0f')} | "
                 f"{fmt(r.get('TFLOP/s'), '.2f')} | {fmt(r['peak_mb'], '.1f')} | {fmt(r.get('vs_eager'), '.2f')}x | "
                 f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} |"

@@ -1,9 +1,10 @@
 """Timing and memory measurement: torch.utils.benchmark on CPU, triton.testing.do_bench (CUDA events, L2
-flushed between runs) on GPU; medians everywhere."""
+flushed between runs) on GPU, and on GPU also the device time alone (graph_ms); medians everywhere."""
 
 import contextlib
 import gc
 import os
+import statistics
 import sys
 
 import torch
@@ -19,6 +20,40 @@ def median_ms(fn, device: str, min_run_time: float = 0.5) -> float:
     fn()  # warm-up: compilation, allocator, caches
     timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1e3
+
+
+def graph_ms(fn, calls: int = 20):
+    """fn's device time per call without the host's launch gaps: `calls` calls captured in one CUDA graph, each
+    after an L2 flush (a 256 MB memset); the flushes alone, captured and replayed the same way, are taken off.
+    Median of 10 replays. None where fn cannot be captured (a host sync, a CPU op in it)."""
+    flush = torch.empty(2**26, dtype=torch.int32, device="cuda")
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def flushed():
+        flush.zero_()
+        fn()
+
+    def per_call(body):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(calls):
+                body()
+        times = []
+        for _ in range(10):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / calls)
+        return statistics.median(times)
+
+    try:
+        fn()  # outside the capture: compilation, workspaces, lazy initialisation
+        torch.cuda.synchronize()
+        return max(per_call(flushed) - per_call(flush.zero_), 0.0)
+    except Exception:  # not capturable: the do_bench time stands alone
+        torch.cuda.synchronize()
+        return None
 
 
 def peak_memory_mb(fn, device: str):

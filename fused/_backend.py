@@ -89,12 +89,13 @@ def gpu_router(op: str, cuda_op: str = None, triton: str = None, cuda_call=None,
     fused::<cuda_op> (its twin, through `cuda_call(*args)` when given, e.g. to split work the kernel cannot take
     in one launch) or to the Triton launcher at `triton` ("module:function"), per `choose(op)`; where
     `triton_when(*args)` holds and triton is installed, to Triton whatever the backend (a path only Triton
-    implements). All take the op's own arguments."""
+    implements). All take the op's own arguments, keyword-only ones as keywords (the dispatcher passes those
+    that differ from their defaults)."""
 
-    def cuda_kernel(*args):
-        if triton_when is not None and triton_when(*args) and triton_available() or choose(op) == "triton":
-            return triton_launcher(triton)(*args)
-        return cuda_call(*args) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args)
+    def cuda_kernel(*args, **kwargs):
+        if triton_when is not None and triton_when(*args, **kwargs) and triton_available() or choose(op) == "triton":
+            return triton_launcher(triton)(*args, **kwargs)
+        return cuda_call(*args, **kwargs) if cuda_call else getattr(torch.ops.fused, cuda_op)(*args, **kwargs)
 
     return cuda_kernel
 

@@ -17,6 +17,8 @@ from fused._backend import GPU_KERNELS, triton_available
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = triton_available()
+# Where the Triton launchers' own tests run: the GPU when there is one, else CPU tensors under the interpreter.
+TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 ALL_DTYPES = FLOAT_DTYPES + [torch.float64]
 

@@ -16,7 +16,7 @@ from fused.distance.ops import MATMUL_MIN_D
 from tests.harness import (
     ALL_DTYPES,
     FLOAT_DTYPES,
-    HAS_CUDA,
+    TRITON_DEVICE,
     assert_accuracy,
     assert_close,
     backend,
@@ -679,7 +679,6 @@ def test_compile():
 
 
 # ---- Triton launchers (under TRITON_INTERPRET=1 on CPU where there is no GPU) ----
-TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 
 
 def triton_kernels():

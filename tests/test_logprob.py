@@ -324,30 +324,35 @@ def test_errors_name_op_and_argument():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @pytest.mark.parametrize("dtype", h.ALL_DTYPES)
 def test_triton_rows_match_cpu_kernels(dtype):
+    """The launchers on h.TRITON_DEVICE (the GPU, else CPU tensors under the interpreter) against the CPU ops."""
     from fused.loss import triton_logprob as tk
 
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     logits, teacher = h.make((6, 300), dtype, low=-6, high=6, seed=1), h.make((6, 300), dtype, low=-6, high=6, seed=2)
     t = torch.tensor([0, -100, 299, 17, 150, 3])
     scale = h.make((6, 2), acc, low=-2, high=2, seed=3)
+
+    def on(*tensors):
+        return [x.to(h.TRITON_DEVICE) if isinstance(x, torch.Tensor) else x for x in tensors]
+
     for temperature in (1.0, 0.7):
-        want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
+        want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits, device=h.TRITON_DEVICE)
         want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, temperature)
-        got = tk.log_prob_rows(logits, t, scale, got_grad, -100, temperature)
+        got = tk.log_prob_rows(*on(logits, t, scale), got_grad, -100, temperature)
         for a, e in zip((*got, got_grad), (*want, want_grad)):
-            h.assert_close(a, e, scale=4)
+            h.assert_close(a.cpu(), e, scale=4)
     for divergence in ("forward_kl", "reverse_kl", "jsd"):
         for beta, target, row_scale in ((0.3, t, scale[:, 0]), (1.0, None, scale[0, 0])):
             args = (target, row_scale)
-            want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits)
+            want_grad, got_grad = torch.empty_like(logits), torch.empty_like(logits, device=h.TRITON_DEVICE)
             want = torch.ops.fused.distillation_rows(logits, teacher, *args, want_grad, divergence, beta, 1.5, -100)
-            got = tk.distillation_rows(logits, teacher, *args, got_grad, divergence, beta, 1.5, -100)
-            h.assert_close(got, want, scale=4)
-            h.assert_close(got_grad, want_grad, scale=4)
-    in_place = logits.clone()  # the gradient written over the logits, as the chunked driver does
-    tk.distillation_rows(in_place, teacher, t, scale[:, 0], in_place, "reverse_kl", 0.5, 1.0, -100)
+            got = tk.distillation_rows(*on(logits, teacher, *args), got_grad, divergence, beta, 1.5, -100)
+            h.assert_close(got.cpu(), want, scale=4)
+            h.assert_close(got_grad.cpu(), want_grad, scale=4)
+    in_place = logits.to(h.TRITON_DEVICE, copy=True)  # the gradient written over the logits, as the chunked driver does
+    tk.distillation_rows(in_place, *on(teacher, t, scale[:, 0]), in_place, "reverse_kl", 0.5, 1.0, -100)
     torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
-    h.assert_close(in_place, want_grad, scale=4)
+    h.assert_close(in_place.cpu(), want_grad, scale=4)
 
 
 @h.requires_triton
@@ -476,7 +481,7 @@ def test_cuda_emulation_log_prob_rows(emu, dtype, V, temperature):
     check_emulated((*got, grad), (*want, want_grad), (logp64, entropy64, grad64))
     in_place = buf(logits)
     emu_log_prob_rows(emu, in_place, t, scale, in_place, -100, temperature)
-    h.assert_close(in_place, want_grad, scale=4)
+    h.assert_close(in_place.cpu(), want_grad, scale=4)
     for a, e in zip(emu_log_prob_rows(emu, buf(logits), t, scale, None, -100, temperature), want):
         h.assert_close(a, e, scale=4)
 
@@ -505,7 +510,7 @@ def test_cuda_emulation_distillation_rows(emu, dtype, divergence, beta):
     check_emulated((got, grad), (want, want_grad), ref64)
     in_place = buf(logits)
     emu_distillation_rows(emu, in_place, teacher, *args, in_place, *options)
-    h.assert_close(in_place, want_grad, scale=4)
+    h.assert_close(in_place.cpu(), want_grad, scale=4)
 
 
 @requires_emulation

@@ -34,6 +34,7 @@ from tests.harness import (
     FLOAT_DTYPES,
     HAS_CUDA,
     SEEDS,
+    TRITON_DEVICE,
     assert_accuracy,
     assert_accuracy_over_seeds,
     assert_close,
@@ -743,22 +744,33 @@ def test_triton_rows_match_cpu_kernel(dtype, options):
 @requires_triton
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 def test_triton_confident_prediction_and_bad_target():
+    """On TRITON_DEVICE (the GPU, else CPU tensors under the interpreter)."""
     from fused.loss import triton_kernels
 
+    d = TRITON_DEVICE
     logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(0))
     logits[:, 3] = math.log(0.999 / 0.001 * logits.exp().sum(1).mean().item())
     t = torch.tensor([3, 3])
-    buf = logits.bfloat16()
-    x64 = buf.double().requires_grad_()
+    buf = logits.bfloat16().to(d)
+    x64 = buf.cpu().double().requires_grad_()
     exact = torch.autograd.grad(F.cross_entropy(x64, t, reduction="sum"), x64)[0][:, 3]
-    triton_kernels.cross_entropy_rows(buf, t, None, torch.ones(2), buf, -100, 0.0, 0.0, 0.0)
-    assert rel_error(buf[:, 3], exact) < 1e-2  # rounded once to bf16; p_t - 1 in bf16 would be off by ~100%
+    triton_kernels.cross_entropy_rows(buf, t.to(d), None, torch.ones(2, device=d), buf, -100, 0.0, 0.0, 0.0)
+    assert rel_error(buf[:, 3].cpu(), exact) < 1e-2  # rounded once to bf16; p_t - 1 in bf16 would be off by ~100%
+    logits, t = logits.to(d), t.to(d)
     with pytest.raises(IndexError, match="fused.cross_entropy_rows: target 500 is out of bounds for 500 classes"):
         triton_kernels.cross_entropy_rows(
-            logits, torch.tensor([3, 500]), None, torch.ones(2), logits.new_empty(0), -100, 0.0, 0.0, 0.0
+            logits,
+            torch.tensor([3, 500], device=d),
+            None,
+            torch.ones(2, device=d),
+            logits.new_empty(0),
+            -100,
+            0.0,
+            0.0,
+            0.0,
         )
     loss, lse = triton_kernels.cross_entropy_rows(
-        logits[:0], t[:0], None, torch.ones(2), logits.new_empty(0), -100, 0.0, 0.0, 0.0
+        logits[:0], t[:0], None, torch.ones(2, device=d), logits.new_empty(0), -100, 0.0, 0.0, 0.0
     )
     assert loss.shape == (0,) and lse.shape == (0,)
     # masked logits filling the whole first block of a row (the running max is -inf there), with and without
@@ -768,9 +780,9 @@ def test_triton_confident_prediction_and_bad_target():
     t = torch.tensor([4500, 7])
     for ls in (0.0, 0.1):
         got = triton_kernels.cross_entropy_rows(
-            masked, t, None, torch.ones(2), masked.new_empty(0), -100, ls, 0.0, 0.0
+            masked.to(d), t.to(d), None, torch.ones(2, device=d), masked.new_empty(0, device=d), -100, ls, 0.0, 0.0
         )[0]
-        torch.testing.assert_close(got, F.cross_entropy(masked, t, reduction="none", label_smoothing=ls))
+        torch.testing.assert_close(got.cpu(), F.cross_entropy(masked, t, reduction="none", label_smoothing=ls))
 
 
 @requires_triton
@@ -781,11 +793,15 @@ def test_triton_no_classes_reads_nothing(monkeypatch):
     from fused.loss import triton_kernels
 
     monkeypatch.setattr(triton_kernels, "check_target_range", lambda *args: None)
-    t = torch.tensor([0, -100, 5])
-    for weight in (None, torch.empty(0)):
-        logits = torch.empty(3, 0)
-        loss, lse = triton_kernels.cross_entropy_rows(logits, t, weight, torch.ones(2), logits, -100, 0.1, 0.0, 0.0)
+    d = TRITON_DEVICE
+    t = torch.tensor([0, -100, 5], device=d)
+    for weight in (None, torch.empty(0, device=d)):
+        logits = torch.empty(3, 0, device=d)
+        loss, lse = triton_kernels.cross_entropy_rows(
+            logits, t, weight, torch.ones(2, device=d), logits, -100, 0.1, 0.0, 0.0
+        )
         for got in (loss, lse):
+            got = got.cpu()
             assert got[[0, 2]].isnan().all() and got[1] == 0
 
 

@@ -100,6 +100,21 @@ def test_cuda_twins_match_their_ops():
             assert kernels["cuda"] in twins, f"{op}: define it with def_with_cuda_twin in its schema file"
 
 
+def test_gpu_router_passes_keyword_only_arguments(monkeypatch):
+    """The dispatcher calls a CUDA kernel with the keyword-only arguments that differ from their defaults as
+    keywords (fused::rope's interleaved=True): the router hands them on to the CUDA C++ twin and to Triton."""
+    from fused import _backend
+
+    seen = []
+    monkeypatch.setattr(_backend, "triton_launcher", lambda path: lambda *a, **kw: seen.append(("triton", a, kw)))
+    monkeypatch.setattr(_backend, "triton_available", lambda: True)
+    for backend in ("cuda", "triton"):
+        monkeypatch.setattr(_backend, "choose", lambda op, b=backend: b)
+        router = _backend.gpu_router("rope", cuda_call=lambda *a, **kw: seen.append(("cuda", a, kw)), triton="m:f")
+        router(1, 2, interleaved=True)
+    assert seen == [("cuda", (1, 2), {"interleaved": True}), ("triton", (1, 2), {"interleaved": True})]
+
+
 def test_coverage_catches_a_forgetful_op():
     """A new op registered step by step: each missing piece is reported until it has them all."""
     lib = torch.library.Library("fused_probe", "DEF")  # a namespace of its own: fused:: stays as it is
