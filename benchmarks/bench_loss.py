@@ -7,7 +7,8 @@ N x D x V for forward+backward, whoever runs them; the question is the memory an
 The post-training losses, forward+backward against eager on full fp32 logits (the reference's formulas):
 fused.linear_log_probs with the entropy and per-token upstream gradients (a GRPO-style sum of logp * advantage
 plus an entropy bonus), and fused.linear_distillation_loss (forward KL, mean) of a student against a teacher of
-the same size."""
+the same size, and the Jensen-Shannon divergence. Where Liger-Kernel is installed (an optional dependency; its
+Triton kernels run on a GPU only), its LigerFusedLinearCrossEntropyLoss and LigerFusedLinearJSD run beside."""
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,17 @@ def ours(device):
     )
 
 
+def liger(device):
+    """liger_kernel.transformers on a GPU where it is installed, else None."""
+    if device != "cuda":
+        return None
+    try:
+        import liger_kernel.transformers as liger_kernel
+    except ImportError:
+        return None
+    return liger_kernel
+
+
 def _linear_cross_entropy_cases(device, N, D, V, dtype):
     g = torch.Generator().manual_seed(0)
     x = torch.randn(N, D, generator=g, dtype=dtype).to(device).requires_grad_()
@@ -36,6 +48,9 @@ def _linear_cross_entropy_cases(device, N, D, V, dtype):
         fns["torch linear_cross_entropy chunked"] = lambda: F.linear_cross_entropy(
             x, w, t, linear_bias=b, options=chunked
         )
+    if lk := liger(device):
+        liger_loss = lk.LigerFusedLinearCrossEntropyLoss()
+        fns["Liger fused linear CE"] = lambda: liger_loss(w, x, t, b)
     for label, backend in ours(device).items():
         fns[label] = with_backend(backend, lambda: fused.linear_cross_entropy(x, w, t, linear_bias=b))
 
@@ -76,6 +91,12 @@ def _post_training_cases(device, N, D, V, dtype):
 
     log_probs = {"eager": log_probs_objective(lambda: ref.linear_log_probs(x, w, t, return_entropy=True))}
     distill = {"eager": lambda: torch.autograd.grad(ref.linear_distillation_loss(x, w, xt, wt, t), (x, w))}
+    jsd = {
+        "eager": lambda: torch.autograd.grad(ref.linear_distillation_loss(x, w, xt, wt, t, divergence="jsd"), (x, w))
+    }
+    if lk := liger(device):
+        liger_jsd = lk.LigerFusedLinearJSD(jsd_beta=0.5)
+        jsd["Liger fused linear JSD"] = lambda: torch.autograd.grad(liger_jsd(x, w, xt, wt, t), (x, w))
     for label, backend in ours(device).items():
         log_probs[label] = with_backend(
             backend, log_probs_objective(lambda: fused.linear_log_probs(x, w, t, return_entropy=True))
@@ -83,11 +104,16 @@ def _post_training_cases(device, N, D, V, dtype):
         distill[label] = with_backend(
             backend, lambda: torch.autograd.grad(fused.linear_distillation_loss(x, w, xt, wt, t), (x, w))
         )
+        jsd[label] = with_backend(
+            backend,
+            lambda: torch.autograd.grad(fused.linear_distillation_loss(x, w, xt, wt, t, divergence="jsd"), (x, w)),
+        )
     shape = f"{N}x{D}x{V} {str(dtype).replace('torch.', '')} fwd+bwd"
     flops = 2 * N * D * V
     return [
         {"name": f"linear_log_probs+entropy {shape}", "flops": 3 * flops, "impls": log_probs},
         {"name": f"linear_distillation_loss {shape}", "flops": 4 * flops, "impls": distill},
+        {"name": f"linear_distillation_loss jsd {shape}", "flops": 4 * flops, "impls": jsd},
     ]
 
 
@@ -97,9 +123,13 @@ def cases(device: str, quick: bool) -> list:
             device, 64, 32, 256, torch.float32
         )
     dtypes = [torch.float32, torch.bfloat16] if device == "cpu" else [torch.bfloat16]  # CPU: AVX-512 bf16 GEMMs
-    return [
+    all_cases = [
         c
         for dtype in dtypes
         for V in (32768, 131072)
         for c in _linear_cross_entropy_cases(device, 4096, 1024, V, dtype)
     ] + [c for V in (32768, 131072) for c in _post_training_cases(device, 4096, 1024, V, torch.float32)]
+    if device == "cuda":  # the default run on a GPU: the large vocabulary (Llama 3's 128k), where the logits hurt
+        for c in all_cases:
+            c["default"] = "x131072 " in c["name"]
+    return all_cases
