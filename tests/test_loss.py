@@ -452,6 +452,29 @@ def test_memory_without_the_logits(monkeypatch):
     assert ours <= grads_mb + 1.0 + 0.5, (ours, grads_mb)  # + one chunk of logits (1 MiB) + small vectors
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("upcast", [False, True])
+def test_16bit_gemm_paths(monkeypatch, dtype, upcast):
+    """Both ways the CPU runs 16-bit chunks (chunked.gemm_dtype), whichever this machine takes: 16-bit GEMMs, or
+    float32 GEMMs on operands upcast a slice of classes at a time (CPUs without AVX512-BF16 / AMX). Several chunks
+    and class slices; the loss and every gradient within eager's error of float64, in the input's dtype."""
+    monkeypatch.setattr(chunked, "gemm_dtype", lambda t: torch.float32 if upcast and t.dtype == dtype else t.dtype)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 4096)  # 8 rows of fp32 logits a chunk; 32 classes a slice
+    x, w, b = lce_inputs((45,), 32, 300, dtype)
+    t = targets((45,), 300)
+    upstream = make((45,), dtype, seed=9)
+    loss = lce(x, w, b, t, reduction="none")
+    got = (loss, *torch.autograd.grad((loss * upstream).sum(), (x, w, b)))
+    eager_loss = lce_ref(x, w, b, t, reduction="none")
+    eager = (eager_loss, *torch.autograd.grad((eager_loss * upstream).sum(), (x, w, b)))
+    x64, w64, b64 = (v.detach().double().requires_grad_() for v in (x, w, b))
+    loss64 = lce_ref(x64, w64, b64, t, reduction="none")
+    exact = (loss64, *torch.autograd.grad((loss64 * upstream.double()).sum(), (x64, w64, b64)))
+    for ours, e, r in zip(got, eager, exact):
+        assert ours.dtype == e.dtype
+        assert_accuracy(ours.float(), e.float(), r)
+
+
 def test_memory_16bit_weight_gradient(monkeypatch):
     """bf16: the weight gradient accumulates in fp32 (2 weight sizes) and a chunk may take one weight size (fewer
     fp32 additions): the gradients, the accumulator and one chunk, never the N x V logits."""

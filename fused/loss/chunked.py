@@ -65,16 +65,49 @@ def autocast_linear(*tensors):
     )
 
 
-def chunk_rows(n_rows, linear_weight, accumulates_16bit=False):
+def gemm_dtype(t):
+    """The dtype the chunk's GEMMs run in: t's own, or float32 for 16-bit t on a CPU without 16-bit matrix
+    instructions (AVX512-BF16 / AMX). There a bf16 or fp16 GEMM is emulated, several times slower than the float32
+    GEMM of the upcast operands, which computes the same products (exact in float32) with the same float32
+    accumulation, and keeps the logits in float32 instead of rounding them to 16 bits."""
+    if t.dtype not in (torch.bfloat16, torch.float16) or t.device.type != "cpu":
+        return t.dtype
+    native = "_is_avx512_bf16_supported" if t.dtype == torch.bfloat16 else "_is_amx_fp16_supported"
+    cpu = torch.cpu
+    supported = getattr(cpu, native, lambda: False)() or (
+        t.dtype == torch.bfloat16 and getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+    )
+    return t.dtype if supported else torch.float32
+
+
+def chunk_rows(n_rows, linear_weight, accumulates_16bit=False, logits_dtype=None):
+    """Rows per chunk: logits of logits_dtype (default: the weight's) within the budget CHUNK_BYTES explains."""
     weight_bytes = linear_weight.numel() * linear_weight.element_size()
     budget = max(CHUNK_BYTES, weight_bytes if accumulates_16bit else weight_bytes // 4)
-    return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * linear_weight.element_size())))
+    element = (linear_weight if logits_dtype is None else torch.empty((), dtype=logits_dtype)).element_size()
+    return max(1, min(n_rows, budget // max(1, linear_weight.shape[0] * element)))
 
 
-def _logits(x, weight, bias, out):
-    if bias is None:
-        return torch.mm(x, weight.t(), out=out)
-    return torch.addmm(bias, x, weight.t(), out=out)
+def _weight_slices(weight, dtype, classes):
+    """(c0, c1, weight[c0:c1] in dtype) over the classes, `classes` at a time: a 16-bit weight upcast a slice at a
+    time, never whole."""
+    for c0 in range(0, weight.shape[0], classes):
+        yield c0, min(weight.shape[0], c0 + classes), weight[c0 : c0 + classes].to(dtype)
+
+
+def _logits(x, weight, bias, out, classes):
+    """out = x @ weight.T + bias in out's dtype (x and weight upcast by slices of classes when that differs)."""
+    if out.dtype == weight.dtype:
+        if bias is None:
+            return torch.mm(x, weight.t(), out=out)
+        return torch.addmm(bias, x, weight.t(), out=out)
+    x = x.to(out.dtype)
+    for c0, c1, w in _weight_slices(weight, out.dtype, classes):
+        if bias is None:
+            torch.mm(x, w.t(), out=out[:, c0:c1])
+        else:
+            torch.addmm(bias[c0:c1].to(out.dtype), x, w.t(), out=out[:, c0:c1])
+    return out
 
 
 def linear_chunks(input, linear_weight, linear_bias, row_kernel, n_outputs, grads, teacher=None):
@@ -84,39 +117,48 @@ def linear_chunks(input, linear_weight, linear_bias, row_kernel, n_outputs, grad
     `teacher` = (input, weight, bias) of a second linear layer over the same rows: no gradient) and returns
     n_outputs per-row tensors in the math dtype; when a gradient is asked for it writes the gradient of the loss
     with respect to the logits over them. grads: which of (grad_input, grad_weight, grad_bias) to compute, the
-    others come back empty."""
+    others come back empty. The logits are in gemm_dtype(input)."""
     grad_input, grad_weight, grad_bias = grads
     grad_bias = grad_bias and linear_bias is not None
     N, D = input.shape
     V = linear_weight.shape[0]
-    acc = math_dtype(input)
-    rows = chunk_rows(N, linear_weight, grad_weight and input.dtype != acc)
-    logits = input.new_empty(min(rows, N), V)
-    teacher_logits = None if teacher is None else teacher[0].new_empty(min(rows, N), V)
+    acc, gemm = math_dtype(input), gemm_dtype(input)
+    rows = chunk_rows(N, linear_weight, grad_weight and gemm != acc, gemm)
+    logits = input.new_empty(min(rows, N), V, dtype=gemm)
+    teacher_logits = None if teacher is None else teacher[0].new_empty(min(rows, N), V, dtype=gemm_dtype(teacher[0]))
     outputs = [input.new_empty(N, dtype=acc) for _ in range(n_outputs)]
     gi = input.new_empty(N, D) if grad_input else input.new_empty(0)
     gw = input.new_zeros(V, D, dtype=acc) if grad_weight else input.new_empty(0)
     gb = input.new_zeros(V, dtype=acc) if grad_bias else input.new_empty(0)
-    # 16-bit: the weight gradient of a chunk is a 16-bit GEMM (fp32 inside), added into gw in fp32 by slices of
-    # classes, so that no V x D temporary is needed.
-    slice_classes = max(1, CHUNK_BYTES // max(1, D * input.element_size()))
+    # 16-bit weights: the weight gradient of a chunk (a 16-bit GEMM, fp32 inside) is added into gw in fp32, and
+    # upcast weights are made, by slices of classes, so that no V x D temporary is needed.
+    slice_classes = max(1, CHUNK_BYTES // max(1, D * 4))
     for r0 in range(0, N, rows):
         r1 = min(N, r0 + rows)
         x, buf = input[r0:r1], logits[: r1 - r0]
-        _logits(x, linear_weight, linear_bias, buf)
+        _logits(x, linear_weight, linear_bias, buf, slice_classes)
         teacher_buf = None
         if teacher is not None:
-            teacher_buf = _logits(teacher[0][r0:r1], teacher[1], teacher[2], teacher_logits[: r1 - r0])
+            teacher_buf = _logits(teacher[0][r0:r1], teacher[1], teacher[2], teacher_logits[: r1 - r0], slice_classes)
         for out, value in zip(outputs, row_kernel(buf, r0, r1, teacher_buf)):
             out[r0:r1] = value
-        if grad_input:
-            torch.mm(buf, linear_weight, out=gi[r0:r1])
-        if grad_weight:
-            if buf.dtype == acc:
-                gw.addmm_(buf.t(), x)
-            else:
-                for c0 in range(0, V, slice_classes):
-                    gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
+        if gemm != input.dtype:  # upcast GEMMs: the gradients' too, by slices of classes
+            if grad_input:
+                gx = x.new_zeros(r1 - r0, D, dtype=gemm)
+                for c0, c1, w in _weight_slices(linear_weight, gemm, slice_classes):
+                    gx.addmm_(buf[:, c0:c1], w)
+                gi[r0:r1] = gx
+            if grad_weight:
+                gw.addmm_(buf.t(), x.to(gemm))
+        else:
+            if grad_input:
+                torch.mm(buf, linear_weight, out=gi[r0:r1])
+            if grad_weight:
+                if buf.dtype == acc:
+                    gw.addmm_(buf.t(), x)
+                else:
+                    for c0 in range(0, V, slice_classes):
+                        gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
         if grad_bias:
             gb += buf.sum(0, dtype=acc)
     return (*outputs, gi, gw.to(linear_weight.dtype), gb.to(linear_weight.dtype))
