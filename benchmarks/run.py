@@ -34,8 +34,10 @@ OURS = ("fused", "fused[cuda]", "fused[triton]")
 
 
 def discover(only):
-    names = sorted(m.name for m in pkgutil.iter_modules([os.path.dirname(__file__)]) if m.name.startswith("bench_"))
-    return [importlib.import_module(f"benchmarks.{n}") for n in names if not only or n[len("bench_") :] in only]
+    """The families' modules: all, alphabetically, or those named in `only`, in its order."""
+    modules = pkgutil.iter_modules([os.path.dirname(__file__)])
+    names = sorted(m.name[len("bench_") :] for m in modules if m.name.startswith("bench_"))
+    return [importlib.import_module(f"benchmarks.bench_{n}") for n in (only or names) if n in names]
 
 
 def op_and_dtype(name):
