@@ -9,6 +9,7 @@
 #      sanitize  compute-sanitizer over the CUDA C++ tests (ids cuda-cuda and the test_optim_cuda file), one process
 #                per family: memcheck for each; racecheck and synccheck for the kernels with shared memory and
 #                barriers (norm rows, cross-entropy rows, bias-gradient reductions, the optimizer's grad norm);
+#                initcheck (reads of memory nothing wrote: workspaces, partial sums) over every family;
 #                SANITIZE_ONLY (a regex over "tool|files|filter") runs a subset
 #      diag      tools/gpu_diag.sh: the toolchain, and the C++ argument-error probes (diag.log)
 #   3. bench     python -m benchmarks.run --device cuda (the GPU to itself; the device's copy bandwidth measured first;
@@ -106,6 +107,8 @@ if [ -n "$sanitizer" ]; then
     "racecheck|tests/test_norm.py tests/test_loss.py|cuda-cuda"
     "racecheck|tests/test_elementwise.py tests/test_optim_cuda.py|cuda-cuda and (bias or dropout) or clip_grad or cuda_matches"
     "synccheck|tests/test_norm.py tests/test_loss.py tests/test_optim_cuda.py|cuda"
+    "initcheck|tests/test_norm.py tests/test_rope.py tests/test_elementwise.py|cuda-cuda"
+    "initcheck|tests/test_loss.py tests/test_logprob.py tests/test_optim_cuda.py tests/test_linear.py|cuda"
   )
   i=0
   for job in "${jobs[@]}"; do
