@@ -1,5 +1,7 @@
 """The README's condensed table from a results JSON written by benchmarks.run: per case and backend of ours, its
-time, eager's, the best alternative's, the two speedups, and the peak memory of ours and of that alternative.
+time, eager's, the best alternative's, the two speedups, and the peak memory of ours and of that alternative. GPU
+results add the device times alone (graph ms, benchmarks.timing.graph_ms): ours, and the ratio to the alternative
+fastest by that measure.
 
     python -m benchmarks.summary benchmarks/results/<device>.json
 """
@@ -11,10 +13,11 @@ from benchmarks.run import OURS, fmt
 
 
 def summary(results):
+    graphs = any("graph_ms" in r for case in results for r in case["rows"])
     lines = [
         "| case | fused ms | eager ms | best alternative (ms) | vs eager | vs best alternative | "
-        "peak MB: fused / best alt. |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        f"peak MB: fused / best alt. |{' graph ms: fused / best alt. | vs best alt. (graph) |' if graphs else ''}",
+        f"|---|---:|---:|---|---:|---:|---:|{'---:|---:|' if graphs else ''}",
     ]
     for case in results:
         rows = [r for r in case["rows"] if r["ms"]]
@@ -22,6 +25,7 @@ def summary(results):
         alternatives = [r for r in rows if r["impl"] not in OURS]
         best = min(alternatives, key=lambda r: r["ms"], default=None)
         best_text = f"{best['impl']} ({best['ms']:.3f})" if best else "-"
+        best_graph = min((r["graph_ms"] for r in alternatives if r.get("graph_ms")), default=None)
         for r in rows:
             if r["impl"] not in OURS:
                 continue
@@ -31,8 +35,14 @@ def summary(results):
                 f"{fmt(r.get('vs_eager'), '.2f')}{'x' if r.get('vs_eager') else ''} | "
                 f"{fmt(r.get('vs_best_alt'), '.2f')}{'x' if r.get('vs_best_alt') else ''} | "
                 f"{fmt(r.get('peak_mb'), '.1f')} / {fmt(best and best.get('peak_mb'), '.1f')} |"
+                + (graph_cells(r.get("graph_ms"), best_graph) if graphs else "")
             )
     return "\n".join(lines)
+
+
+def graph_cells(ours, best):
+    ratio = best / ours if ours and best else None
+    return f" {fmt(ours, '.3f')} / {fmt(best, '.3f')} | {fmt(ratio, '.2f')}{'x' if ratio else ''} |"
 
 
 if __name__ == "__main__":
