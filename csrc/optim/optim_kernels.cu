@@ -55,7 +55,7 @@ __device__ __forceinline__ void store4(T* p, int64_t i, int64_t end, bool aligne
 
 // Runs f(T{}) with T the storage type of dtype code d.
 template <typename F> __device__ __forceinline__ void dispatch(uint8_t d, F&& f) {
-  switch (d & 0x0f) {
+  switch (d & kDTypeBits) {
     case kF32: f(float{}); break;
     case kF16: f(__half{}); break;
     case kBF16: f(__nv_bfloat16{}); break;
@@ -225,16 +225,23 @@ __device__ void advance_steps(const TensorLists& L, Workspace ws) {
 }
 
 // Runs f(TP{}, TG{}, TS{}, TM{}): the types of parameter, gradient, state and (master weights) model parameter.
-template <typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
+// TS is int8_t for 8-bit state (kInt8State, only where kCodes: Adam; never with float64 parameters).
+template <bool kCodes, typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
   dispatch(d, [&](auto tag) {
     using D = decltype(tag);
     auto with_grad = [&](auto p, auto s, auto m) {
       if (d & kF32Grad) f(p, float{}, s, m);
       else f(p, tag, s, m);
     };
-    if (d & kMaster) with_grad(float{}, float{}, tag);
-    else if (d & kF32State) with_grad(tag, float{}, tag);
-    else with_grad(tag, tag, tag);
+    auto with_state = [&](auto p, auto m) {
+      if constexpr (kCodes && !std::is_same_v<D, double>) {
+        if (d & kInt8State) return with_grad(p, int8_t{}, m);
+      }
+      if (d & (kMaster | kF32State)) with_grad(p, float{}, m);
+      else with_grad(p, tag, m);
+    };
+    if (d & kMaster) with_state(float{}, tag);
+    else with_state(tag, tag);
   });
 }
 
@@ -316,7 +323,8 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
     const ChunkRange r = chunk_range(L, c);
     const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
+    dispatch_update<std::is_same_v<Args, AdamArgs>>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag,
+                                                                      auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
       using TM = decltype(model_tag);
@@ -362,41 +370,166 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
   if (stepped && args.use_momentum) advance_steps(L, ws);
 }
 
+// Adam's per-tensor constants in the math type, as the CPU kernel rounds them (bias corrections in double).
+template <typename M> struct AdamCoefs {
+  M b1c, b2, b2c, eps, wd, decay, neg_step, inv_bc2;
+};
+template <typename M> __device__ __forceinline__ AdamCoefs<M> adam_coefs(const AdamArgs& a, double step) {
+  const double step_size = a.lr / (1.0 - pow(a.beta1, step));
+  const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
+  return {M(1.0 - a.beta1), M(a.beta2),        M(1.0 - a.beta2),
+          M(a.eps),         M(a.weight_decay), M(1.0 - a.lr * a.weight_decay),
+          M(-step_size),    M(inv_bc2_sqrt)};
+}
+
+// One element of Adam's update from the clipped gradient g, with the CPU kernel's operations (the same fmas, so the
+// same bits from the same inputs). vmax is read and written under amsgrad only.
+template <typename M>
+__device__ __forceinline__ void adam_element(const AdamArgs& a, const AdamCoefs<M>& c, M g, M& p, M& m, M& v, M& vmax) {
+  M gk = a.maximize ? -g : g;
+  if (a.weight_decay != 0.0) {
+    if (a.decoupled) p *= c.decay;
+    else gk = fma(p, c.wd, gk);
+  }
+  m = fma(gk - m, c.b1c, m);
+  v = fma(gk * gk, c.b2c, v * c.b2);
+  M vv = v;
+  if (a.amsgrad) vv = vmax = vmax > v ? vmax : v;
+  p = fma(c.neg_step, m / fma(sqrt(vv), c.inv_bc2, c.eps), p);
+}
+
+// ---- 8-bit state (kInt8State): quantize_cpu.h's code maps and arithmetic, so its bits ----
+// exp_avg: int8 codes, m = sign(q) (q / 127)^2 a; exp_avg_sq: uint8 codes on sqrt(v) = (q / 255)^2 u; a, u the
+// block's max |m| and max sqrt(v) (its float32 scale). One warp holds a block of kQuantBlock elements, 8
+// consecutive ones a lane, so the scale is a warp reduction and the codes never leave registers.
+template <typename C> struct alignas(8) Codes8 {
+  C v[8];
+};
+template <typename C> constexpr float kLevels = std::is_signed_v<C> ? 127.f : 255.f;
+
+// Element i..i+7's values decoded from their codes and the block's scale (zeros past end).
+template <typename C>
+__device__ __forceinline__ void decode8(const C* q, float scale, int64_t i, int64_t end, bool aligned, float out[8]) {
+  Codes8<C> c{};
+  if (aligned && i + 8 <= end) c = *reinterpret_cast<const Codes8<C>*>(q + i);
+  else
+#pragma unroll
+    for (int k = 0; k < 8; ++k) c.v[k] = i + k < end ? q[i + k] : C(0);
+  const float s = scale / (kLevels<C> * kLevels<C>);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float f = float(c.v[k]);
+    if constexpr (std::is_signed_v<C>) out[k] = f * fabsf(f) * s;
+    else {
+      const float w = f * f * s;
+      out[k] = w * w;
+    }
+  }
+}
+
+// max that keeps NaN, as at::vec::maximum in quantize_cpu.h's block max
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+
+// Encodes element i..i+7 (x, the first `valid` of them inside the tensor) into their codes; lane 0 stores the
+// block's scale. Every lane of the warp calls it (the scale is a shuffle reduction over the block).
+template <typename C>
+__device__ __forceinline__ void encode8(const float x[8], int valid, C* q, float* scale, int64_t i, int64_t end,
+                                        bool aligned) {
+  float mag[8], a = 0.f;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    mag[k] = k >= valid ? 0.f : std::is_signed_v<C> ? fabsf(x[k]) : sqrtf(x[k]);
+    a = nan_max(a, mag[k]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = nan_max(a, __shfl_xor_sync(0xffffffffu, a, o));
+  if ((threadIdx.x & 31) == 0) *scale = a;
+  const bool usable = a > 0.f && a <= __FLT_MAX__;  // else codes 0: zero blocks decode to 0, non-finite to NaN
+  // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
+  const float inv = 1.f / a;
+  const bool by_inverse = inv <= __FLT_MAX__;
+  Codes8<C> c;
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    const float r = rintf(sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>);
+    const float code = usable ? r : 0.f;
+    c.v[k] = C(std::is_signed_v<C> && x[k] < 0.f ? -code : code);
+  }
+  if (aligned && i + 8 <= end) *reinterpret_cast<Codes8<C>*>(q + i) = c;
+  else
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      if (i + k < end) q[i + k] = c.v[k];
+}
+
+// One chunk of a tensor with 8-bit state: warp w of the block takes the chunk's quantization blocks w, w + warps,
+// ... (chunks start at multiples of kQuantBlock), each lane 8 elements: decode, update, encode in registers.
+template <typename U>
+__device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const ChunkRange& r, const AdamArgs& a,
+                                                 const UpdateScalars& s, const U& u, const AdamCoefs<float>& c) {
+  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int scales = a.amsgrad ? 5 : 4;  // the first scale list
+  int8_t* qm = list_ptr<int8_t>(L, 2, r.t);
+  uint8_t *qv = list_ptr<uint8_t>(L, 3, r.t), *qx = a.amsgrad ? list_ptr<uint8_t>(L, 4, r.t) : nullptr;
+  float *sm = list_ptr<float>(L, scales, r.t), *sv = list_ptr<float>(L, scales + 1, r.t);
+  float* sx = a.amsgrad ? list_ptr<float>(L, scales + 2, r.t) : nullptr;
+  for (int64_t b0 = r.start + int64_t(kQuantBlock) * (threadIdx.x >> 5); b0 < r.end;
+       b0 += int64_t(kQuantBlock) * warps) {
+    const int64_t i = b0 + 8 * lane, blk = b0 / kQuantBlock;
+    const int valid = r.end - i >= 8 ? 8 : r.end > i ? int(r.end - i) : 0;
+    float p[8], g[8], m[8], v[8], vmax[8];
+    for (int h = 0; h < 8; h += 4) {
+      load4(u.param, i + h, r.end, r.aligned, p + h);
+      load4(u.grad, i + h, r.end, r.aligned, g + h);
+    }
+    decode8(qm, sm[blk], i, r.end, r.aligned, m);
+    decode8(qv, sv[blk], i, r.end, r.aligned, v);
+    if (a.amsgrad) decode8(qx, sx[blk], i, r.end, r.aligned, vmax);
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+      g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+      adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
+    }
+    for (int h = 0; h < 8; h += 4) {
+      u.store_params(i + h, r.end, r.aligned, p + h, a.stochastic);
+      if (s.write_back) store4(u.grad, i + h, r.end, r.aligned, g + h);
+    }
+    encode8(m, valid, qm, sm + blk, i, r.end, r.aligned);
+    encode8(v, valid, qv, sv + blk, i, r.end, r.aligned);
+    if (a.amsgrad) encode8(vmax, valid, qx, sx + blk, i, r.end, r.aligned);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
   const bool stepped = for_update_chunks(
       L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
-        using M = typename std::decay_t<decltype(u)>::M;
-        const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
-        const double step_size = a.lr / (1.0 - pow(a.beta1, step));
-        const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
-        auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
-        for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-          M p[4], g[4], m[4], v[4], vmax[4];
-          load4(u.param, i, r.end, r.aligned, p);
-          load4(u.grad, i, r.end, r.aligned, g);
-          load4(exp_avg, i, r.end, r.aligned, m);
-          load4(exp_avg_sq, i, r.end, r.aligned, v);
-          if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+        using UT = std::decay_t<decltype(u)>;
+        using M = typename UT::M;
+        // this step's count (advanced after the grid is done)
+        const AdamCoefs<M> c = adam_coefs<M>(a, double(*L.steps[r.t]) + 1.0);
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(u.state(2))>, int8_t>) {
+          adam_codes_chunk(L, r, a, s, u, c);
+          return;
+        } else {
+          auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
+          for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+            M p[4], g[4], m[4], v[4], vmax[4];
+            load4(u.param, i, r.end, r.aligned, p);
+            load4(u.grad, i, r.end, r.aligned, g);
+            load4(exp_avg, i, r.end, r.aligned, m);
+            load4(exp_avg_sq, i, r.end, r.aligned, v);
+            if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
-            M gk = a.maximize ? -g[k] : g[k];
-            if (a.weight_decay != 0.0) {
-              if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
-              else gk += M(a.weight_decay) * p[k];
+            for (int k = 0; k < 4; ++k) {
+              g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+              adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
             }
-            m[k] += (gk - m[k]) * M(1.0 - a.beta1);
-            v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
-            M vv = v[k];
-            if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
-            const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
-            p[k] -= M(step_size) * m[k] / denom;
+            u.store_params(i, r.end, r.aligned, p, a.stochastic);
+            store4(exp_avg, i, r.end, r.aligned, m);
+            store4(exp_avg_sq, i, r.end, r.aligned, v);
+            if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+            if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
           }
-          u.store_params(i, r.end, r.aligned, p, a.stochastic);
-          store4(exp_avg, i, r.end, r.aligned, m);
-          store4(exp_avg_sq, i, r.end, r.aligned, v);
-          if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
-          if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
         }
       });
   if (stepped) advance_steps(L, ws);

@@ -248,6 +248,7 @@ void def_optim(py::module_& m) {
   m.attr("MASTER") = oc::kMaster;
   m.attr("F32_STATE") = oc::kF32State;
   m.attr("F32_GRAD") = oc::kF32Grad;
+  m.attr("INT8_STATE") = oc::kInt8State;
   // norm_dtype: the optimizer DType code of norm_out (the gradients' promoted dtype); coef_out is float64.
   m.def("grad_norm",
         [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr ws, Ptr found_in,
