@@ -10,7 +10,7 @@ import torch
 
 import fused
 from fused.optim import quantize
-from tests.harness import adam_step_args
+from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -229,3 +229,194 @@ def test_bf16_state_is_stochastically_rounded_and_reproducible():
     assert torch.equal(a, b)
     up = (a > 1.0).float().mean().item()
     assert abs(up - 2**-3) < 0.02, up  # 2^-10 of the way to a step of 2^-7: rounds up 1/8 of the time
+
+
+# ---------------------------------------------------------------- GPU: the int8 state on every GPU backend of
+# adam_step_ against the CPU op (collected everywhere, skipped without a GPU)
+GPU_SHAPES = [(70001,), (5000,), (37, 5), (2, 3, 131), (4096,)]  # chunks, partial blocks, a small fp32-state tensor
+
+
+@pytest.fixture(params=[p for p in device_backends("adam_step_") if p.values[0][0] == "cuda"] or [None])
+def gpu(request):
+    """Each GPU backend of adam_step_ in turn (selected for the test); skipped without a GPU."""
+    if request.param is None or not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    with backend(request.param[1]):
+        yield request.param[1]
+
+
+def assert_same(ours, cpu):
+    """The CPU op's bits (on the GPU tensor brought back), NaN counting as one NaN whatever its payload."""
+    ours = ours.cpu()
+    assert ours.dtype == cpu.dtype and ours.shape == cpu.shape
+    if ours.is_floating_point():
+        nan = ours.isnan()
+        assert torch.equal(nan, cpu.isnan())
+        ours, cpu = ours.masked_fill(nan, 0), cpu.masked_fill(nan, 0)
+    assert torch.equal(ours.view(torch.uint8), cpu.view(torch.uint8))
+
+
+def moments(params, keys, seed):
+    """A run in progress: codes and scales (quantize.encode_) for 4096 elements or more, float32 for the others
+    (their scales an empty stand-in, as fused.optim passes them). {key: (states, scales)}."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key in keys:
+        states, scales = [], []
+        for p in params:
+            x = torch.randn(p.shape, generator=g) * 0.1
+            x = x if key == "exp_avg" else x * x
+            if p.numel() >= quantize.MIN_NUMEL:
+                codes = torch.empty(p.shape, dtype=quantize.CODES[key])
+                scales.append(quantize.zero_scales(codes))
+                quantize.encode_(codes, scales[-1], x)
+                states.append(codes)
+            else:
+                states.append(x)
+                scales.append(torch.empty(0))
+        out[key] = (states, scales)
+    return out
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("mode", ["float32", "bfloat16", "master", "stochastic"])
+def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
+    """The op itself on both devices with the same scalars (unscale by 64, value clip 30, norm coefficient 0.5):
+    the CPU kernel's formulas, so its bits for params, the gradients written back, codes, scales, fp32 state and
+    the rounded model params; an inf gradient in step 1 (a non-finite block), step 2 skipped (found_inf)."""
+    keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    pdtype = torch.bfloat16 if mode in ("bfloat16", "stochastic", "master") else torch.float32
+    gen = torch.Generator().manual_seed(3)
+    model = [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES] if mode == "master" else []
+    params = [m.float() for m in model] or [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES]
+    cpu = dict(p=params, m=model, st=moments(params, keys, 4), steps=[torch.full((), 2.0) for _ in params])
+    dev = dict(
+        p=[t.cuda() for t in cpu["p"]],
+        m=[t.cuda() for t in cpu["m"]],
+        st={k: ([t.cuda() for t in a], [t.cuda() for t in b]) for k, (a, b) in cpu["st"].items()},
+        steps=[t.cuda() for t in cpu["steps"]],
+    )
+    seed = torch.tensor(-42) if mode == "stochastic" else None
+    for step in range(3):
+        gdtype = (model or params)[0].dtype
+        grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params]
+        if step == 1:
+            grads[0][69997] = math.inf  # the last, partial block of tensor 0
+        found, clip_value = float(step == 2), math.inf if step == 1 else 30.0
+        for side, grad in ((cpu, grads), (dev, [g.cuda() for g in grads])):
+            device = side["p"][0].device
+            sts = [side["st"][k][0] for k in keys] + ([] if amsgrad else [[]])
+            scales = {k + "_scales": side["st"][k][1] for k in keys}
+            side["g"] = grad
+            torch.ops.fused.adam_step_(
+                side["p"], grad, *sts, side["steps"], 1e-2, 0.9, 0.99, 1e-8, 0.1, amsgrad, True, False,
+                torch.tensor(0.5, dtype=torch.float64, device=device), torch.tensor(64.0, device=device),
+                torch.tensor(found, device=device), clip_value, side["m"], seed, None, True, **scales,
+            )  # fmt: skip
+        for a, b in zip(dev["p"] + dev["g"] + dev["m"] + dev["steps"], cpu["p"] + cpu["g"] + cpu["m"] + cpu["steps"]):
+            assert_same(a, b)
+        for k in keys:
+            for a, b in zip(dev["st"][k][0] + dev["st"][k][1], cpu["st"][k][0] + cpu["st"][k][1]):
+                assert_same(a, b)
+    assert dev["st"]["exp_avg"][0][0].dtype == torch.int8
+    assert not dev["st"]["exp_avg"][1][0][-1].isfinite() and dev["st"]["exp_avg"][1][0][:-1].isfinite().all()
+
+
+def gpu_pair(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in GPU_SHAPES]
+    return cpu, [p.detach().cuda().requires_grad_() for p in cpu]
+
+
+def grads_for(cpu, gpu, step, scale=1.0):
+    g = torch.Generator().manual_seed(100 + step)
+    for p, q in zip(cpu, gpu):
+        p.grad = (torch.randn(p.shape, generator=g) * scale).to(p.dtype)
+        q.grad = p.grad.cuda()
+
+
+def assert_states_same(a, b, cpu, gpu):
+    for p, q in zip(cpu, gpu):
+        assert_same(q.detach(), p.detach())
+        assert a.state[p].keys() == b.state[q].keys()
+        for k, v in a.state[p].items():
+            assert_same(b.state[q][k], v)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
+    """fused.optim.AdamW(state_dtype="int8") with a GradScaler and value clipping, on the CPU and the GPU: the
+    same bits step after step (no norm clipping: its coefficient's last bit depends on the summation order); a
+    step skipped on an inf gradient leaves params and quantized state bit-identical."""
+    cpu, gpu_ps = gpu_pair()
+    a = fused.optim.AdamW(cpu, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
+    b = fused.optim.AdamW(gpu_ps, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
+    scalers = fused.amp.GradScaler("cpu", init_scale=2.0**8), fused.amp.GradScaler("cuda", init_scale=2.0**8)
+    for step in range(4):
+        for scaler, ps in zip(scalers, (cpu, gpu_ps)):
+            scaler.scale(torch.ones((), device=ps[0].device))
+        grads_for(cpu, gpu_ps, step, scale=2.0**8)
+        if step == 2:
+            cpu[0].grad[11] = gpu_ps[0].grad[11] = math.inf
+            before = copy.deepcopy(b.state_dict())
+            kept = [q.detach().clone() for q in gpu_ps]
+        for scaler, opt in zip(scalers, (a, b)):
+            scaler.step(opt)
+            scaler.update()
+        if step == 2:
+            after = b.state_dict()
+            for i in before["state"]:
+                for k, v in before["state"][i].items():
+                    assert_same(after["state"][i][k], v.cpu())
+            assert all(torch.equal(q.detach(), k) for q, k in zip(gpu_ps, kept))
+        assert_states_same(a, b, cpu, gpu_ps)
+    assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8 and b.state[gpu_ps[2]]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_int8_master_weights_stochastic_rounding_accumulation(gpu, dtype):
+    """16-bit params with fp32 masters (bf16 also rounded stochastically: the same Philox words), int8 state,
+    micro-batch gradients accumulated in fp32: the CPU optimizer's bits."""
+    cpu, gpu_ps = gpu_pair(dtype)
+    kw = dict(lr=1e-2, master_weights=True, state_dtype="int8", stochastic_rounding=dtype == torch.bfloat16)
+    a, b = fused.optim.AdamW(cpu, **kw), fused.optim.AdamW(gpu_ps, **kw)
+    for step in range(3):
+        for micro in range(3):
+            grads_for(cpu, gpu_ps, 10 * step + micro)
+            a.accumulate_grads()
+            b.accumulate_grads()
+        for opt in (a, b):
+            torch.manual_seed(step)  # the same stochastic-rounding seed on both
+            opt.step()
+        assert_states_same(a, b, cpu, gpu_ps)
+    assert b.state[gpu_ps[0]]["master_param"].dtype == torch.float32
+
+
+def test_gpu_int8_with_norm_clipping_close_to_cpu(gpu):
+    """max_grad_norm: the norm's summation order differs, so the coefficient may differ in its last bit and a code
+    flip by one level where a value sits on a rounding boundary: codes within one level, decoded moments within
+    two levels of the block's scale, scales within a few ulps, params close."""
+    cpu, gpu_ps = gpu_pair()
+    a = fused.optim.AdamW(cpu, lr=1e-3, max_grad_norm=1.0, state_dtype="int8")
+    b = fused.optim.AdamW(gpu_ps, lr=1e-3, max_grad_norm=1.0, state_dtype="int8")
+    for step in range(3):
+        grads_for(cpu, gpu_ps, step)
+        a.step()
+        b.step()
+    for p, q in zip(cpu, gpu_ps):
+        # a flipped code of a tiny exp_avg_sq moves its element's update by up to a few lr: rare, and bounded
+        diff = (q.detach().cpu() - p.detach()).abs()
+        assert (diff <= 1e-5 + 1e-4 * p.detach().abs()).float().mean() >= 0.999 and diff.max() <= 3e-2
+        for key, levels in (("exp_avg", 127), ("exp_avg_sq", 255)):
+            sa, sb = a.state[p], b.state[q]
+            if sa[key].dtype == torch.float32:
+                torch.testing.assert_close(sb[key].cpu(), sa[key], rtol=1e-5, atol=1e-12)
+                continue
+            scale = sa[key + "_scale"]
+            torch.testing.assert_close(sb[key + "_scale"].cpu(), scale, rtol=1e-5, atol=0)
+            da, db = quantize.decode(sa[key], scale), quantize.decode(sb[key].cpu(), sb[key + "_scale"].cpu())
+            if key == "exp_avg_sq":
+                da, db = da.sqrt(), db.sqrt()
+            bound = (2.01 * scale / levels).repeat_interleave(256)[: p.numel()].view(p.shape)
+            assert ((da - db).abs() <= bound).all()
+            assert (sa[key].int() - sb[key].cpu().int()).abs().max() <= 1
