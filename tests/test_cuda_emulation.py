@@ -20,9 +20,8 @@ from fused._codes import ACT_CODES, parse_op
 from fused.distance import reference as dref
 from fused.elementwise import encode_ops
 from fused.elementwise import reference as eref
-from fused.optim import quantize
 from tests import cuda_emulation as ce
-from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, make
+from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, int8_moments, make
 
 pytestmark = pytest.mark.skipif(ce.unavailable() is not None, reason=str(ce.unavailable()))
 
@@ -1254,29 +1253,6 @@ def assert_same(a, b):
     assert_equal_bits(a, b)
 
 
-def int8_state(ps, keys, seed):
-    """Moments of a run in progress as the optimizer holds them: 8-bit codes and scales (quantize.encode_) for
-    tensors of 4096 elements or more, float32 for the others (their scales an empty stand-in). {key: (states,
-    scales)}."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for key in keys:
-        states, scales = [], []
-        for p in ps:
-            x = torch.randn(p.shape, generator=g) * 0.1
-            x = x if key == "exp_avg" else x * x
-            if p.numel() >= quantize.MIN_NUMEL:
-                codes = torch.empty(p.shape, dtype=quantize.CODES[key])
-                scales.append(quantize.zero_scales(codes))
-                quantize.encode_(codes, scales[-1], x)
-                states.append(codes)
-            else:
-                states.append(x)
-                scales.append(torch.empty(0))
-        out[key] = (states, scales)
-    return out
-
-
 @pytest.mark.parametrize("mode", ["float32", "bfloat16", "float16 fp32 grads", "master", "stochastic"])
 @pytest.mark.parametrize("case", range(len(ADAM_CASES)))
 def test_adam_step_int8_state(emu, ws, case, mode):
@@ -1294,7 +1270,7 @@ def test_adam_step_int8_state(emu, ws, case, mode):
     masters = [p.float() for p in params0] if mode == "master" else None
     model0 = params0 if mode == "master" else None
     params0 = masters or params0
-    state = int8_state(params0, keys, 9 + case)
+    state = int8_moments(params0, keys, 9 + case)
     cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
     cpu_m, emu_m = ([m.clone() for m in model0], [out(m.shape, m.dtype) for m in model0]) if model0 else ([], [])
     cpu_st = {k: ([t.clone() for t in st], [s.clone() for s in sc]) for k, (st, sc) in state.items()}

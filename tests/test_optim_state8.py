@@ -10,7 +10,7 @@ import torch
 
 import fused
 from fused.optim import quantize
-from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends
+from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends, int8_moments
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -256,28 +256,6 @@ def assert_same(ours, cpu):
     assert torch.equal(ours.view(torch.uint8), cpu.view(torch.uint8))
 
 
-def moments(params, keys, seed):
-    """A run in progress: codes and scales (quantize.encode_) for 4096 elements or more, float32 for the others
-    (their scales an empty stand-in, as fused.optim passes them). {key: (states, scales)}."""
-    g = torch.Generator().manual_seed(seed)
-    out = {}
-    for key in keys:
-        states, scales = [], []
-        for p in params:
-            x = torch.randn(p.shape, generator=g) * 0.1
-            x = x if key == "exp_avg" else x * x
-            if p.numel() >= quantize.MIN_NUMEL:
-                codes = torch.empty(p.shape, dtype=quantize.CODES[key])
-                scales.append(quantize.zero_scales(codes))
-                quantize.encode_(codes, scales[-1], x)
-                states.append(codes)
-            else:
-                states.append(x)
-                scales.append(torch.empty(0))
-        out[key] = (states, scales)
-    return out
-
-
 @pytest.mark.parametrize("amsgrad", [False, True])
 @pytest.mark.parametrize("mode", ["float32", "bfloat16", "master", "stochastic"])
 def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
@@ -289,7 +267,7 @@ def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
     gen = torch.Generator().manual_seed(3)
     model = [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES] if mode == "master" else []
     params = [m.float() for m in model] or [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES]
-    cpu = dict(p=params, m=model, st=moments(params, keys, 4), steps=[torch.full((), 2.0) for _ in params])
+    cpu = dict(p=params, m=model, st=int8_moments(params, keys, 4), steps=[torch.full((), 2.0) for _ in params])
     dev = dict(
         p=[t.cuda() for t in cpu["p"]],
         m=[t.cuda() for t in cpu["m"]],
