@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import fused
+from fused._backend import AUTO_PREFERENCE
 from fused.optim import quantize
-from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends, int8_moments
+from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends, int8_moments, requires_triton
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -237,12 +238,16 @@ GPU_SHAPES = [(70001,), (5000,), (37, 5), (2, 3, 131), (4096,)]  # chunks, parti
 
 
 @pytest.fixture(params=[p for p in device_backends("adam_step_") if p.values[0][0] == "cuda"] or [None])
-def gpu(request):
-    """Each GPU backend of adam_step_ in turn (selected for the test); skipped without a GPU."""
+def gpu(request, monkeypatch):
+    """Each GPU backend of adam_step_ in turn; skipped without a GPU. Triton: adam_step_ alone (the optimizers'
+    other ops have CUDA C++ kernels only), through "auto" with its preference set."""
     if request.param is None or not HAS_CUDA:
         pytest.skip("needs a CUDA GPU")
-    with backend(request.param[1]):
-        yield request.param[1]
+    name = request.param[1]
+    if name == "triton":
+        monkeypatch.setitem(AUTO_PREFERENCE, "adam_step_", "triton")
+    with backend("auto" if name == "triton" else name):
+        yield name
 
 
 def assert_same(ours, cpu):
@@ -253,15 +258,14 @@ def assert_same(ours, cpu):
         nan = ours.isnan()
         assert torch.equal(nan, cpu.isnan())
         ours, cpu = ours.masked_fill(nan, 0), cpu.masked_fill(nan, 0)
-    assert torch.equal(ours.view(torch.uint8), cpu.view(torch.uint8))
+    assert torch.equal(ours.reshape(-1).view(torch.uint8), cpu.reshape(-1).view(torch.uint8))
 
 
-@pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("mode", ["float32", "bfloat16", "master", "stochastic"])
-def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
-    """The op itself on both devices with the same scalars (unscale by 64, value clip 30, norm coefficient 0.5):
-    the CPU kernel's formulas, so its bits for params, the gradients written back, codes, scales, fp32 state and
-    the rounded model params; an inf gradient in step 1 (a non-finite block), step 2 skipped (found_inf)."""
+def check_steps_same_bits(step, device, mode, amsgrad):
+    """step(*args, **kw) (adam_step_ on `device`) against the CPU op with the same scalars (unscale by 64, value
+    clip 30, norm coefficient 0.5): the CPU kernel's formulas, so its bits for params, the gradients written back,
+    codes, scales, fp32 state and the rounded model params; an inf gradient in step 1 (a non-finite block), step 2
+    skipped (found_inf)."""
     keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
     pdtype = torch.bfloat16 if mode in ("bfloat16", "stochastic", "master") else torch.float32
     gen = torch.Generator().manual_seed(3)
@@ -269,27 +273,30 @@ def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
     params = [m.float() for m in model] or [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES]
     cpu = dict(p=params, m=model, st=int8_moments(params, keys, 4), steps=[torch.full((), 2.0) for _ in params])
     dev = dict(
-        p=[t.cuda() for t in cpu["p"]],
-        m=[t.cuda() for t in cpu["m"]],
-        st={k: ([t.cuda() for t in a], [t.cuda() for t in b]) for k, (a, b) in cpu["st"].items()},
-        steps=[t.cuda() for t in cpu["steps"]],
+        p=[t.to(device, copy=True) for t in cpu["p"]],
+        m=[t.to(device, copy=True) for t in cpu["m"]],
+        st={
+            k: ([t.to(device, copy=True) for t in a], [t.to(device, copy=True) for t in b])
+            for k, (a, b) in cpu["st"].items()
+        },
+        steps=[t.to(device, copy=True) for t in cpu["steps"]],
     )
     seed = torch.tensor(-42) if mode == "stochastic" else None
-    for step in range(3):
+    for n in range(3):
         gdtype = (model or params)[0].dtype
         grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params]
-        if step == 1:
+        if n == 1:
             grads[0][69997] = math.inf  # the last, partial block of tensor 0
-        found, clip_value = float(step == 2), math.inf if step == 1 else 30.0
-        for side, grad in ((cpu, grads), (dev, [g.cuda() for g in grads])):
-            device = side["p"][0].device
+        found, clip_value = float(n == 2), math.inf if n == 1 else 30.0
+        for side, fn in ((cpu, torch.ops.fused.adam_step_), (dev, step)):
+            on = side["p"][0].device
+            side["g"] = [g.to(on, copy=True) for g in grads]
             sts = [side["st"][k][0] for k in keys] + ([] if amsgrad else [[]])
             scales = {k + "_scales": side["st"][k][1] for k in keys}
-            side["g"] = grad
-            torch.ops.fused.adam_step_(
-                side["p"], grad, *sts, side["steps"], 1e-2, 0.9, 0.99, 1e-8, 0.1, amsgrad, True, False,
-                torch.tensor(0.5, dtype=torch.float64, device=device), torch.tensor(64.0, device=device),
-                torch.tensor(found, device=device), clip_value, side["m"], seed, None, True, **scales,
+            fn(
+                side["p"], side["g"], *sts, side["steps"], 1e-2, 0.9, 0.99, 1e-8, 0.1, amsgrad, True, False,
+                torch.tensor(0.5, dtype=torch.float64, device=on), torch.tensor(64.0, device=on),
+                torch.tensor(found, device=on), clip_value, side["m"], seed, None, True, **scales,
             )  # fmt: skip
         for a, b in zip(dev["p"] + dev["g"] + dev["m"] + dev["steps"], cpu["p"] + cpu["g"] + cpu["m"] + cpu["steps"]):
             assert_same(a, b)
@@ -298,6 +305,26 @@ def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
                 assert_same(a, b)
     assert dev["st"]["exp_avg"][0][0].dtype == torch.int8
     assert not dev["st"]["exp_avg"][1][0][-1].isfinite() and dev["st"]["exp_avg"][1][0][:-1].isfinite().all()
+
+
+MODES = ["float32", "bfloat16", "master", "stochastic"]
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
+    check_steps_same_bits(torch.ops.fused.adam_step_, "cuda", mode, amsgrad)
+
+
+@requires_triton
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the Triton kernel runs in test_gpu_int8_step_same_bits_as_cpu")
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_triton_int8_step_same_bits_as_cpu(mode, amsgrad):
+    """The Triton launcher under the interpreter on CPU tensors."""
+    from fused.optim import triton_kernels
+
+    check_steps_same_bits(triton_kernels.adam_step_, "cpu", mode, amsgrad)
 
 
 def gpu_pair(dtype=torch.float32, seed=0):
