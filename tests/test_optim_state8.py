@@ -11,7 +11,15 @@ import torch
 import fused
 from fused._backend import AUTO_PREFERENCE
 from fused.optim import quantize
-from tests.harness import HAS_CUDA, adam_step_args, backend, device_backends, int8_moments, requires_triton
+from tests.harness import (
+    HAS_CUDA,
+    adam_step_args,
+    backend,
+    compile_for_sm90,
+    device_backends,
+    int8_moments,
+    requires_triton,
+)
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -325,6 +333,20 @@ def test_triton_int8_step_same_bits_as_cpu(mode, amsgrad):
     from fused.optim import triton_kernels
 
     check_steps_same_bits(triton_kernels.adam_step_, "cpu", mode, amsgrad)
+
+
+@requires_triton
+def test_triton_adam_compiles_for_sm90():
+    """The Triton adam_step_ builds for sm_90 through its launcher (tests/triton_sm90.py: a stand-in sm_90 driver,
+    compile only): 8-bit state, stochastic rounding, master weights, float64; correctly rounded division and
+    square roots only."""
+    import re
+
+    stdout = compile_for_sm90(["optim"])
+    stats = re.search(
+        r"compiled _adam_kernel: (\d+) variants, sqrt.approx (\d+), .* div.rn.f32 (\d+), div.full", stdout
+    )
+    assert stats and int(stats[1]) == 4 and int(stats[2]) == 0 and int(stats[3]) > 0, stdout
 
 
 def gpu_pair(dtype=torch.float32, seed=0):

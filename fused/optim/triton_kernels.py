@@ -19,7 +19,7 @@ from fused.triton_utils import scalar_in, to_out
 
 QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
 ROWS = 4  # tile rows a program
-FLT_MAX = 3.4028234663852886e38
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 TENSOR_KEY_STEP = 0x9E3779B97F4A7C15  # stochastic rounding key of tensor t: seed + t * this (optim_cpu.cpp)
 STATE_ERROR = (
     "fused.adam_step_: stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no GPU "
