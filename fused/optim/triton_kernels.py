@@ -164,7 +164,14 @@ def _adam_kernel(
 
 def _bias_terms(steps, rows, device):
     """Per tensor (-lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)) in float64 on the device, step counting this
-    step: torch's pow in double, as the CPU and CUDA C++ kernels take them."""
+    step: on a GPU by torch's pow in double (CUDA's pow, as the CUDA C++ kernel), on the CPU (the interpreter) by
+    the C library's pow, as the CPU kernel."""
+    if device.type == "cpu":
+        terms = []
+        for s, (lr, beta1, beta2, _, _) in zip(steps, rows):
+            step = float(s) + 1.0
+            terms.append([-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))])
+        return torch.tensor(terms, dtype=torch.float64)
     step = torch.stack([s.reshape(()) for s in steps]).double() + 1.0
     h = torch.tensor(rows, dtype=torch.float64).to(device, non_blocking=True)
     neg_step = -(h[:, 0] / (1.0 - torch.pow(h[:, 1], step)))
