@@ -319,7 +319,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                           maximize,
                           seed.has_value(),
                           seed.value_or(0),
-                          write_grads};
+                          write_grads,
+                          any_codes};
   const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
   check_launch(op, oc::launch_adam_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }

@@ -313,7 +313,8 @@ template <typename TP, typename TG, typename TS, typename TM> struct UpdateTenso
 // What the SGD and Adam kernels share around their arithmetic: the whole step skipped on found_inf (false), the
 // scalars, the loop over this block's chunks with each tensor's hyperparameters, and the dispatch on its types.
 // body(r, a, s, tensor) runs one chunk.
-template <typename Args, typename F>
+// kCodes: tensors with kInt8State may come (Adam's kernel for 8-bit state).
+template <bool kCodes = false, typename Args, typename F>
 __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Args& args, StepScalars in, F&& body) {
   if (*in.found_inf != 0.f) return false;  // every block sees the same flag
   const float inv = inverse_scale(in.grad_scale);
@@ -323,8 +324,7 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
     const ChunkRange r = chunk_range(L, c);
     const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update<std::is_same_v<Args, AdamArgs>>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag,
-                                                                      auto model_tag) {
+    dispatch_update<kCodes>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
       using TM = decltype(model_tag);
@@ -478,6 +478,7 @@ __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const Chu
     const int64_t i = b0 + 8 * lane, blk = b0 / kQuantBlock;
     const int valid = r.end - i >= 8 ? 8 : r.end > i ? int(r.end - i) : 0;
     float p[8], g[8], m[8], v[8], vmax[8];
+#pragma unroll
     for (int h = 0; h < 8; h += 4) {
       load4(u.param, i + h, r.end, r.aligned, p + h);
       load4(u.grad, i + h, r.end, r.aligned, g + h);
@@ -490,6 +491,7 @@ __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const Chu
       g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
       adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
     }
+#pragma unroll
     for (int h = 0; h < 8; h += 4) {
       u.store_params(i + h, r.end, r.aligned, p + h, a.stochastic);
       if (s.write_back) store4(u.grad, i + h, r.end, r.aligned, g + h);
@@ -500,8 +502,11 @@ __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const Chu
   }
 }
 
+// kCodes: the kernel with the 8-bit state path, launched only where some tensor has it (its registers would
+// otherwise weigh on every Adam step).
+template <bool kCodes>
 __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
-  const bool stepped = for_update_chunks(
+  const bool stepped = for_update_chunks<kCodes>(
       L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
         using UT = std::decay_t<decltype(u)>;
         using M = typename UT::M;
@@ -597,7 +602,9 @@ cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args
 
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
                              cudaStream_t stream) {
-  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel)(lists, ws, args, scalars);
+  if (args.codes)
+    FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<true>)(lists, ws, args, scalars);
+  else FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<false>)(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 

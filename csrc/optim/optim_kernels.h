@@ -177,6 +177,7 @@ struct AdamArgs {
   bool stochastic;
   uint64_t sr_seed;
   bool write_grads;
+  bool codes;  // some tensor has kInt8State
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, their scales in the same order, where some
 // tensor has kInt8State][, model params with kMaster]; steps always. The scales of a tensor without kInt8State

@@ -232,6 +232,4 @@ def _adam_step(
             STOCHASTIC=seed is not None and p.dtype == torch.bfloat16, MASTER=bool(model_params),
             WRITE_GRADS=bool(write_grads), MATH=tl.float64 if p.dtype == torch.float64 else tl.float32, ROWS=ROWS,
         )  # fmt: skip
-    keep = (found_inf == 0).to(torch.float32)
-    for s in steps:
-        s.add_(keep)
+    torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
