@@ -400,24 +400,27 @@ __device__ __forceinline__ void adam_element(const AdamArgs& a, const AdamCoefs<
 
 // ---- 8-bit state (kInt8State): quantize_cpu.h's code maps and arithmetic, so its bits ----
 // exp_avg: int8 codes, m = sign(q) (q / 127)^2 a; exp_avg_sq: uint8 codes on sqrt(v) = (q / 255)^2 u; a, u the
-// block's max |m| and max sqrt(v) (its float32 scale). One warp holds a block of kQuantBlock elements, 8
-// consecutive ones a lane, so the scale is a warp reduction and the codes never leave registers.
-template <typename C> struct alignas(8) Codes8 {
-  C v[8];
+// block's max |m| and max sqrt(v) (its float32 scale). Each thread holds 4 consecutive elements, as in the plain
+// path (the same registers), so a block of kQuantBlock elements is two warps: the scale is a shuffle reduction in
+// each and one exchange through shared memory, and the codes never leave registers.
+constexpr int kWarpsPerQuantBlock = kQuantBlock / (4 * 32);
+static_assert(kWarpsPerQuantBlock == 2 && kThreads % (32 * kWarpsPerQuantBlock) == 0);
+template <typename C> struct alignas(4) Codes4 {
+  C v[4];
 };
 template <typename C> constexpr float kLevels = std::is_signed_v<C> ? 127.f : 255.f;
 
-// Element i..i+7's values decoded from their codes and the block's scale (zeros past end).
+// Element i..i+3's values decoded from their codes and the block's scale (zeros past end).
 template <typename C>
-__device__ __forceinline__ void decode8(const C* q, float scale, int64_t i, int64_t end, bool aligned, float out[8]) {
-  Codes8<C> c{};
-  if (aligned && i + 8 <= end) c = *reinterpret_cast<const Codes8<C>*>(q + i);
+__device__ __forceinline__ void decode4(const C* q, float scale, int64_t i, int64_t end, bool aligned, float out[4]) {
+  Codes4<C> c{};
+  if (aligned && i + 4 <= end) c = *reinterpret_cast<const Codes4<C>*>(q + i);
   else
 #pragma unroll
-    for (int k = 0; k < 8; ++k) c.v[k] = i + k < end ? q[i + k] : C(0);
+    for (int k = 0; k < 4; ++k) c.v[k] = i + k < end ? q[i + k] : C(0);
   const float s = scale / (kLevels<C> * kLevels<C>);
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < 4; ++k) {
     const float f = float(c.v[k]);
     if constexpr (std::is_signed_v<C>) out[k] = f * fabsf(f) * s;
     else {
@@ -430,75 +433,74 @@ __device__ __forceinline__ void decode8(const C* q, float scale, int64_t i, int6
 // max that keeps NaN, as at::vec::maximum in quantize_cpu.h's block max
 __device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 
-// Encodes element i..i+7 (x, the first `valid` of them inside the tensor) into their codes; lane 0 stores the
-// block's scale. Every lane of the warp calls it (the scale is a shuffle reduction over the block).
+// Encodes element i..i+3 (x; those past end are not part of the block) into their codes; the first thread of the
+// block's two warps stores its scale. Every thread of the CUDA block calls it (it has barriers); exchange: shared
+// scratch of one float per warp.
 template <typename C>
-__device__ __forceinline__ void encode8(const float x[8], int valid, C* q, float* scale, int64_t i, int64_t end,
-                                        bool aligned) {
-  float mag[8], a = 0.f;
+__device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, int64_t i, int64_t end, bool aligned,
+                                        float* exchange) {
+  float mag[4], a = 0.f;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
-    mag[k] = k >= valid ? 0.f : std::is_signed_v<C> ? fabsf(x[k]) : sqrtf(x[k]);
+  for (int k = 0; k < 4; ++k) {
+    mag[k] = i + k >= end ? 0.f : std::is_signed_v<C> ? fabsf(x[k]) : sqrtf(x[k]);
     a = nan_max(a, mag[k]);
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) a = nan_max(a, __shfl_xor_sync(0xffffffffu, a, o));
-  if ((threadIdx.x & 31) == 0) *scale = a;
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) exchange[warp] = a;
+  __syncthreads();
+  a = nan_max(a, exchange[warp ^ 1]);  // the same in both warps but for a NaN's payload (codes 0 either way)
+  __syncthreads();                     // read before the next exchange
+  if ((threadIdx.x & 63) == 0 && i < end) *scale = a;
   const bool usable = a > 0.f && a <= __FLT_MAX__;  // else codes 0: zero blocks decode to 0, non-finite to NaN
   // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
   const bool by_inverse = inv <= __FLT_MAX__;
-  Codes8<C> c;
+  Codes4<C> c;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) {
+  for (int k = 0; k < 4; ++k) {
     const float r = rintf(sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>);
     const float code = usable ? r : 0.f;
     c.v[k] = C(std::is_signed_v<C> && x[k] < 0.f ? -code : code);
   }
-  if (aligned && i + 8 <= end) *reinterpret_cast<Codes8<C>*>(q + i) = c;
+  if (aligned && i + 4 <= end) *reinterpret_cast<Codes4<C>*>(q + i) = c;
   else
 #pragma unroll
-    for (int k = 0; k < 8; ++k)
+    for (int k = 0; k < 4; ++k)
       if (i + k < end) q[i + k] = c.v[k];
 }
 
-// One chunk of a tensor with 8-bit state: warp w of the block takes the chunk's quantization blocks w, w + warps,
-// ... (chunks start at multiples of kQuantBlock), each lane 8 elements: decode, update, encode in registers.
+// One chunk of a tensor with 8-bit state, 4 elements a thread as the plain path (chunks and the block's stride
+// are multiples of kQuantBlock, so warps 2w and 2w + 1 hold one quantization block): decode, update, encode.
 template <typename U>
 __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const ChunkRange& r, const AdamArgs& a,
                                                  const UpdateScalars& s, const U& u, const AdamCoefs<float>& c) {
-  const int lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  __shared__ float exchange[kThreads / 32];
   const int scales = a.amsgrad ? 5 : 4;  // the first scale list
   int8_t* qm = list_ptr<int8_t>(L, 2, r.t);
   uint8_t *qv = list_ptr<uint8_t>(L, 3, r.t), *qx = a.amsgrad ? list_ptr<uint8_t>(L, 4, r.t) : nullptr;
   float *sm = list_ptr<float>(L, scales, r.t), *sv = list_ptr<float>(L, scales + 1, r.t);
   float* sx = a.amsgrad ? list_ptr<float>(L, scales + 2, r.t) : nullptr;
-  for (int64_t b0 = r.start + int64_t(kQuantBlock) * (threadIdx.x >> 5); b0 < r.end;
-       b0 += int64_t(kQuantBlock) * warps) {
-    const int64_t i = b0 + 8 * lane, blk = b0 / kQuantBlock;
-    const int valid = r.end - i >= 8 ? 8 : r.end > i ? int(r.end - i) : 0;
-    float p[8], g[8], m[8], v[8], vmax[8];
+  for (int64_t base = r.start; base < r.end; base += 4 * blockDim.x) {  // the same trips in every thread
+    const int64_t i = base + 4 * threadIdx.x, blk = i / kQuantBlock;
+    const bool inside = i < r.end;
+    float p[4], g[4], m[4], v[4], vmax[4];
+    load4(u.param, i, r.end, r.aligned, p);
+    load4(u.grad, i, r.end, r.aligned, g);
+    decode4(qm, inside ? sm[blk] : 0.f, i, r.end, r.aligned, m);
+    decode4(qv, inside ? sv[blk] : 0.f, i, r.end, r.aligned, v);
+    if (a.amsgrad) decode4(qx, inside ? sx[blk] : 0.f, i, r.end, r.aligned, vmax);
 #pragma unroll
-    for (int h = 0; h < 8; h += 4) {
-      load4(u.param, i + h, r.end, r.aligned, p + h);
-      load4(u.grad, i + h, r.end, r.aligned, g + h);
-    }
-    decode8(qm, sm[blk], i, r.end, r.aligned, m);
-    decode8(qv, sv[blk], i, r.end, r.aligned, v);
-    if (a.amsgrad) decode8(qx, sx[blk], i, r.end, r.aligned, vmax);
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < 4; ++k) {
       g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
       adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
     }
-#pragma unroll
-    for (int h = 0; h < 8; h += 4) {
-      u.store_params(i + h, r.end, r.aligned, p + h, a.stochastic);
-      if (s.write_back) store4(u.grad, i + h, r.end, r.aligned, g + h);
-    }
-    encode8(m, valid, qm, sm + blk, i, r.end, r.aligned);
-    encode8(v, valid, qv, sv + blk, i, r.end, r.aligned);
-    if (a.amsgrad) encode8(vmax, valid, qx, sx + blk, i, r.end, r.aligned);
+    u.store_params(i, r.end, r.aligned, p, a.stochastic);
+    if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    encode4(m, qm, sm + blk, i, r.end, r.aligned, exchange);
+    encode4(v, qv, sv + blk, i, r.end, r.aligned, exchange);
+    if (a.amsgrad) encode4(vmax, qx, sx + blk, i, r.end, r.aligned, exchange);
   }
 }
 
