@@ -409,13 +409,20 @@ def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
     assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8 and b.state[gpu_ps[2]]["exp_avg"].dtype == torch.float32
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_gpu_int8_master_weights_stochastic_rounding_accumulation(gpu, dtype):
-    """16-bit params with fp32 masters (bf16 also rounded stochastically: the same Philox words), int8 state,
+@pytest.mark.parametrize(
+    "dtype,kw",
+    [
+        (torch.bfloat16, dict(master_weights=True)),
+        (torch.float16, dict(master_weights=True)),
+        (torch.bfloat16, dict(stochastic_rounding=True)),
+    ],
+    ids=["bf16-master", "fp16-master", "bf16-stochastic"],
+)
+def test_gpu_int8_master_weights_stochastic_rounding_accumulation(gpu, dtype, kw):
+    """16-bit params with fp32 masters, or bf16 params rounded stochastically (the same Philox words), int8 state,
     micro-batch gradients accumulated in fp32: the CPU optimizer's bits."""
     cpu, gpu_ps = gpu_pair(dtype)
-    kw = dict(lr=1e-2, master_weights=True, state_dtype="int8", stochastic_rounding=dtype == torch.bfloat16)
-    a, b = fused.optim.AdamW(cpu, **kw), fused.optim.AdamW(gpu_ps, **kw)
+    a, b = (fused.optim.AdamW(ps, lr=1e-2, state_dtype="int8", **kw) for ps in (cpu, gpu_ps))
     for step in range(3):
         for micro in range(3):
             grads_for(cpu, gpu_ps, 10 * step + micro)
@@ -425,7 +432,8 @@ def test_gpu_int8_master_weights_stochastic_rounding_accumulation(gpu, dtype):
             torch.manual_seed(step)  # the same stochastic-rounding seed on both
             opt.step()
         assert_states_same(a, b, cpu, gpu_ps)
-    assert b.state[gpu_ps[0]]["master_param"].dtype == torch.float32
+    assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8
+    assert ("master_param" in b.state[gpu_ps[0]]) == ("master_weights" in kw)
 
 
 def test_gpu_int8_with_norm_clipping_close_to_cpu(gpu):
