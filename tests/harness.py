@@ -195,6 +195,35 @@ def check_compile_grads(fn, *inputs):
     torch.testing.assert_close(grads[1], grads[0])
 
 
+def int8_moments(params, keys, seed, quantized=True):
+    """Adam moments of a run in progress as fused.optim holds them with state_dtype="int8": codes and scales
+    (fused.optim.quantize.encode_) for tensors of 4096 elements or more, float32 for the others (their scales an
+    empty stand-in). {key: (states, scales)} for each moment key ("exp_avg", "exp_avg_sq", "max_exp_avg_sq").
+    quantized=False: plain state instead, in each param's dtype."""
+    from fused.optim import quantize
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for key in keys:
+        states, scales = [], []
+        for p in params:
+            x = torch.randn(p.shape, generator=g) * 0.1
+            x = x if key == "exp_avg" else x * x
+            if not quantized:
+                states.append(x.to(p.dtype))
+                scales.append(torch.empty(0))
+            elif p.numel() >= quantize.MIN_NUMEL:
+                codes = torch.empty(p.shape, dtype=quantize.CODES[key])
+                scales.append(quantize.zero_scales(codes))
+                quantize.encode_(codes, scales[-1], x)
+                states.append(codes)
+            else:
+                states.append(x)
+                scales.append(torch.empty(0))
+        out[key] = (states, scales)
+    return out
+
+
 def adam_step_args(params, grads, exp_avgs, exp_avg_sqs):
     """torch.ops.fused.adam_step_'s positional arguments for one plain AdamW step over these lists (lr 1e-3,
     betas (0.9, 0.999), eps 1e-8, no weight decay, amsgrad, clipping or scaler): for tests of its checks."""

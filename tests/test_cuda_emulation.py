@@ -21,7 +21,7 @@ from fused.distance import reference as dref
 from fused.elementwise import encode_ops
 from fused.elementwise import reference as eref
 from tests import cuda_emulation as ce
-from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, make
+from tests.harness import ALL_DTYPES, assert_accuracy, assert_close, int8_moments, make
 
 pytestmark = pytest.mark.skipif(ce.unavailable() is not None, reason=str(ce.unavailable()))
 
@@ -53,7 +53,7 @@ def reschedule(emu):
 
 def poison(dtype):
     """What surrounds every buffer (and fills outputs): NaN, or a marker for integers."""
-    return NAN if dtype.is_floating_point else -0x5A5A5A5A
+    return NAN if dtype.is_floating_point else 0x5A if dtype.itemsize == 1 else -0x5A5A5A5A
 
 
 def buf(values, misalign=False):
@@ -105,7 +105,7 @@ def code(dtype):
 
 
 def bits(t):
-    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16}[t.element_size()])
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}[t.element_size()])
 
 
 def assert_equal_bits(a, b):
@@ -882,6 +882,8 @@ def update_code(emu, param, grad, state, model):
     """The kernels' dtype code of one tensor of an update, as optim_cuda.cpp's update_code makes it."""
     low = model if model is not None else param
     c = code(low.dtype)
+    if state is not None and state.dtype == torch.int8:
+        c |= emu.INT8_STATE
     if model is not None:
         c |= emu.MASTER
     elif state is not None and is16(param) and state.dtype == torch.float32:
@@ -963,8 +965,13 @@ def emu_adam_step_(
     *rest,
     **kw,
 ):
-    """F.adam_step_'s arguments; rest and kw: emu_update's from clip_coef on."""
+    """F.adam_step_'s arguments; rest and kw: emu_update's from clip_coef on, and the scales of 8-bit state (lists
+    after the state lists, as the binding passes them where some state is 8-bit)."""
     lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else [])
+    keys = ("exp_avg_scales", "exp_avg_sq_scales") + (("max_exp_avg_sq_scales",) if amsgrad else ())
+    scales = [kw.pop(k, None) for k in keys]
+    if any(s is not None for s in scales):
+        lists += scales
     hparams, flags = (lr, beta1, beta2, eps, weight_decay), (amsgrad, decoupled, maximize)
     emu_update(emu, ws, emu.adam_step, lists, exp_avgs, steps, hparams, flags, *rest, **kw)
 
@@ -1231,6 +1238,99 @@ def test_stochastic_rounding(emu, ws, opt):
     step_both(opt, emu, ws, cpu_lists, emu_lists, args, 1.0, None, 0.0, math.inf, ([], []), sr_seed=seed)
     for e, c in zip(emu_p, cpu_p):
         assert_equal_bits(e, c)
+
+
+INT8_SHAPES = [(70001,), (37, 5), (5000,), (2, 3, 131), (4096,)]  # chunks, tails, partial blocks; fp32 (37, 5)
+
+
+def assert_same(a, b):
+    """The same bits, NaN anywhere (its payload is the CPU's vector max's or the GPU's own) counting as one."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if a.is_floating_point():
+        nan = a.isnan()
+        assert torch.equal(nan, b.isnan())
+        a, b = a.masked_fill(nan, 0), b.masked_fill(nan, 0)
+    assert_equal_bits(a, b)
+
+
+@pytest.mark.parametrize("mode", ["float32", "bfloat16", "float16 fp32 grads", "master", "stochastic"])
+@pytest.mark.parametrize("case", range(len(ADAM_CASES)))
+def test_adam_step_int8_state(emu, ws, case, mode):
+    """8-bit state (int8 exp_avg, uint8 exp_avg_sq and max_exp_avg_sq, float32 scales per 256), mixed in one launch
+    with float32 state of small tensors: decoded, updated and re-encoded by one warp per block, with the CPU
+    kernel's formulas, so its bits for codes, scales, params, gradients written back and the fp32 state, over
+    three steps (scaled, value- and norm-clipped) with an inf gradient in step 1 (a non-finite block: codes 0,
+    scale inf or NaN) and a skipped step 2 (found_inf: everything as it was)."""
+    h = ADAM_CASES[case]
+    keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if h["amsgrad"] else ())
+    low = {"bfloat16": torch.bfloat16, "stochastic": torch.bfloat16, "float16 fp32 grads": torch.float16}
+    pdtype = low.get(mode, torch.float32)
+    gen = torch.Generator().manual_seed(8)
+    params0 = [torch.randn(s, generator=gen).to(pdtype) for s in INT8_SHAPES]
+    masters = [p.float() for p in params0] if mode == "master" else None
+    model0 = params0 if mode == "master" else None
+    params0 = masters or params0
+    state = int8_moments(params0, keys, 9 + case)
+    cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
+    cpu_m, emu_m = ([m.clone() for m in model0], [out(m.shape, m.dtype) for m in model0]) if model0 else ([], [])
+    cpu_st = {k: ([t.clone() for t in st], [s.clone() for s in sc]) for k, (st, sc) in state.items()}
+    emu_st = {k: ([buf(t) for t in st], [buf(s) for s in sc]) for k, (st, sc) in state.items()}
+    cpu_s, emu_s = [torch.full((), 2.0) for _ in params0], [buf(torch.full((), 2.0)) for _ in params0]
+    seed = torch.tensor(987654321) if mode == "stochastic" else None
+    for step in range(3):
+        gdtype = torch.float32 if mode == "float16 fp32 grads" else (model0 or params0)[0].dtype
+        grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params0]
+        if step == 1:
+            grads[0][70000 - 3] = math.inf  # the last partial block of tensor 0
+        found = float(step == 2)
+        args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
+        clip_value = math.inf if step == 1 else 30.0  # step 1: the inf reaches the moments
+        cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
+
+        def lists(st, p, g, steps):
+            sts = [st[k][0] for k in keys] + ([] if h["amsgrad"] else [[]])
+            return (p, g, *sts, steps)
+
+        def scales(st):
+            return {k + "_scales": st[k][1] for k in keys}
+
+        cpu_lists, emu_lists = lists(cpu_st, cpu_p, cpu_g, cpu_s), lists(emu_st, emu_p, emu_g, emu_s)
+        F.adam_step_(
+            *cpu_lists,
+            *args,
+            torch.tensor(0.5, dtype=F64),
+            torch.tensor(64.0),
+            torch.tensor(found),
+            clip_value,
+            cpu_m,
+            sr_seed=seed,
+            write_grads=True,
+            **scales(cpu_st),
+        )
+        emu_adam_step_(
+            emu,
+            ws,
+            *emu_lists,
+            *args,
+            scalar(0.5, F64),
+            scalar(64.0),
+            scalar(found),
+            clip_value,
+            emu_m,
+            sr_seed=seed,
+            write_grads=True,
+            **scales(emu_st),
+        )
+        for a, b in zip(emu_p + emu_g + emu_m, cpu_p + cpu_g + cpu_m):
+            assert_same(a, b)
+        for k in keys:
+            for a, b in zip(emu_st[k][0] + emu_st[k][1], cpu_st[k][0] + cpu_st[k][1]):
+                assert_same(a, b)
+        assert state["exp_avg"][0][0].dtype == torch.int8
+        assert [s.item() for s in emu_s] == [s.item() for s in cpu_s] == [3.0 + min(step, 1)] * len(INT8_SHAPES)
+    blocks = cpu_st["exp_avg"][1][0]
+    assert not blocks[-1].isfinite() and blocks[:-1].isfinite().all()  # the inf gradient's block only
+    assert (cpu_st["exp_avg"][0][0][-113:] == 0).all()
 
 
 # ---------------------------------------------------------------- norm

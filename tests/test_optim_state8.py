@@ -9,8 +9,17 @@ import pytest
 import torch
 
 import fused
+from fused._backend import AUTO_PREFERENCE
 from fused.optim import quantize
-from tests.harness import adam_step_args
+from tests.harness import (
+    HAS_CUDA,
+    adam_step_args,
+    backend,
+    compile_for_sm90,
+    device_backends,
+    int8_moments,
+    requires_triton,
+)
 
 N = 5000  # >= quantize.MIN_NUMEL, with a partial last block (5000 = 19 * 256 + 136)
 
@@ -229,3 +238,229 @@ def test_bf16_state_is_stochastically_rounded_and_reproducible():
     assert torch.equal(a, b)
     up = (a > 1.0).float().mean().item()
     assert abs(up - 2**-3) < 0.02, up  # 2^-10 of the way to a step of 2^-7: rounds up 1/8 of the time
+
+
+# ---------------------------------------------------------------- GPU: the int8 state on every GPU backend of
+# adam_step_ against the CPU op (collected everywhere, skipped without a GPU)
+GPU_SHAPES = [(70001,), (5000,), (37, 5), (2, 3, 131), (4096,)]  # chunks, partial blocks, a small fp32-state tensor
+
+
+@pytest.fixture(params=[p for p in device_backends("adam_step_") if p.values[0][0] == "cuda"] or [None])
+def gpu(request, monkeypatch):
+    """Each GPU backend of adam_step_ in turn; skipped without a GPU. Triton: adam_step_ alone (the optimizers'
+    other ops have CUDA C++ kernels only), through "auto" with its preference set."""
+    if request.param is None or not HAS_CUDA:
+        pytest.skip("needs a CUDA GPU")
+    name = request.param[1]
+    if name == "triton":
+        monkeypatch.setitem(AUTO_PREFERENCE, "adam_step_", "triton")
+    with backend("auto" if name == "triton" else name):
+        yield name
+
+
+def assert_same(ours, cpu):
+    """The CPU op's bits (on the GPU tensor brought back), NaN counting as one NaN whatever its payload."""
+    ours = ours.cpu()
+    assert ours.dtype == cpu.dtype and ours.shape == cpu.shape
+    if ours.is_floating_point():
+        nan = ours.isnan()
+        assert torch.equal(nan, cpu.isnan())
+        ours, cpu = ours.masked_fill(nan, 0), cpu.masked_fill(nan, 0)
+    assert torch.equal(ours.reshape(-1).view(torch.uint8), cpu.reshape(-1).view(torch.uint8))
+
+
+def check_steps_same_bits(step, device, mode, amsgrad):
+    """step(*args, **kw) (adam_step_ on `device`) against the CPU op with the same scalars (unscale by 64, value
+    clip 30, norm coefficient 0.5): the CPU kernel's formulas, so its bits for params, the gradients written back,
+    codes, scales, fp32 state and the rounded model params; an inf gradient in step 1 (a non-finite block), step 2
+    skipped (found_inf)."""
+    keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if amsgrad else ())
+    low = {"bfloat16": torch.bfloat16, "stochastic": torch.bfloat16, "master": torch.bfloat16}
+    pdtype = {**low, "plain float64": torch.float64, "plain float16": torch.float16}.get(mode, torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    model = [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES] if mode == "master" else []
+    params = [m.float() for m in model] or [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES]
+    cpu = dict(
+        p=params,
+        m=model,
+        st=int8_moments(params, keys, 4, quantized=not mode.startswith("plain")),
+        steps=[torch.full((), 2.0) for _ in params],
+    )
+    dev = dict(
+        p=[t.to(device, copy=True) for t in cpu["p"]],
+        m=[t.to(device, copy=True) for t in cpu["m"]],
+        st={
+            k: ([t.to(device, copy=True) for t in a], [t.to(device, copy=True) for t in b])
+            for k, (a, b) in cpu["st"].items()
+        },
+        steps=[t.to(device, copy=True) for t in cpu["steps"]],
+    )
+    seed = torch.tensor(-42) if mode == "stochastic" else None
+    for n in range(3):
+        gdtype = (model or params)[0].dtype
+        grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params]
+        if n == 1:
+            grads[0][69997] = math.inf  # the last, partial block of tensor 0
+        found, clip_value = float(n == 2), math.inf if n == 1 else 30.0
+        for side, fn in ((cpu, torch.ops.fused.adam_step_), (dev, step)):
+            on = side["p"][0].device
+            side["g"] = [g.to(on, copy=True) for g in grads]
+            sts = [side["st"][k][0] for k in keys] + ([] if amsgrad else [[]])
+            scales = {k + "_scales": side["st"][k][1] for k in keys}
+            fn(
+                side["p"], side["g"], *sts, side["steps"], 1e-2, 0.9, 0.99, 1e-8, 0.1, amsgrad, True, False,
+                torch.tensor(0.5, dtype=torch.float64, device=on), torch.tensor(64.0, device=on),
+                torch.tensor(found, device=on), clip_value, side["m"], seed, None, True, **scales,
+            )  # fmt: skip
+        for a, b in zip(dev["p"] + dev["g"] + dev["m"] + dev["steps"], cpu["p"] + cpu["g"] + cpu["m"] + cpu["steps"]):
+            assert_same(a, b)
+        for k in keys:
+            for a, b in zip(dev["st"][k][0] + dev["st"][k][1], cpu["st"][k][0] + cpu["st"][k][1]):
+                assert_same(a, b)
+    if not mode.startswith("plain"):
+        assert dev["st"]["exp_avg"][0][0].dtype == torch.int8
+        assert not dev["st"]["exp_avg"][1][0][-1].isfinite() and dev["st"]["exp_avg"][1][0][:-1].isfinite().all()
+
+
+MODES = ["float32", "bfloat16", "master", "stochastic", "plain float16"]
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
+    check_steps_same_bits(torch.ops.fused.adam_step_, "cuda", mode, amsgrad)
+
+
+@requires_triton
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the Triton kernel runs in test_gpu_int8_step_same_bits_as_cpu")
+@pytest.mark.parametrize("amsgrad", [False, True])
+@pytest.mark.parametrize("mode", MODES + ["plain float64"])
+def test_triton_int8_step_same_bits_as_cpu(mode, amsgrad):
+    """The Triton launcher under the interpreter on CPU tensors; also its plain-state paths (float16 params with
+    float16 state and float32 state of small tensors, float64 params: its bias corrections are the CPU's, on the
+    GPU they are CUDA's pow, as the CUDA C++ kernel's)."""
+    from fused.optim import triton_kernels
+
+    check_steps_same_bits(triton_kernels.adam_step_, "cpu", mode, amsgrad)
+
+
+@requires_triton
+def test_triton_adam_compiles_for_sm90():
+    """The Triton adam_step_ builds for sm_90 through its launcher (tests/triton_sm90.py: a stand-in sm_90 driver,
+    compile only): 8-bit state, stochastic rounding, master weights, float64; correctly rounded division and
+    square roots only."""
+    import re
+
+    stdout = compile_for_sm90(["optim"])
+    stats = re.search(
+        r"compiled _adam_kernel: (\d+) variants, sqrt.approx (\d+), .* div.rn.f32 (\d+), div.full", stdout
+    )
+    assert stats and int(stats[1]) == 4 and int(stats[2]) == 0 and int(stats[3]) > 0, stdout
+
+
+def gpu_pair(dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    cpu = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in GPU_SHAPES]
+    return cpu, [p.detach().cuda().requires_grad_() for p in cpu]
+
+
+def grads_for(cpu, gpu, step, scale=1.0):
+    g = torch.Generator().manual_seed(100 + step)
+    for p, q in zip(cpu, gpu):
+        p.grad = (torch.randn(p.shape, generator=g) * scale).to(p.dtype)
+        q.grad = p.grad.cuda()
+
+
+def assert_states_same(a, b, cpu, gpu):
+    for p, q in zip(cpu, gpu):
+        assert_same(q.detach(), p.detach())
+        assert a.state[p].keys() == b.state[q].keys()
+        for k, v in a.state[p].items():
+            assert_same(b.state[q][k], v)
+
+
+@pytest.mark.parametrize("amsgrad", [False, True])
+def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
+    """fused.optim.AdamW(state_dtype="int8") with a GradScaler and value clipping, on the CPU and the GPU: the
+    same bits step after step (no norm clipping: its coefficient's last bit depends on the summation order); a
+    step skipped on an inf gradient leaves params and quantized state bit-identical."""
+    cpu, gpu_ps = gpu_pair()
+    a = fused.optim.AdamW(cpu, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
+    b = fused.optim.AdamW(gpu_ps, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
+    scalers = fused.amp.GradScaler("cpu", init_scale=2.0**8), fused.amp.GradScaler("cuda", init_scale=2.0**8)
+    for step in range(4):
+        for scaler, ps in zip(scalers, (cpu, gpu_ps)):
+            scaler.scale(torch.ones((), device=ps[0].device))
+        grads_for(cpu, gpu_ps, step, scale=2.0**8)
+        if step == 2:
+            cpu[0].grad[11] = gpu_ps[0].grad[11] = math.inf
+            before = copy.deepcopy(b.state_dict())
+            kept = [q.detach().clone() for q in gpu_ps]
+        for scaler, opt in zip(scalers, (a, b)):
+            scaler.step(opt)
+            scaler.update()
+        if step == 2:
+            after = b.state_dict()
+            for i in before["state"]:
+                for k, v in before["state"][i].items():
+                    assert_same(after["state"][i][k], v.cpu())
+            assert all(torch.equal(q.detach(), k) for q, k in zip(gpu_ps, kept))
+        assert_states_same(a, b, cpu, gpu_ps)
+    assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8 and b.state[gpu_ps[2]]["exp_avg"].dtype == torch.float32
+
+
+@pytest.mark.parametrize(
+    "dtype,kw",
+    [
+        (torch.bfloat16, dict(master_weights=True)),
+        (torch.float16, dict(master_weights=True)),
+        (torch.bfloat16, dict(stochastic_rounding=True)),
+    ],
+    ids=["bf16-master", "fp16-master", "bf16-stochastic"],
+)
+def test_gpu_int8_master_weights_stochastic_rounding_accumulation(gpu, dtype, kw):
+    """16-bit params with fp32 masters, or bf16 params rounded stochastically (the same Philox words), int8 state,
+    micro-batch gradients accumulated in fp32: the CPU optimizer's bits."""
+    cpu, gpu_ps = gpu_pair(dtype)
+    a, b = (fused.optim.AdamW(ps, lr=1e-2, state_dtype="int8", **kw) for ps in (cpu, gpu_ps))
+    for step in range(3):
+        for micro in range(3):
+            grads_for(cpu, gpu_ps, 10 * step + micro)
+            a.accumulate_grads()
+            b.accumulate_grads()
+        for opt in (a, b):
+            torch.manual_seed(step)  # the same stochastic-rounding seed on both
+            opt.step()
+        assert_states_same(a, b, cpu, gpu_ps)
+    assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8
+    assert ("master_param" in b.state[gpu_ps[0]]) == ("master_weights" in kw)
+
+
+def test_gpu_int8_with_norm_clipping_close_to_cpu(gpu):
+    """max_grad_norm: the norm's summation order differs, so the coefficient may differ in its last bit and a code
+    flip by one level where a value sits on a rounding boundary: codes within one level, decoded moments within
+    two levels of the block's scale, scales within a few ulps, params close."""
+    cpu, gpu_ps = gpu_pair()
+    a = fused.optim.AdamW(cpu, lr=1e-3, max_grad_norm=1.0, state_dtype="int8")
+    b = fused.optim.AdamW(gpu_ps, lr=1e-3, max_grad_norm=1.0, state_dtype="int8")
+    for step in range(3):
+        grads_for(cpu, gpu_ps, step)
+        a.step()
+        b.step()
+    for p, q in zip(cpu, gpu_ps):
+        # a flipped code of a tiny exp_avg_sq moves its element's update by up to a few lr: rare, and bounded
+        diff = (q.detach().cpu() - p.detach()).abs()
+        assert (diff <= 1e-5 + 1e-4 * p.detach().abs()).float().mean() >= 0.999 and diff.max() <= 3e-2
+        for key, levels in (("exp_avg", 127), ("exp_avg_sq", 255)):
+            sa, sb = a.state[p], b.state[q]
+            if sa[key].dtype == torch.float32:
+                torch.testing.assert_close(sb[key].cpu(), sa[key], rtol=1e-5, atol=1e-12)
+                continue
+            scale = sa[key + "_scale"]
+            torch.testing.assert_close(sb[key + "_scale"].cpu(), scale, rtol=1e-5, atol=0)
+            da, db = quantize.decode(sa[key], scale), quantize.decode(sb[key].cpu(), sb[key + "_scale"].cpu())
+            if key == "exp_avg_sq":
+                da, db = da.sqrt(), db.sqrt()
+            bound = (2.01 * scale / levels).repeat_interleave(256)[: p.numel()].view(p.shape)
+            assert ((da - db).abs() <= bound).all()
+            assert (sa[key].int() - sb[key].cpu().int()).abs().max() <= 1

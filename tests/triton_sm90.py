@@ -4,8 +4,8 @@ launch stops after compiling (warmup); the autotuned GEMM compiles every configu
 times none. The interpreter the other tests use runs none of Triton's type checks or its lowering, so this is what
 catches a kernel that would not build on a GPU, and the PTX shows what the GPU would run. Run as a script (no
 TRITON_INTERPRET); prints one line per compiled kernel and FAIL lines. `python tests/triton_sm90.py linear`
-compiles one family (elementwise, distance, linear, norm, loss, rope, logprob; distance_unfused, which turns Triton's FP
-fusion off for the rest of its process, only by name)."""
+compiles one family (elementwise, distance, linear, norm, loss, rope, logprob, optim; distance_unfused, which
+turns Triton's FP fusion off for the rest of its process, only by name)."""
 
 import contextlib
 import math
@@ -221,12 +221,36 @@ def logprob():
         tk.distillation_rows(logits, logits, None, scale[0, 0], logits.new_empty(0), "forward_kl", 0.5, 1.0, -100)
 
 
+def optim():
+    """adam_step_: 8-bit state (amsgrad, value clipping, loss scale), bf16 params rounded stochastically, master
+    weights, float64 params with their own state."""
+    from fused.optim import quantize
+    from fused.optim import triton_kernels as tk
+
+    def step(dt, codes, amsgrad=False, master=False, seed=None):
+        p = torch.randn(5000, dtype=torch.float32 if master else dt)
+        g = torch.randn(5000, dtype=dt)
+        state = [torch.zeros(5000, dtype=quantize.CODES[k] if codes else p.dtype) for k in quantize.CODES]
+        scales = {k + "_scales": [quantize.zero_scales(s)] for k, s in zip(quantize.CODES, state)} if codes else {}
+        one = torch.ones(())
+        tk.adam_step_(
+            [p], [g], [state[0]], [state[1]], [state[2]] if amsgrad else [], [torch.zeros(())], 1e-3, 0.9, 0.999,
+            1e-8, 0.01, amsgrad, True, False, torch.ones((), dtype=torch.float64), one * 64, one * 0, 1.0,
+            [torch.empty(5000, dtype=dt)] if master else [], seed, None, True, **scales,
+        )  # fmt: skip
+
+    step(torch.float32, True, amsgrad=True)
+    step(torch.bfloat16, True, seed=torch.tensor(7))
+    step(torch.bfloat16, True, master=True)
+    step(torch.float64, False)
+
+
 def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
 if __name__ == "__main__":
-    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope", "logprob"]:
+    for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope", "logprob", "optim"]:
         try:
             globals()[family]()
         except Exception as e:  # noqa: BLE001 - a launcher that fails after a skipped launch still counts

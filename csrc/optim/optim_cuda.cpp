@@ -154,14 +154,15 @@ at::Device check_update(const char* op, at::TensorList params, at::TensorList gr
 }
 
 // The kernels' dtype code of every tensor of an update: the parameter's dtype (the model parameter's with master
-// weights: list 0 is then the fp32 master) with the flags for fp32 state (state: the first state list, or none)
-// and fp32 (accumulated) gradients.
+// weights: list 0 is then the fp32 master) with the flags for fp32 or 8-bit state (state: the first state list,
+// or none) and fp32 (accumulated) gradients.
 std::vector<uint8_t> update_codes(const char* op, at::TensorList params, at::TensorList grads, at::TensorList state,
                                   at::TensorList model) {
   std::vector<uint8_t> codes;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& low = model.empty() ? params[i] : model[i];
     uint8_t d = dtype_code(op, low);
+    if (!state.empty() && state[i].scalar_type() == at::kChar) d |= oc::kInt8State;
     if (!model.empty()) d |= oc::kMaster;
     else if (!state.empty() && is_16bit(params[i]) && state[i].scalar_type() == at::kFloat) d |= oc::kF32State;
     if (is_16bit(low) && grads[i].scalar_type() == at::kFloat) d |= oc::kF32Grad;
@@ -264,19 +265,31 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     const OptionalTensorList& exp_avg_scales, const OptionalTensorList& exp_avg_sq_scales,
                     const OptionalTensorList& max_exp_avg_sq_scales, const std::optional<at::Tensor>& state_seed) {
   const char* op = "adam_step_";
-  TORCH_CHECK(!exp_avg_scales && !exp_avg_sq_scales && !max_exp_avg_sq_scales && !state_seed, "fused.", op,
-              ": 8-bit and stochastically rounded bf16 state (fused.optim state_dtype) have no CUDA "
-              "kernel yet; step on the CPU or use state_dtype=None");
+  TORCH_CHECK(!state_seed, "fused.", op,
+              ": stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no CUDA kernel "
+              "yet; step on the CPU or use state_dtype=None or \"int8\"");
   if (params.empty()) return;
   const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
-  check_list(op, "exp_avgs", exp_avgs, params);
-  check_list(op, "exp_avg_sqs", exp_avg_sqs, params);
-  if (amsgrad) check_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params);
-  for (size_t i = 0; i < params.size(); ++i) {  // the kernel reads every state tensor of a param as one type
-    const bool same = exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type() &&
-                      (!amsgrad || max_exp_avg_sqs[i].scalar_type() == exp_avgs[i].scalar_type());
+  const at::TensorList m_scales = or_empty(exp_avg_scales), v_scales = or_empty(exp_avg_sq_scales),
+                       max_scales = or_empty(max_exp_avg_sq_scales);
+  check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);
+  check_state_list(op, "exp_avg_sqs", exp_avg_sqs, params, at::kByte, v_scales);
+  if (amsgrad) check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
+  bool any_codes = false;
+  for (size_t i = 0; i < params.size(); ++i) {
+    // the kernel reads every state tensor of a param as one type: 8-bit codes (int8 exp_avg, uint8 others), or
+    // the param's dtype (float32 for 16-bit params)
+    const bool codes = exp_avgs[i].scalar_type() == at::kChar;
+    any_codes |= codes;
+    if (!codes) {
+      check_alongside(op, "exp_avgs", i, exp_avgs[i], params[i]);
+      check_alongside(op, "exp_avg_sqs", i, exp_avg_sqs[i], params[i]);
+    }
+    const auto sq = codes ? at::kByte : exp_avgs[i].scalar_type();
+    const bool same = exp_avg_sqs[i].scalar_type() == sq && (!amsgrad || max_exp_avg_sqs[i].scalar_type() == sq);
     TORCH_CHECK(same, "fused.", op, ": exp_avgs[", i, "], exp_avg_sqs[", i, "]", amsgrad ? " and max_exp_avg_sqs[" : "",
-                amsgrad ? std::to_string(i) + "]" : std::string(), " must have one dtype");
+                amsgrad ? std::to_string(i) + "]" : std::string(),
+                " must have one dtype, or be int8 and uint8 codes (8-bit state)");
   }
   check_steps(op, steps, params.size(), device);
   const auto rows = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
@@ -287,6 +300,11 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   const float* scale = optional_ptr(op, "grad_scale", grad_scale, device);
   std::vector<at::TensorList> lists{params, grads, exp_avgs, exp_avg_sqs};
   if (amsgrad) lists.push_back(max_exp_avg_sqs);
+  if (any_codes) {
+    lists.push_back(m_scales);
+    lists.push_back(v_scales);
+    if (amsgrad) lists.push_back(max_scales);
+  }
   if (!model_params.empty()) lists.push_back(model_params);
   const auto codes = update_codes(op, params, grads, exp_avgs, model_params);
   const auto dl = device_lists(op, lists, steps, device, stream, codes, metadata_rows(hyper, rows), 5);
@@ -301,7 +319,8 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                           maximize,
                           seed.has_value(),
                           seed.value_or(0),
-                          write_grads};
+                          write_grads,
+                          any_codes};
   const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
   check_launch(op, oc::launch_adam_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }

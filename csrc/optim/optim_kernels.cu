@@ -55,7 +55,7 @@ __device__ __forceinline__ void store4(T* p, int64_t i, int64_t end, bool aligne
 
 // Runs f(T{}) with T the storage type of dtype code d.
 template <typename F> __device__ __forceinline__ void dispatch(uint8_t d, F&& f) {
-  switch (d & 0x0f) {
+  switch (d & kDTypeBits) {
     case kF32: f(float{}); break;
     case kF16: f(__half{}); break;
     case kBF16: f(__nv_bfloat16{}); break;
@@ -225,16 +225,23 @@ __device__ void advance_steps(const TensorLists& L, Workspace ws) {
 }
 
 // Runs f(TP{}, TG{}, TS{}, TM{}): the types of parameter, gradient, state and (master weights) model parameter.
-template <typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
+// TS is int8_t for 8-bit state (kInt8State, only where kCodes: Adam; never with float64 parameters).
+template <bool kCodes, typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
   dispatch(d, [&](auto tag) {
     using D = decltype(tag);
     auto with_grad = [&](auto p, auto s, auto m) {
       if (d & kF32Grad) f(p, float{}, s, m);
       else f(p, tag, s, m);
     };
-    if (d & kMaster) with_grad(float{}, float{}, tag);
-    else if (d & kF32State) with_grad(tag, float{}, tag);
-    else with_grad(tag, tag, tag);
+    auto with_state = [&](auto p, auto m) {
+      if constexpr (kCodes && !std::is_same_v<D, double>) {
+        if (d & kInt8State) return with_grad(p, int8_t{}, m);
+      }
+      if (d & (kMaster | kF32State)) with_grad(p, float{}, m);
+      else with_grad(p, tag, m);
+    };
+    if (d & kMaster) with_state(float{}, tag);
+    else with_state(tag, tag);
   });
 }
 
@@ -306,7 +313,8 @@ template <typename TP, typename TG, typename TS, typename TM> struct UpdateTenso
 // What the SGD and Adam kernels share around their arithmetic: the whole step skipped on found_inf (false), the
 // scalars, the loop over this block's chunks with each tensor's hyperparameters, and the dispatch on its types.
 // body(r, a, s, tensor) runs one chunk.
-template <typename Args, typename F>
+// kCodes: tensors with kInt8State may come (Adam's kernel for 8-bit state).
+template <bool kCodes = false, typename Args, typename F>
 __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Args& args, StepScalars in, F&& body) {
   if (*in.found_inf != 0.f) return false;  // every block sees the same flag
   const float inv = inverse_scale(in.grad_scale);
@@ -316,7 +324,7 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
     const ChunkRange r = chunk_range(L, c);
     const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
+    dispatch_update<kCodes>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
       using TM = decltype(model_tag);
@@ -362,41 +370,173 @@ __global__ void __launch_bounds__(kThreads) sgd_kernel(TensorLists L, Workspace 
   if (stepped && args.use_momentum) advance_steps(L, ws);
 }
 
-__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
-  const bool stepped = for_update_chunks(
-      L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
-        using M = typename std::decay_t<decltype(u)>::M;
-        const double step = double(*L.steps[r.t]) + 1.0;  // this step's count (advanced after the grid is done)
-        const double step_size = a.lr / (1.0 - pow(a.beta1, step));
-        const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
-        auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
-        for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
-          M p[4], g[4], m[4], v[4], vmax[4];
-          load4(u.param, i, r.end, r.aligned, p);
-          load4(u.grad, i, r.end, r.aligned, g);
-          load4(exp_avg, i, r.end, r.aligned, m);
-          load4(exp_avg_sq, i, r.end, r.aligned, v);
-          if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+// Adam's per-tensor constants in the math type, as the CPU kernel rounds them (bias corrections in double).
+template <typename M> struct AdamCoefs {
+  M b1c, b2, b2c, eps, wd, decay, neg_step, inv_bc2;
+};
+template <typename M> __device__ __forceinline__ AdamCoefs<M> adam_coefs(const AdamArgs& a, double step) {
+  const double step_size = a.lr / (1.0 - pow(a.beta1, step));
+  const double inv_bc2_sqrt = 1.0 / sqrt(1.0 - pow(a.beta2, step));
+  return {M(1.0 - a.beta1), M(a.beta2),        M(1.0 - a.beta2),
+          M(a.eps),         M(a.weight_decay), M(1.0 - a.lr * a.weight_decay),
+          M(-step_size),    M(inv_bc2_sqrt)};
+}
+
+// One element of Adam's update from the clipped gradient g, with the CPU kernel's operations (the same fmas, so the
+// same bits from the same inputs). vmax is read and written under amsgrad only.
+template <typename M>
+__device__ __forceinline__ void adam_element(const AdamArgs& a, const AdamCoefs<M>& c, M g, M& p, M& m, M& v, M& vmax) {
+  M gk = a.maximize ? -g : g;
+  if (a.weight_decay != 0.0) {
+    if (a.decoupled) p *= c.decay;
+    else gk = fma(p, c.wd, gk);
+  }
+  m = fma(gk - m, c.b1c, m);
+  v = fma(gk * gk, c.b2c, v * c.b2);
+  M vv = v;
+  if (a.amsgrad) vv = vmax = vmax > v ? vmax : v;
+  p = fma(c.neg_step, m / fma(sqrt(vv), c.inv_bc2, c.eps), p);
+}
+
+// ---- 8-bit state (kInt8State): quantize_cpu.h's code maps and arithmetic, so its bits ----
+// exp_avg: int8 codes, m = sign(q) (q / 127)^2 a; exp_avg_sq: uint8 codes on sqrt(v) = (q / 255)^2 u; a, u the
+// block's max |m| and max sqrt(v) (its float32 scale). Each thread holds 4 consecutive elements, as in the plain
+// path (the same registers), so a block of kQuantBlock elements is two warps: the scale is a shuffle reduction in
+// each and one exchange through shared memory, and the codes never leave registers.
+constexpr int kWarpsPerQuantBlock = kQuantBlock / (4 * 32);
+static_assert(kWarpsPerQuantBlock == 2 && kThreads % (32 * kWarpsPerQuantBlock) == 0);
+template <typename C> struct alignas(4) Codes4 {
+  C v[4];
+};
+template <typename C> constexpr float kLevels = std::is_signed_v<C> ? 127.f : 255.f;
+
+// Element i..i+3's values decoded from their codes and the block's scale (zeros past end).
+template <typename C>
+__device__ __forceinline__ void decode4(const C* q, float scale, int64_t i, int64_t end, bool aligned, float out[4]) {
+  Codes4<C> c{};
+  if (aligned && i + 4 <= end) c = *reinterpret_cast<const Codes4<C>*>(q + i);
+  else
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
-            M gk = a.maximize ? -g[k] : g[k];
-            if (a.weight_decay != 0.0) {
-              if (a.decoupled) p[k] *= M(1.0 - a.lr * a.weight_decay);
-              else gk += M(a.weight_decay) * p[k];
+    for (int k = 0; k < 4; ++k) c.v[k] = i + k < end ? q[i + k] : C(0);
+  const float s = scale / (kLevels<C> * kLevels<C>);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float f = float(c.v[k]);
+    if constexpr (std::is_signed_v<C>) out[k] = f * fabsf(f) * s;
+    else {
+      const float w = f * f * s;
+      out[k] = w * w;
+    }
+  }
+}
+
+// max that keeps NaN, as at::vec::maximum in quantize_cpu.h's block max
+__device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
+
+// Encodes element i..i+3 (x; those past end are not part of the block) into their codes; the first thread of the
+// block's two warps stores its scale. Every thread of the CUDA block calls it (it has barriers); exchange: shared
+// scratch of one float per warp.
+template <typename C>
+__device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, int64_t i, int64_t end, bool aligned,
+                                        float* exchange) {
+  float mag[4], a = 0.f;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    mag[k] = i + k >= end ? 0.f : std::is_signed_v<C> ? fabsf(x[k]) : sqrtf(x[k]);
+    a = nan_max(a, mag[k]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) a = nan_max(a, __shfl_xor_sync(0xffffffffu, a, o));
+  const int warp = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) exchange[warp] = a;
+  __syncthreads();
+  a = nan_max(a, exchange[warp ^ 1]);  // the same in both warps but for a NaN's payload (codes 0 either way)
+  __syncthreads();                     // read before the next exchange
+  if ((threadIdx.x & 63) == 0 && i < end) *scale = a;
+  const bool usable = a > 0.f && a <= __FLT_MAX__;  // else codes 0: zero blocks decode to 0, non-finite to NaN
+  // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
+  const float inv = 1.f / a;
+  const bool by_inverse = inv <= __FLT_MAX__;
+  Codes4<C> c;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float r = rintf(sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>);
+    const float code = usable ? r : 0.f;
+    c.v[k] = C(std::is_signed_v<C> && x[k] < 0.f ? -code : code);
+  }
+  if (aligned && i + 4 <= end) *reinterpret_cast<Codes4<C>*>(q + i) = c;
+  else
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      if (i + k < end) q[i + k] = c.v[k];
+}
+
+// One chunk of a tensor with 8-bit state, 4 elements a thread as the plain path (chunks and the block's stride
+// are multiples of kQuantBlock, so warps 2w and 2w + 1 hold one quantization block): decode, update, encode.
+template <typename U>
+__device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const ChunkRange& r, const AdamArgs& a,
+                                                 const UpdateScalars& s, const U& u, const AdamCoefs<float>& c) {
+  __shared__ float exchange[kThreads / 32];
+  const int scales = a.amsgrad ? 5 : 4;  // the first scale list
+  int8_t* qm = list_ptr<int8_t>(L, 2, r.t);
+  uint8_t *qv = list_ptr<uint8_t>(L, 3, r.t), *qx = a.amsgrad ? list_ptr<uint8_t>(L, 4, r.t) : nullptr;
+  float *sm = list_ptr<float>(L, scales, r.t), *sv = list_ptr<float>(L, scales + 1, r.t);
+  float* sx = a.amsgrad ? list_ptr<float>(L, scales + 2, r.t) : nullptr;
+  for (int64_t base = r.start; base < r.end; base += 4 * blockDim.x) {  // the same trips in every thread
+    const int64_t i = base + 4 * threadIdx.x, blk = i / kQuantBlock;
+    const bool inside = i < r.end;
+    float p[4], g[4], m[4], v[4], vmax[4];
+    load4(u.param, i, r.end, r.aligned, p);
+    load4(u.grad, i, r.end, r.aligned, g);
+    decode4(qm, inside ? sm[blk] : 0.f, i, r.end, r.aligned, m);
+    decode4(qv, inside ? sv[blk] : 0.f, i, r.end, r.aligned, v);
+    if (a.amsgrad) decode4(qx, inside ? sx[blk] : 0.f, i, r.end, r.aligned, vmax);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+      adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
+    }
+    u.store_params(i, r.end, r.aligned, p, a.stochastic);
+    if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
+    encode4(m, qm, sm + blk, i, r.end, r.aligned, exchange);
+    encode4(v, qv, sv + blk, i, r.end, r.aligned, exchange);
+    if (a.amsgrad) encode4(vmax, qx, sx + blk, i, r.end, r.aligned, exchange);
+  }
+}
+
+// kCodes: the kernel with the 8-bit state path, launched only where some tensor has it (its registers would
+// otherwise weigh on every Adam step).
+template <bool kCodes>
+__global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
+  const bool stepped = for_update_chunks<kCodes>(
+      L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
+        using UT = std::decay_t<decltype(u)>;
+        using M = typename UT::M;
+        // this step's count (advanced after the grid is done)
+        const AdamCoefs<M> c = adam_coefs<M>(a, double(*L.steps[r.t]) + 1.0);
+        if constexpr (std::is_same_v<std::remove_pointer_t<decltype(u.state(2))>, int8_t>) {
+          adam_codes_chunk(L, r, a, s, u, c);
+          return;
+        } else {
+          auto *exp_avg = u.state(2), *exp_avg_sq = u.state(3), *max_sq = a.amsgrad ? u.state(4) : nullptr;
+          for (int64_t i = r.start + 4 * threadIdx.x; i < r.end; i += 4 * blockDim.x) {
+            M p[4], g[4], m[4], v[4], vmax[4];
+            load4(u.param, i, r.end, r.aligned, p);
+            load4(u.grad, i, r.end, r.aligned, g);
+            load4(exp_avg, i, r.end, r.aligned, m);
+            load4(exp_avg_sq, i, r.end, r.aligned, v);
+            if (a.amsgrad) load4(max_sq, i, r.end, r.aligned, vmax);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              g[k] = clipped_grad(g[k], s.inv, a.clip_value, s.coef);
+              adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
             }
-            m[k] += (gk - m[k]) * M(1.0 - a.beta1);
-            v[k] = M(a.beta2) * v[k] + M(1.0 - a.beta2) * gk * gk;
-            M vv = v[k];
-            if (a.amsgrad) vv = vmax[k] = vmax[k] > v[k] ? vmax[k] : v[k];
-            const M denom = sqrt(vv) * M(inv_bc2_sqrt) + M(a.eps);
-            p[k] -= M(step_size) * m[k] / denom;
+            u.store_params(i, r.end, r.aligned, p, a.stochastic);
+            store4(exp_avg, i, r.end, r.aligned, m);
+            store4(exp_avg_sq, i, r.end, r.aligned, v);
+            if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+            if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
           }
-          u.store_params(i, r.end, r.aligned, p, a.stochastic);
-          store4(exp_avg, i, r.end, r.aligned, m);
-          store4(exp_avg_sq, i, r.end, r.aligned, v);
-          if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
-          if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
         }
       });
   if (stepped) advance_steps(L, ws);
@@ -464,7 +604,9 @@ cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args
 
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
                              cudaStream_t stream) {
-  FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel)(lists, ws, args, scalars);
+  if (args.codes)
+    FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<true>)(lists, ws, args, scalars);
+  else FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<false>)(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 

@@ -14,10 +14,16 @@
 namespace fused {
 namespace optim_cuda {
 
-// A tensor's dtype code, one byte packed into the device metadata: common/dtype.h's DType in the low bits, the
-// flags below or'ed in.
+// A tensor's dtype code, one byte packed into the device metadata: common/dtype.h's DType in the low three bits
+// (kDTypeBits), the flags below or'ed in.
 constexpr uint8_t kF32 = uint8_t(DType::f32), kF16 = uint8_t(DType::f16), kBF16 = uint8_t(DType::bf16),
                   kF64 = uint8_t(DType::f64);
+constexpr uint8_t kDTypeBits = 0x07;
+// or'ed into an Adam tensor's dtype: 8-bit state (fused.optim state_dtype="int8"): exp_avg int8 codes, exp_avg_sq
+// (and max_exp_avg_sq) uint8 codes, each with float32 scales per kQuantBlock elements in the scale lists (see
+// launch_adam_step). The code maps are csrc/optim/quantize_cpu.h's; the kernel writes the CPU kernel's bits.
+constexpr uint8_t kInt8State = 0x08;
+constexpr int kQuantBlock = 256;
 constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the tensor is 16-byte aligned
 // or'ed into a dtype: master weights. The dtype is the gradient's and the model parameter's (the last list); the
 // parameter (list 0, the fp32 master) and the state are float32.
@@ -171,9 +177,11 @@ struct AdamArgs {
   bool stochastic;
   uint64_t sr_seed;
   bool write_grads;
+  bool codes;  // some tensor has kInt8State
 };
-// lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, model params with kMaster]; steps always.
-// lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.
+// lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, their scales in the same order, where some
+// tensor has kInt8State][, model params with kMaster]; steps always. The scales of a tensor without kInt8State
+// are not read. lists.hyper (width 5): per-tensor lr, beta1, beta2, eps, weight_decay in place of args'.
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
                              cudaStream_t stream);
 

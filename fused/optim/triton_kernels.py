@@ -1,0 +1,235 @@
+"""Triton kernel of fused::adam_step_ (the optimizers' other ops run the CUDA C++ kernels on a GPU): one launch per
+tensor, the CPU kernel's formulas (csrc/optim/optim_cpu.cpp) with its fmas, so its bits from the same inputs.
+
+Every tensor is walked in flat memory order as [ROWS, 256] tiles, so with 8-bit state (state_dtype="int8") a tile
+row is one quantization block: its codes are decoded, updated and re-encoded in registers with
+csrc/optim/quantize_cpu.h's arithmetic (the block's scale a row max). The device scalars (clip coefficient, loss
+scale, found_inf) are read by the kernel: a step skipped on found_inf stores nothing, and nothing syncs with the
+host. The bias corrections are computed in float64 by torch ops on the step counters (std::pow on the CPU, CUDA's
+pow on a GPU: what the CPU and CUDA C++ kernels use)."""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from fused.triton_math import div, sqrt
+from fused.triton_utils import scalar_in, to_out
+
+QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
+ROWS = 4  # tile rows a program
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
+TENSOR_KEY_STEP = 0x9E3779B97F4A7C15  # stochastic rounding key of tensor t: seed + t * this (optim_cpu.cpp)
+STATE_ERROR = (
+    "fused.adam_step_: stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no GPU "
+    'kernel yet; step on the CPU or use state_dtype=None or "int8"'
+)
+
+
+@triton.jit
+def _rne_small(x):
+    """x (0 <= x < 2^22, float32) rounded to the nearest integer, ties to even: the float32 add rounds it."""
+    return (x + 8388608.0) - 8388608.0
+
+
+@triton.jit
+def _decode(q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr):
+    """The float32 values of the codes at offs (a [ROWS, 256] tile, one block a row) with their blocks' scales."""
+    levels: tl.constexpr = 127.0 if SIGNED else 255.0
+    c = tl.load(q_ptr + offs, mask=mask, other=0).to(tl.float32)
+    s = div(tl.load(scale_ptr + rows, mask=row_mask, other=0.0), levels * levels)[:, None]
+    if SIGNED:
+        return c * tl.abs(c) * s
+    else:
+        w = c * c * s
+        return w * w
+
+
+@triton.jit
+def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr):
+    """Stores x's codes and each row's scale (its max |x|, or max sqrt(x) unsigned; NaN if any is NaN)."""
+    levels: tl.constexpr = 127.0 if SIGNED else 255.0
+    if SIGNED:
+        mag = tl.abs(x)
+    else:
+        mag = sqrt(x)
+    mag = tl.where(mask, mag, 0.0)
+    nan = mag != mag
+    has_nan = tl.max(nan.to(tl.int32), axis=1) > 0
+    a = tl.where(has_nan, float("nan"), tl.max(tl.where(nan, 0.0, mag), axis=1))
+    tl.store(scale_ptr + rows, a, mask=row_mask)
+    usable = (a > 0.0) & (a <= FLT_MAX)  # else codes 0: zero blocks decode to 0, non-finite ones to NaN
+    inv = div(tl.full(a.shape, 1.0, tl.float32), a)
+    # mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
+    ratio = tl.where((inv <= FLT_MAX)[:, None], mag * inv[:, None], div(mag, a[:, None]))
+    q = tl.where(usable[:, None], _rne_small(sqrt(ratio) * levels), 0.0)
+    if SIGNED:
+        tl.store(q_ptr + offs, tl.where(x < 0.0, -q, q).to(tl.int8), mask=mask)
+    else:
+        tl.store(q_ptr + offs, q.to(tl.uint8), mask=mask)
+
+
+@triton.jit
+def _load_state(ptr, scale_ptr, offs, rows, mask, row_mask, MATH: tl.constexpr, CODES: tl.constexpr,
+                SIGNED: tl.constexpr):  # fmt: skip
+    if CODES:
+        return _decode(ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED)
+    else:
+        return tl.load(ptr + offs, mask=mask, other=0.0).to(MATH)
+
+
+@triton.jit
+def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, CODES: tl.constexpr, SIGNED: tl.constexpr):
+    if CODES:
+        _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED)
+    else:
+        tl.store(ptr + offs, to_out(x, ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
+    """bf16 stochastically (element i: Philox word i % 4 of counter i / 4 under key, its top 16 bits added below
+    the bf16 mantissa, then truncated; NaN stays NaN), else rounded to nearest even."""
+    if STOCHASTIC:
+        c = offs // 4
+        zero = tl.zeros_like(c).to(tl.uint32)
+        r0, r1, r2, r3 = tl.philox(key, (c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), zero, zero)
+        w = offs % 4
+        word = tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
+        bits = p.to(tl.uint32, bitcast=True) + (word >> 16)
+        bits = tl.where(p != p, 0x7FC00000, bits)
+        tl.store(ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+    else:
+        tl.store(ptr + offs, to_out(p, ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit(do_not_specialize=["n", "t", "key"])
+def _adam_kernel(
+    p_ptr, g_ptr, m_ptr, v_ptr, x_ptr, ms_ptr, vs_ptr, xs_ptr, model_ptr, bias_ptr, coef_ptr, scale_ptr, found_ptr,
+    n, t, key,
+    lr: tl.float64, beta1: tl.float64, beta2: tl.float64, eps: tl.float64, weight_decay: tl.float64,
+    clip_value: tl.float64,
+    AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
+    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, MASTER: tl.constexpr,
+    WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    offs = rows[:, None] * 256 + tl.arange(0, 256)[None, :]
+    end = tl.where(tl.load(found_ptr) == 0.0, n, 0)  # found_inf: the whole step skipped, nothing stored
+    mask = offs < end
+    row_mask = rows * 256 < end
+    if HAS_SCALE:
+        inv = (1.0 / tl.load(scale_ptr).to(tl.float64)).to(tl.float32)  # in double, as torch's GradScaler
+    else:
+        inv = tl.full((), 1.0, tl.float32)
+    coef = tl.load(coef_ptr)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(MATH) * inv.to(MATH)
+    if CLIP:  # NaN stays NaN
+        cv = scalar_in(clip_value, MATH)
+        g = tl.where(g < -cv, -cv, tl.where(g > cv, cv, g))
+    g = g * coef.to(MATH)
+    if WRITE_GRADS:  # only where the step changes the gradient
+        if CLIP:
+            tl.store(g_ptr + offs, to_out(g, g_ptr.dtype.element_ty), mask=mask)
+        else:
+            changed = tl.where(inv != 1.0, end, tl.where(coef != 1.0, end, 0))
+            tl.store(g_ptr + offs, to_out(g, g_ptr.dtype.element_ty), mask=offs < changed)
+    if MAXIMIZE:
+        g = -g
+    wd = scalar_in(weight_decay, tl.float64)
+    if DECOUPLED:
+        p = p * (1.0 - scalar_in(lr, tl.float64) * wd).to(MATH)
+    else:
+        g = tl.fma(p, wd.to(MATH), g)
+    m = _load_state(m_ptr, ms_ptr, offs, rows, mask, row_mask, MATH, CODES, True)
+    v = _load_state(v_ptr, vs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
+    m = tl.fma(g - m, (1.0 - scalar_in(beta1, tl.float64)).to(MATH), m)
+    v = tl.fma(g * g, (1.0 - scalar_in(beta2, tl.float64)).to(MATH), v * scalar_in(beta2, MATH))
+    _store_state(m, m_ptr, ms_ptr, offs, rows, mask, row_mask, CODES, True)
+    _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, CODES, False)
+    if AMSGRAD:
+        x = _load_state(x_ptr, xs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
+        v = tl.where(x > v, x, v)
+        _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, CODES, False)
+    neg_step = tl.load(bias_ptr + 2 * t).to(MATH)
+    inv_bc2 = tl.load(bias_ptr + 2 * t + 1).to(MATH)
+    denom = tl.fma(sqrt(v), inv_bc2, scalar_in(eps, MATH))
+    p = tl.fma(neg_step, div(m, denom), p)
+    _store_param(p, p_ptr, offs, mask, key, STOCHASTIC)
+    if MASTER:
+        tl.store(model_ptr + offs, to_out(p, model_ptr.dtype.element_ty), mask=mask)
+
+
+def _bias_terms(steps, rows, device):
+    """Per tensor (-lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)) in float64 on the device, step counting this
+    step: on a GPU by torch's pow in double (CUDA's pow, as the CUDA C++ kernel), on the CPU (the interpreter) by
+    the C library's pow, as the CPU kernel."""
+    if device.type == "cpu":
+        terms = []
+        for s, (lr, beta1, beta2, _, _) in zip(steps, rows):
+            step = float(s) + 1.0
+            terms.append([-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))])
+        return torch.tensor(terms, dtype=torch.float64)
+    step = torch.stack([s.reshape(()) for s in steps]).double() + 1.0
+    h = torch.tensor(rows, dtype=torch.float64).to(device, non_blocking=True)
+    neg_step = -(h[:, 0] / (1.0 - torch.pow(h[:, 1], step)))
+    inv_bc2 = 1.0 / torch.sqrt(1.0 - torch.pow(h[:, 2], step))
+    return torch.stack([neg_step, inv_bc2], dim=1).contiguous()
+
+
+def adam_step_(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
+    decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed=None, hyper=None,
+    write_grads=False, exp_avg_scales=None, exp_avg_sq_scales=None, max_exp_avg_sq_scales=None, state_seed=None,
+):  # fmt: skip
+    """fused::adam_step_ on Triton: the op's arguments (csrc/optim/optim_schema.cpp); the CPU kernel's checks of
+    the lists are not repeated here (the optimizers build them)."""
+    if state_seed is not None:
+        raise RuntimeError(STATE_ERROR)
+    if not params:
+        return
+    with torch.cuda.device_of(params[0]):
+        _adam_step(
+            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
+            decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed, hyper,
+            write_grads, (exp_avg_scales, exp_avg_sq_scales, max_exp_avg_sq_scales if amsgrad else None),
+        )  # fmt: skip
+
+
+def _adam_step(
+    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
+    decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed, hyper, write_grads,
+    scale_lists,
+):  # fmt: skip
+    if clip_value < 0:
+        raise RuntimeError(f"fused.adam_step_: clip_value must be >= 0, got {clip_value}")
+    n = len(params)
+    rows = hyper.tolist() if hyper is not None else [[lr, beta1, beta2, eps, weight_decay]] * n
+    device = params[0].device
+    bias = _bias_terms(steps, rows, device)
+    seed = None if sr_seed is None else int(sr_seed.item()) % 2**64  # a CPU tensor: no device sync
+    for t in range(n):
+        p, g = params[t], grads[t]
+        if p.numel() == 0:
+            continue
+        codes = exp_avgs[t].dtype == torch.int8
+        scales = [
+            (lst[t] if codes and lst is not None else found_inf)  # a stand-in, never read
+            for lst in scale_lists
+        ]
+        key = None if seed is None else (seed + t * TENSOR_KEY_STEP) % 2**64
+        key = 0 if key is None else key - 2**64 if key >= 2**63 else key
+        lr_t, beta1_t, beta2_t, eps_t, wd_t = (float(x) for x in rows[t])
+        _adam_kernel[(triton.cdiv(p.numel(), ROWS * QBLOCK),)](
+            p, g, exp_avgs[t], exp_avg_sqs[t], max_exp_avg_sqs[t] if amsgrad else p, *scales,
+            model_params[t] if model_params else p, bias, clip_coef,
+            grad_scale if grad_scale is not None else found_inf, found_inf, p.numel(), t, key,
+            lr_t, beta1_t, beta2_t, eps_t, wd_t, float(clip_value),
+            AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled), MAXIMIZE=bool(maximize), CODES=codes,
+            HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
+            STOCHASTIC=seed is not None and p.dtype == torch.bfloat16, MASTER=bool(model_params),
+            WRITE_GRADS=bool(write_grads), MATH=tl.float64 if p.dtype == torch.float64 else tl.float32, ROWS=ROWS,
+        )  # fmt: skip
+    torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
