@@ -103,7 +103,7 @@ if [ -n "$sanitizer" ]; then
     "memcheck|tests/test_distance.py tests/test_geometry.py|cuda-cuda"
     "memcheck|tests/test_loss.py tests/test_logprob.py|cuda-cuda"
     "memcheck|tests/test_norm.py tests/test_rope.py|cuda-cuda"
-    "memcheck|tests/test_optim_cuda.py tests/test_clip.py|cuda"
+    "memcheck|tests/test_optim_cuda.py tests/test_optim_state8.py tests/test_clip.py|cuda"
     "racecheck|tests/test_norm.py tests/test_loss.py|cuda-cuda"
     "racecheck|tests/test_elementwise.py tests/test_optim_cuda.py|cuda-cuda and (bias or dropout) or clip_grad or cuda_matches"
     "synccheck|tests/test_norm.py tests/test_loss.py tests/test_optim_cuda.py|cuda"
