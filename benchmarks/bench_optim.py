@@ -159,6 +159,7 @@ def cases(device: str, quick: bool) -> list:
             "flops": None,
             "impls": plain,
             "state_bytes_per_param": state_per_param,
+            "default": False,  # make bench's AdamW float32 is clip+AdamW (six optimizers over 50M params: FULL=1)
         }
     )
     for dtype in dtypes:
@@ -172,6 +173,7 @@ def cases(device: str, quick: bool) -> list:
                     "bytes": floor,
                     "flops": None,
                     "impls": impls(name, shapes, dtype, device, hyper),
+                    "default": True,
                 }
             )
     # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
@@ -184,6 +186,7 @@ def cases(device: str, quick: bool) -> list:
             "flops": None,
             "impls": master,
             "resident_mb": resident,
+            "default": True,
         }
     )
     return out
