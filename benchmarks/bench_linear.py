@@ -96,11 +96,14 @@ def cases(device: str, quick: bool) -> list:
             return _linear_cases(device, 64, 96, 80, torch.float32, "gelu") + _mlp_cases(
                 device, [64, 128, 64], 32, torch.float32, "gelu"
             )
-        return (
+        out = (
             _linear_cases(device, 2048, 1024, 1024, torch.float32, "gelu")
             + _linear_cases(device, 2048, 1024, 1024, torch.float32, "relu")
             + _mlp_cases(device, [1024, 4096, 1024], 2048, torch.float32, "gelu")
         )
+        for case in out:  # make bench's default: linear_act (relu is the same op) and the MLP, forward
+            case["default"] = case["name"].endswith(" fwd") and " relu " not in case["name"]
+        return out
     if quick:
         return _linear_cases(device, 256, 512, 384, torch.bfloat16, "gelu")
     shapes = [(4096, 4096, 4096), (8192, 4096, 1024), (8192, 1024, 4096)]

@@ -132,4 +132,13 @@ def cases(device: str, quick: bool) -> list:
     if device == "cuda":  # the default run on a GPU: the large vocabulary (Llama 3's 128k), where the logits hurt
         for c in all_cases:
             c["default"] = "x131072 " in c["name"]
+    else:
+        # make bench's default on a CPU: each op and dtype at 256 tokens (V = 32768); at 4096 tokens one call is
+        # seconds of GEMM on 2 cores, for every alternative (FULL=1 times those too). The JSD case is
+        # linear_distillation_loss again.
+        small = [c for dtype in dtypes for c in _linear_cross_entropy_cases(device, 256, 1024, 32768, dtype)[:1]]
+        small += _post_training_cases(device, 256, 1024, 32768, torch.float32)[:2]
+        for c in small:
+            c["default"] = True
+        all_cases += small
     return all_cases

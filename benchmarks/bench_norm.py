@@ -104,6 +104,6 @@ def cases(device, quick):
                         (4 if add else 2) * n,
                         (4 if add else 3) * n,
                     )
-    for case in out:  # make bench's default: the shape issue 22 measured (FULL=1: every shape)
-        case["default"] = case["name"].split()[1] in ("8192x1024", "256x1024")
+    for case in out:  # make bench's default: each op and dtype forward, at the shape issue 22 measured (FULL=1: all)
+        case["default"] = case["name"].split()[1] in ("8192x1024", "256x1024") and case["name"].endswith(" fwd")
     return out

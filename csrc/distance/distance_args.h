@@ -26,11 +26,6 @@ inline void check_p(const char* op, double p, bool squared) {
   TORCH_CHECK(!squared || p == 2, "fused.", op, ": squared=True needs p=2, got p=", p);
 }
 
-inline void check_radius(const char* op, double radius, int64_t max_neighbors) {
-  TORCH_CHECK(radius >= 0, "fused.", op, ": radius must be in [0, inf], got ", radius);
-  TORCH_CHECK(max_neighbors >= 1, "fused.", op, ": max_neighbors must be >= 1, got ", max_neighbors);
-}
-
 // a [*Ba, N, D] and b [*Bb, M, D] broadcast over the batch dims, flattened to [B, N, D], [B, M, D] (contiguous,
 // in the math type when to_math), with the broadcast batch shape kept for the outputs.
 struct Batched {
@@ -108,11 +103,6 @@ inline BothLengths both_lengths(const char* op, const c10::optional<at::Tensor>&
           batch_lengths(op, "lengths_b", lengths_b, "b", b, x, x.M)};
 }
 
-inline void check_k(const char* op, int64_t k, const Batched& x) {
-  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
-  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
-}
-
 // The valid rows of batch bi: lengths[bi], or all `rows` without lengths (CPU lengths from batch_lengths).
 struct Lengths {
   const int64_t* counts;
@@ -129,9 +119,19 @@ inline std::vector<int64_t> out_shape(const Batched& x, int64_t last) {
   return s;
 }
 
-// pairwise_distances_backward's grad and dist: a's dtype and device, the distances' shape.
-inline void check_distances_grad(const char* op, const at::Tensor& grad, const at::Tensor& dist, const at::Tensor& a,
-                                 const Batched& x) {
+// Each op's whole check sequence, run by its CPU kernel and its CUDA binding alike: the inputs batched (in the math
+// type when to_math, as the CPU kernels compute).
+inline Batched check_pairwise_distances(const char* op, const at::Tensor& a, const at::Tensor& b, double p,
+                                        bool squared, bool to_math) {
+  check_p(op, p, squared);
+  return batched(op, a, b, to_math);
+}
+
+// grad and dist: a's dtype and device, the distances' shape.
+inline Batched check_pairwise_distances_backward(const char* op, const at::Tensor& grad, const at::Tensor& a,
+                                                 const at::Tensor& b, const at::Tensor& dist, double p, bool squared,
+                                                 bool to_math) {
+  Batched x = check_pairwise_distances(op, a, b, p, squared, to_math);
   check_like(op, "grad", grad, "a", a);
   check_like(op, "dist", dist, "a", a);
   const auto expected = out_shape(x, x.M);
@@ -139,11 +139,30 @@ inline void check_distances_grad(const char* op, const at::Tensor& grad, const a
               " does not match the distances' shape ", at::IntArrayRef(expected));
   TORCH_CHECK(dist.sizes() == grad.sizes(), "fused.", op, ": dist shape ", dist.sizes(), " does not match grad shape ",
               grad.sizes());
+  return x;
 }
 
-// pairwise_topk_backward's grad, values (a's dtype and device) and int64 indices, all [*B, N, k].
-inline void check_topk_grad(const char* op, const at::Tensor& grad, const at::Tensor& values, const at::Tensor& indices,
-                            const at::Tensor& a, const Batched& x) {
+inline Batched check_pairwise_topk(const char* op, const at::Tensor& a, const at::Tensor& b, int64_t k, double p,
+                                   bool squared, bool to_math) {
+  Batched x = check_pairwise_distances(op, a, b, p, squared, to_math);
+  TORCH_CHECK(k >= 0, "fused.", op, ": k must be >= 0, got ", k);
+  TORCH_CHECK(k <= x.M, "fused.", op, ": k (", k, ") is larger than the number of points in b (", x.M, ")");
+  return x;
+}
+
+inline Batched check_radius_neighbors(const char* op, const at::Tensor& a, const at::Tensor& b, double radius,
+                                      int64_t max_neighbors, double p, bool to_math) {
+  check_p(op, p, false);
+  TORCH_CHECK(radius >= 0, "fused.", op, ": radius must be in [0, inf], got ", radius);
+  TORCH_CHECK(max_neighbors >= 1, "fused.", op, ": max_neighbors must be >= 1, got ", max_neighbors);
+  return batched(op, a, b, to_math);
+}
+
+// grad, values (a's dtype and device) and int64 indices, all [*B, N, k].
+inline Batched check_pairwise_topk_backward(const char* op, const at::Tensor& grad, const at::Tensor& a,
+                                            const at::Tensor& b, const at::Tensor& values, const at::Tensor& indices,
+                                            double p, bool squared, bool to_math) {
+  Batched x = check_pairwise_distances(op, a, b, p, squared, to_math);
   check_like(op, "grad", grad, "a", a);
   check_like(op, "values", values, "a", a);
   TORCH_CHECK(indices.scalar_type() == at::kLong, "fused.", op, ": indices must be int64, got ", indices.scalar_type());
@@ -151,6 +170,7 @@ inline void check_topk_grad(const char* op, const at::Tensor& grad, const at::Te
                   values.size(-2) == x.N,
               "fused.", op, ": grad ", grad.sizes(), ", values ", values.sizes(), " and indices ", indices.sizes(),
               " must share the shape [*B, N, k]");
+  return x;
 }
 
 // Sums a gradient over the broadcast batch dims back to the input's shape, in the input's dtype.

@@ -102,8 +102,7 @@ using OptTensor = c10::optional<at::Tensor>;
 at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared,
                                   const OptTensor& lengths_a, const OptTensor& lengths_b) {
   const char* op = "pairwise_distances";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in);
+  Batched x = check_pairwise_distances(op, a_in, b_in, p, squared, /*to_math=*/true);
   const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
   const Lengths la(lengths.a, x.N), lb(lengths.b, x.M);
   // Padded pairs are 0: only the valid block of each batch is computed.
@@ -259,10 +258,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
                                                                    double p, bool squared, const OptTensor& lengths_a,
                                                                    const OptTensor& lengths_b) {
   const char* op = "pairwise_distances_backward";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in);
+  Batched x = check_pairwise_distances_backward(op, grad_in, a_in, b_in, dist_in, p, squared, /*to_math=*/true);
   const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
-  check_distances_grad(op, grad_in, dist_in, a_in, x);
   const Metric metric = metric_of(p);
   if (x.B * x.N * x.M * x.D == 0 || metric == Metric::P0)
     return {at::zeros_like(a_in, at::MemoryFormat::Contiguous), at::zeros_like(b_in, at::MemoryFormat::Contiguous)};
@@ -503,9 +500,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cpu(const at::Tensor& a_in, con
                                                      double p, bool squared, bool largest, const OptTensor& lengths_a,
                                                      const OptTensor& lengths_b) {
   const char* op = "pairwise_topk";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in);
-  check_k(op, k, x);
+  Batched x = check_pairwise_topk(op, a_in, b_in, k, p, squared, /*to_math=*/true);
   return select_cpu(op, a_in, b_in, x, k, p, squared, largest, c10::nullopt, lengths_a, lengths_b);
 }
 
@@ -513,9 +508,7 @@ std::tuple<at::Tensor, at::Tensor> radius_neighbors_cpu(const at::Tensor& a_in, 
                                                         int64_t max_neighbors, const OptTensor& lengths_a,
                                                         const OptTensor& lengths_b, double p) {
   const char* op = "radius_neighbors";
-  check_p(op, p, false);
-  check_radius(op, radius, max_neighbors);
-  Batched x = batched(op, a_in, b_in);
+  Batched x = check_radius_neighbors(op, a_in, b_in, radius, max_neighbors, p, /*to_math=*/true);
   return select_cpu(op, a_in, b_in, x, max_neighbors, p, false, false, radius, lengths_a, lengths_b);
 }
 
@@ -525,9 +518,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cpu(const at::Tensor& 
                                                               const at::Tensor& b_in, const at::Tensor& values_in,
                                                               const at::Tensor& indices_in, double p, bool squared) {
   const char* op = "pairwise_topk_backward";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in);
-  check_topk_grad(op, grad_in, values_in, indices_in, a_in, x);
+  Batched x =
+      check_pairwise_topk_backward(op, grad_in, a_in, b_in, values_in, indices_in, p, squared, /*to_math=*/true);
   const int64_t k = values_in.size(-1);
   const Metric metric = metric_of(p);
   if (x.B * x.N * k * x.D == 0 || metric == Metric::P0)

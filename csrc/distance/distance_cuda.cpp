@@ -25,8 +25,7 @@ const int64_t* lengths_ptr(const at::Tensor& flat) { return flat.defined() ? fla
 at::Tensor pairwise_distances_cuda(const at::Tensor& a_in, const at::Tensor& b_in, double p, bool squared,
                                    const OptTensor& lengths_a, const OptTensor& lengths_b) {
   const char* op = "pairwise_distances";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in, /*to_math=*/false);
+  Batched x = check_pairwise_distances(op, a_in, b_in, p, squared, /*to_math=*/false);
   check_cuda(op, "a", a_in);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
@@ -43,10 +42,8 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cuda(const at::Te
                                                                     double p, bool squared, const OptTensor& lengths_a,
                                                                     const OptTensor& lengths_b) {
   const char* op = "pairwise_distances_backward";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in, /*to_math=*/false);
+  Batched x = check_pairwise_distances_backward(op, grad_in, a_in, b_in, dist_in, p, squared, /*to_math=*/false);
   check_cuda(op, "a", a_in);
-  check_distances_grad(op, grad_in, dist_in, a_in, x);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
   const int64_t *la = lengths_ptr(lengths.a), *lb = lengths_ptr(lengths.b);
@@ -96,9 +93,7 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_cuda(const at::Tensor& a_in, co
                                                       double p, bool squared, bool largest, const OptTensor& lengths_a,
                                                       const OptTensor& lengths_b) {
   const char* op = "pairwise_topk";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in, /*to_math=*/false);
-  check_k(op, k, x);
+  Batched x = check_pairwise_topk(op, a_in, b_in, k, p, squared, /*to_math=*/false);
   return select_cuda(op, a_in, b_in, x, k, p, squared, largest, false, 0.0, lengths_a, lengths_b);
 }
 
@@ -106,9 +101,7 @@ std::tuple<at::Tensor, at::Tensor> radius_neighbors_cuda(const at::Tensor& a_in,
                                                          int64_t max_neighbors, const OptTensor& lengths_a,
                                                          const OptTensor& lengths_b, double p) {
   const char* op = "radius_neighbors";
-  check_p(op, p, false);
-  check_radius(op, radius, max_neighbors);
-  Batched x = batched(op, a_in, b_in, /*to_math=*/false);
+  Batched x = check_radius_neighbors(op, a_in, b_in, radius, max_neighbors, p, /*to_math=*/false);
   return select_cuda(op, a_in, b_in, x, max_neighbors, p, false, false, true, radius, lengths_a, lengths_b);
 }
 
@@ -118,10 +111,9 @@ std::tuple<at::Tensor, at::Tensor> pairwise_topk_backward_cuda(const at::Tensor&
                                                                const at::Tensor& b_in, const at::Tensor& values_in,
                                                                const at::Tensor& indices_in, double p, bool squared) {
   const char* op = "pairwise_topk_backward";
-  check_p(op, p, squared);
-  Batched x = batched(op, a_in, b_in, /*to_math=*/false);
+  Batched x =
+      check_pairwise_topk_backward(op, grad_in, a_in, b_in, values_in, indices_in, p, squared, /*to_math=*/false);
   check_cuda(op, "a", a_in);
-  check_topk_grad(op, grad_in, values_in, indices_in, a_in, x);
   const c10::cuda::CUDAGuard guard(a_in.device());
   const int64_t k = values_in.size(-1);
   const auto math = at::toOpMathType(a_in.scalar_type());

@@ -86,6 +86,10 @@ __global__ void __launch_bounds__(kThreadsX* kThreadsY)
   }
 }
 
+// The gradient kernels (grad_kernel, select_grad_a_kernel): one thread per element of the gradient, in blocks of
+// kGradThreads.
+constexpr int kGradThreads = 256;
+
 template <typename T, Metric MT>
 __global__ void grad_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ grad,
                             const T* __restrict__ dist, const int64_t* __restrict__ lr, const int64_t* __restrict__ lc,
@@ -280,13 +284,12 @@ cudaError_t pairwise_distances_grad(DType dtype, Metric metric, double p, bool s
     using T = decltype(type_tag);
     using Acc = typename MathType<T>::type;
     constexpr Metric MT = decltype(metric_tag)::value;
-    constexpr int threads = 256;
-    const int64_t blocks = (R * D + threads - 1) / threads;
+    const int64_t blocks = (R * D + kGradThreads - 1) / kGradThreads;
     if (blocks > 2147483647) return cudaErrorInvalidConfiguration;
     return for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
       const int64_t pair_off = b0 * R * C;
       const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
-      FUSED_LAUNCH(grid, threads, 0, stream, grad_kernel<T, MT>)(
+      FUSED_LAUNCH(grid, kGradThreads, 0, stream, grad_kernel<T, MT>)(
           static_cast<const T*>(x) + b0 * R * D, static_cast<const T*>(y) + b0 * C * D,
           static_cast<const T*>(grad) + pair_off, static_cast<const T*>(dist) + pair_off, lr ? lr + b0 : nullptr,
           lc ? lc + b0 : nullptr, static_cast<Acc*>(grad_x) + b0 * R * D, R, C, D, s_r, s_c, Acc(p), squared);
@@ -340,14 +343,13 @@ cudaError_t select_grad(DType dtype, Metric metric, double p, bool squared, cons
     using T = decltype(type_tag);
     using Acc = typename MathType<T>::type;
     constexpr Metric MT = decltype(metric_tag)::value;
-    constexpr int threads = 256;
-    const int64_t blocks = (N * D + threads - 1) / threads;
+    const int64_t blocks = (N * D + kGradThreads - 1) / kGradThreads;
     if (blocks > 2147483647 || pairs > 2147483647) return cudaErrorInvalidConfiguration;
     const T *at = static_cast<const T*>(a), *bt = static_cast<const T*>(b), *gt = static_cast<const T*>(grad),
             *vt = static_cast<const T*>(values);
     cudaError_t err = for_grid_slices(B, [&](int64_t b0, int64_t nb) {  // batches on grid y
       const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(nb));
-      FUSED_LAUNCH(grid, threads, 0, stream, select_grad_a_kernel<T, MT>)(
+      FUSED_LAUNCH(grid, kGradThreads, 0, stream, select_grad_a_kernel<T, MT>)(
           at + b0 * N * D, bt + b0 * M * D, gt + b0 * N * k, vt + b0 * N * k, indices + b0 * N * k,
           static_cast<Acc*>(grad_a) + b0 * N * D, N, M, D, k, Acc(p), squared);
       return cudaSuccess;
