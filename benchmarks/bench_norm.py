@@ -104,6 +104,9 @@ def cases(device, quick):
                         (4 if add else 2) * n,
                         (4 if add else 3) * n,
                     )
-    for case in out:  # make bench's default: each op and dtype forward, at the shape issue 22 measured (FULL=1: all)
-        case["default"] = case["name"].split()[1] in ("8192x1024", "256x1024") and case["name"].endswith(" fwd")
+    for case in out:  # make bench's default: each op and dtype forward, at the shape issue 22 measured (FULL=1: all);
+        # on a GPU, where a step takes microseconds, forward+backward too
+        case["default"] = case["name"].split()[1] in ("8192x1024", "256x1024") and (
+            case["name"].endswith(" fwd") or device == "cuda"
+        )
     return out

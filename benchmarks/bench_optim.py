@@ -15,6 +15,7 @@ import sys
 import torch
 
 import fused
+from benchmarks.common import built
 
 
 def model_shapes(d, layers):
@@ -151,20 +152,20 @@ def clip_cases(shapes, dtypes, device, default):
                     "name": f"clip+{name} {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
                     "bytes": floor,
                     "flops": None,
-                    "impls": impls(name, shapes, dtype, device, hyper),
+                    "build": lambda name=name, dtype=dtype, hyper=hyper: {
+                        "impls": impls(name, shapes, dtype, device, hyper)
+                    },
                     "default": default,
                 }
             )
     # bf16 params with fp32 master weights: norm reads g (2 B); step reads g, master, m, v (14 B) and writes
     # master, m, v, the bf16 param and the clipped bf16 g (16 B): 32 B per parameter.
-    master, resident = master_impls(shapes, device)
     out.append(
         {
             "name": f"clip+AdamW bf16 master weights {n / 1e6:.1f}M params in {len(shapes)} tensors",
             "bytes": 32 * n,
             "flops": None,
-            "impls": master,
-            "resident_mb": resident,
+            "build": lambda: dict(zip(("impls", "resident_mb"), master_impls(shapes, device))),
             "default": default,
         }
     )
@@ -174,24 +175,22 @@ def clip_cases(shapes, dtypes, device, default):
 def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
-    else:  # about 1B parameters in 224 tensors
+    else:  # about 400M parameters in 224 tensors: 26 GB for the four fp32 AdamW steps of one case
         shapes, dtypes = (
             (model_shapes(64, 4), [torch.float32])
             if quick
-            else (model_shapes(1976, 32), [torch.float32, torch.bfloat16])
+            else (model_shapes(1024, 32), [torch.float32, torch.bfloat16])
         )
     out = []
     # no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter)
     plain_shapes = (model_shapes(32, 4) if quick else model_shapes(360, 32)) if device == "cpu" else shapes
     n_plain = sum(torch.Size(s).numel() for s in plain_shapes)
-    plain, state_per_param = plain_adamw_impls(plain_shapes, device)
     out.append(
         {
             "name": f"AdamW (no clipping) {n_plain / 1e6:.1f}M params in {len(plain_shapes)} tensors float32",
             "bytes": 28 * n_plain,
             "flops": None,
-            "impls": plain,
-            "state_bytes_per_param": state_per_param,
+            "build": lambda: dict(zip(("impls", "state_bytes_per_param"), plain_adamw_impls(plain_shapes, device))),
             "default": False,  # make bench's AdamW float32 is clip+AdamW (six optimizers over 50M params: FULL=1)
         }
     )
@@ -221,7 +220,7 @@ def main():
 
     device = sys.argv[1] if len(sys.argv) > 1 and not sys.argv[1].startswith("-") else "cpu"
     quick = "--quick" in sys.argv
-    for case in cases(device, quick):
+    for case in map(built, cases(device, quick)):
         print(f"## {case['name']}  (floor {case['bytes'] / 1e6:.0f} MB)")
         for label, fn in case["impls"].items():
             fn()  # state allocation, warm-up

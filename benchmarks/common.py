@@ -43,3 +43,12 @@ def forward_and_backward(fn, inputs, grad):
         return torch.autograd.grad(fn(*inputs), inputs, grad)
 
     return run
+
+
+def built(case):
+    """The case with its implementations made. A case may hold "build", a call that returns its "impls" (and any
+    key that goes with them) in place of "impls": its tensors are then made when it is timed, one case at a time,
+    for families whose cases would not fit in memory together."""
+    if "build" in case:
+        case.update(case.pop("build")())
+    return case

@@ -28,6 +28,7 @@ import time
 
 import torch
 
+from benchmarks.common import built
 from benchmarks.timing import device_name, graph_ms, median_ms, peak_memory_mb
 
 OURS = ("fused", "fused[cuda]", "fused[triton]")
@@ -238,6 +239,7 @@ def main(argv=None):
                 if args.budget_s and time.monotonic() - started > args.budget_s:
                     break
                 progress.update(task, description=case["name"])
+                built(case)
                 results.append(
                     {
                         "name": case["name"],

@@ -13,9 +13,14 @@ import torch
 
 BACKENDS = ("auto", "cuda", "triton")
 
-# op -> "cuda" or "triton": the faster one where a GPU benchmark measured both (benchmarks/results/nvidia-h200.md:
-# CUDA C++ on every case measured there). Ops not listed take CUDA C++ when it was compiled.
-AUTO_PREFERENCE: dict = {op: "cuda" for op in ("bias_act", "glu", "unary_chain", "norm_fwd", "norm_backward")}
+# op -> "cuda" or "triton": the faster one where a GPU benchmark measured both (benchmarks/results/nvidia-h200.md,
+# by the median time of an eager call, launches included): CUDA C++ for the elementwise and norm kernels; Triton
+# for the cross-entropy rows (linear_cross_entropy 4096x1024x131072 bf16 forward+backward 9.0 vs 10.2 ms). Ops not
+# listed take CUDA C++ when it was compiled.
+AUTO_PREFERENCE: dict = {
+    **{op: "cuda" for op in ("bias_act", "glu", "unary_chain", "norm_fwd", "norm_backward")},
+    "cross_entropy_rows": "triton",
+}
 
 # op -> {"cuda": internal op name or None, "triton": "module:launcher" or None}; fused.info lists it.
 GPU_KERNELS: dict = {}

@@ -9,6 +9,7 @@ import torch
 
 import benchmarks
 import fused
+from benchmarks.common import built
 from fused.info import report
 from tests.harness import raises
 from tests.test_op_coverage import registered
@@ -82,7 +83,7 @@ def test_benchmark_cases_run(name):
     module = importlib.import_module(f"benchmarks.{name}")
     cases = module.cases("cpu", quick=True)
     assert cases
-    for case in cases:
+    for case in map(built, cases):
         assert case["name"] and case["impls"] and "eager" in case["impls"]
         for label, fn in case["impls"].items():
             if label != "torch.compile":  # compiling every case here would take minutes; run.py times it

@@ -6,6 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 log=${OUT:-gpu_out}/diag.log
+part=${DIAG_WORK:-/tmp}/diag  # the slow probes' parts, joined into $log at the end (only 8 files of $OUT come back)
 probe='import torch, fused
 x = torch.randn(4, 8)
 try:
@@ -35,7 +36,7 @@ $(echo "$probe" | tail -n +2)"
   done
 } >>"$log" 2>&1; exit 0; fi
 (echo "== backtrace"; cuda-gdb -batch -ex run -ex bt --args python3 -c "$probe" 2>&1 | grep -vE "^\[(New|Thread)|^warning:" |
-  tail -60) >>"$log.bt" 2>&1 &
+  tail -60) >>"$part.bt" 2>&1 &
 # variant builds: CPU only, in copies; $2.. name them: avx2 (same compiler, AVX2 kernels), sysgcc (/usr/bin/g++)
 variant() {
   local name=$1
@@ -46,9 +47,9 @@ variant() {
   echo "== probe, variant $name ($*)"
   (cd "/tmp/v-$name" && PYTHONPATH=. timeout 60 python3 -c "$probe"; echo "rc=$?")
 }
-variant avx2 FUSED_CPU_ARCH=avx2 >>"$log.avx2" 2>&1 &
+variant avx2 FUSED_CPU_ARCH=avx2 >>"$part.avx2" 2>&1 &
 [ -x /usr/bin/g++ ] && [ "$(readlink -f /usr/bin/g++)" != "$(readlink -f "$(command -v g++)")" ] &&
-  variant sysgcc CXX=/usr/bin/g++ CC=/usr/bin/g++ >>"$log.sysgcc" 2>&1 &
+  variant sysgcc CXX=/usr/bin/g++ CC=/usr/bin/g++ >>"$part.sysgcc" 2>&1 &
 wait
-cat "$log".* >>"$log" 2>/dev/null
-rm -f "$log".*
+cat "$part".* >>"$log" 2>/dev/null
+rm -f "$part".*

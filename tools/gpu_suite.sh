@@ -21,6 +21,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_out}
 mkdir -p "$OUT"
+# Everything but the 8 files that come back lives outside $OUT: stage summaries, each sanitizer process's log.
+WORK=$(mktemp -d)
+export DIAG_WORK=$WORK
 if [ -z "${PYTHON:-}" ]; then  # the interpreter that holds torch: python3 on the device machine
   for candidate in python3 python; do
     if command -v "$candidate" >/dev/null && "$candidate" -c "import torch" 2>/dev/null; then PYTHON=$candidate; break; fi
@@ -42,21 +45,26 @@ run() {
   local name=$1 log=$2 cap=$3
   shift 3
   local t0=$SECONDS rc detail
+  if [ "$cap" -lt 5 ]; then
+    echo "FAILED  $name: no time left in the budget" >>"$WORK/$(basename "$log").summary"
+    return
+  fi
   echo "== $name (limit ${cap}s): $*" >>"$log"
-  timeout --kill-after=10 "$cap" "$@" >>"$log" 2>&1
+  # SIGINT first: pytest then stops as on Ctrl-C and still prints its failures' tracebacks and summary
+  timeout -s INT --kill-after=10 "$cap" "$@" >>"$log" 2>&1
   rc=$?
   detail=$(grep -aE "[0-9]+ (passed|failed|error)|ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -2 | tr '\n' ' ')
   if [ $rc -eq 0 ]; then
-    echo "ok      $name ($((SECONDS - t0))s) $detail" >>"$log.summary"
+    echo "ok      $name ($((SECONDS - t0))s) $detail" >>"$WORK/$(basename "$log").summary"
   elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then
-    echo "FAILED  $name: timed out after ${cap}s $detail" >>"$log.summary"
+    echo "FAILED  $name: timed out after ${cap}s $detail" >>"$WORK/$(basename "$log").summary"
   else
-    echo "FAILED  $name: exit $rc $detail" >>"$log.summary"
+    echo "FAILED  $name: exit $rc $detail" >>"$WORK/$(basename "$log").summary"
   fi
 }
 
 # 1. install
-rm -f "$OUT"/*.log "$OUT"/*.summary
+rm -rf "${OUT:?}"/*
 run install "$OUT/install.log" 260 "$PYTHON" -m pip install --no-build-isolation --no-deps -v -e .
 run import "$OUT/install.log" 60 "$PYTHON" -c "
 import torch, fused, triton
@@ -66,7 +74,7 @@ missing = [op for op, k in GPU_KERNELS.items() if k['cuda'] and not cuda_kernel_
 p = torch.cuda.get_device_properties(0)
 print(torch.__version__, triton.__version__, p.name, p.multi_processor_count, 'SMs; CUDA kernels missing:', missing)
 assert not missing"
-cat "$OUT/install.log.summary"
+cat "$WORK/install.log.summary"
 
 # bench LIMIT: the benchmarks (BENCH_ARGS) for at most LIMIT seconds, the GPU and the cores to themselves
 bench() {
@@ -78,11 +86,14 @@ bench() {
 [ -n "${BENCH_FIRST:-}" ] && bench "$bench_min"
 
 # 2. pytest and the sanitizer, side by side
-reserve=$bench_min
-[ -n "${BENCH_FIRST:-}" ] && reserve=5
+# 25 s kept for the sanitizers' kill grace (10 s) and the logs' assembly
+reserve=$((bench_min + 25))
+[ -n "${BENCH_FIRST:-}" ] && reserve=25
 cap=$(($(left) - reserve))
-OUT=$OUT timeout 200 bash tools/gpu_diag.sh &
-OUT=$OUT timeout "$cap" bash tools/gpu_diag.sh slow &
+if [ "$cap" -ge 30 ]; then
+  OUT=$OUT timeout 200 bash tools/gpu_diag.sh &
+  OUT=$OUT timeout "$cap" bash tools/gpu_diag.sh slow &
+fi
 pytest=("$PYTHON" -m pytest -p no:cacheprovider -rfE --tb=short --maxfail=300 -o faulthandler_timeout=120)
 cpu_only=(--ignore=tests/test_cuda_emulation.py --ignore=tests/test_patch.py --ignore=tests/test_tooling.py
   --ignore=tests/test_build.py)
@@ -94,7 +105,7 @@ run pytest "$OUT/pytest.log" "$cap" env FUSED_TEST_CPU=0 "${pytest[@]}" -v "${wo
 
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
   2>/dev/null | head -1)
-mkdir -p "$OUT/.san"
+mkdir -p "$WORK/san"
 if [ -n "$sanitizer" ]; then
   # tool, files, -k filter; the CUDA C++ tests of one family each
   jobs=(
@@ -119,35 +130,32 @@ if [ -n "$sanitizer" ]; then
     # Left to the plain pytest: launch counts (the profiler's CUPTI does not run under the sanitizer) and CUDA
     # graph capture (each allocation is then a cudaMalloc, which a capture forbids).
     # shellcheck disable=SC2086
-    run "$tool $files" "$OUT/.san/$i.log" "$cap" env FUSED_BACKEND=cuda PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+    run "$tool $files" "$WORK/san/$i.log" "$cap" env FUSED_BACKEND=cuda PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
       "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 86 --print-limit 20 \
       "${pytest[@]}" -q $files -k "($filter) and not triton and not compile and not opcheck and not launches and not graph" &
   done
 else
-  echo "FAILED  sanitize: compute-sanitizer not found" >"$OUT/.san/0.log.summary"
+  echo "FAILED  sanitize: compute-sanitizer not found" >"$WORK/0.log.summary"
 fi
 wait
-cat "$OUT"/.san/*.summary >"$OUT/sanitizer.log" 2>/dev/null
-for f in "$OUT"/.san/*.log; do
+cat "$WORK"/[0-9]*.log.summary >"$OUT/sanitizer.log" 2>/dev/null
+for f in "$WORK"/san/[0-9]*.log; do
+  [ -f "$f" ] || continue
   echo "---- $f" >>"$OUT/sanitizer.log"
   tail -c 200000 "$f" >>"$OUT/sanitizer.log"
 done
-rm -rf "$OUT/.san"
 
 # 3. benchmarks, the GPU and the cores to themselves
-[ -z "${BENCH_FIRST:-}" ] && bench "$(($(left) - 5))"
+[ -z "${BENCH_FIRST:-}" ] && bench "$(($(left) - 10))"
 echo
 echo "== gpu_suite summary ($((SECONDS - start))s; logs under $OUT)"
 failed=0
-for f in "$OUT/install.log.summary" "$OUT/pytest.log.summary" "$OUT/sanitizer.log" "$OUT/bench.log.summary"; do
+for f in "$WORK/install.log.summary" "$WORK/pytest.log.summary" "$OUT/sanitizer.log" "$WORK/bench.log.summary"; do
   [ -f "$f" ] || continue
   grep -a "^ok\|^FAILED" "$f"
   grep -aq "^FAILED" "$f" && failed=1
 done
-cat "$OUT"/*.summary >>"$OUT/install.log" 2>/dev/null
-rm -f "$OUT"/*.summary
-cat "$OUT"/diag.log.* >>"$OUT/diag.log" 2>/dev/null
-rm -f "$OUT"/diag.log.*
+cat "$WORK"/*.summary >>"$OUT/install.log" 2>/dev/null
 # The tail of the failures, so the reply's last lines carry them.
 grep -aE "^(FAILED|ERROR) " "$OUT/pytest.log" | cut -c1-220 | head -60
 exit $failed

@@ -231,5 +231,6 @@ def _adam_step(
             HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
             STOCHASTIC=seed is not None and p.dtype == torch.bfloat16, MASTER=bool(model_params),
             WRITE_GRADS=bool(write_grads), MATH=tl.float64 if p.dtype == torch.float64 else tl.float32, ROWS=ROWS,
+            enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
         )  # fmt: skip
     torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
