@@ -43,3 +43,12 @@ def emu():
     m.set_schedule_seed(1)
     yield m
     m.set_sm_count(2)
+
+
+@pytest.fixture
+def one_thread():
+    """Small matrices: more threads only add contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -17,6 +17,10 @@ from fused._backend import GPU_KERNELS, triton_available
 
 HAS_CUDA = torch.cuda.is_available()
 HAS_TRITON = triton_available()
+# A transformers decoder small enough for CPU tests (fused.patch, optimizer training runs): two layers, 64 wide.
+TINY_DECODER = dict(
+    hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+)
 # Where the Triton launchers' own tests run: the GPU when there is one, else CPU tensors under the interpreter.
 TRITON_DEVICE = "cuda" if HAS_CUDA else "cpu"
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]

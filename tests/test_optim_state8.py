@@ -106,15 +106,6 @@ def train(opt_factory, steps=300, seed=0):
     return sum(losses[-20:]) / 20, opt, model
 
 
-@pytest.fixture
-def one_thread():
-    """Small matrices: more threads only add contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_training_matches_fp32_adamw_and_bitsandbytes(one_thread):
     fp32, _, _ = train(lambda ps: torch.optim.AdamW(ps, lr=3e-3))
     int8, opt, model = train(lambda ps: fused.optim.AdamW(ps, lr=3e-3, state_dtype="int8"))

@@ -10,18 +10,14 @@ import pytest
 import torch
 
 import fused
-from tests.harness import assert_accuracy
+from tests.harness import TINY_DECODER, assert_accuracy
 
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 128
 COMMON = dict(
     vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    **TINY_DECODER,
     max_position_embeddings=128,
     initializer_range=0.1,
     bos_token_id=1,
