@@ -72,12 +72,16 @@ def gemm_dtype(t):
     accumulation, and keeps the logits in float32 instead of rounding them to 16 bits."""
     if t.dtype not in (torch.bfloat16, torch.float16) or t.device.type != "cpu":
         return t.dtype
-    native = "_is_avx512_bf16_supported" if t.dtype == torch.bfloat16 else "_is_amx_fp16_supported"
+    return t.dtype if _cpu_has_16bit_gemm(t.dtype) else torch.float32
+
+
+@functools.cache
+def _cpu_has_16bit_gemm(dtype):
+    native = "_is_avx512_bf16_supported" if dtype == torch.bfloat16 else "_is_amx_fp16_supported"
     cpu = torch.cpu
-    supported = getattr(cpu, native, lambda: False)() or (
-        t.dtype == torch.bfloat16 and getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+    return getattr(cpu, native, lambda: False)() or (
+        dtype == torch.bfloat16 and getattr(cpu, "_is_amx_tile_supported", lambda: False)()
     )
-    return t.dtype if supported else torch.float32
 
 
 def chunk_rows(n_rows, linear_weight, accumulates_16bit=False, logits_dtype=None):
@@ -135,30 +139,25 @@ def linear_chunks(input, linear_weight, linear_bias, row_kernel, n_outputs, grad
     slice_classes = max(1, CHUNK_BYTES // max(1, D * 4))
     for r0 in range(0, N, rows):
         r1 = min(N, r0 + rows)
-        x, buf = input[r0:r1], logits[: r1 - r0]
+        x, buf = input[r0:r1].to(gemm), logits[: r1 - r0]  # upcast once a chunk where the GEMMs run in float32
         _logits(x, linear_weight, linear_bias, buf, slice_classes)
         teacher_buf = None
         if teacher is not None:
             teacher_buf = _logits(teacher[0][r0:r1], teacher[1], teacher[2], teacher_logits[: r1 - r0], slice_classes)
         for out, value in zip(outputs, row_kernel(buf, r0, r1, teacher_buf)):
             out[r0:r1] = value
-        if gemm != input.dtype:  # upcast GEMMs: the gradients' too, by slices of classes
-            if grad_input:
-                gx = x.new_zeros(r1 - r0, D, dtype=gemm)
-                for c0, c1, w in _weight_slices(linear_weight, gemm, slice_classes):
-                    gx.addmm_(buf[:, c0:c1], w)
-                gi[r0:r1] = gx
-            if grad_weight:
-                gw.addmm_(buf.t(), x.to(gemm))
-        else:
-            if grad_input:
-                torch.mm(buf, linear_weight, out=gi[r0:r1])
-            if grad_weight:
-                if buf.dtype == acc:
-                    gw.addmm_(buf.t(), x)
-                else:
-                    for c0 in range(0, V, slice_classes):
-                        gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
+        if grad_input and gemm != input.dtype:  # upcast GEMMs: the weight upcast by slices of classes
+            gx = x.new_zeros(r1 - r0, D)
+            for c0, c1, w in _weight_slices(linear_weight, gemm, slice_classes):
+                gx.addmm_(buf[:, c0:c1], w)
+            gi[r0:r1] = gx
+        elif grad_input:
+            torch.mm(buf, linear_weight, out=gi[r0:r1])
+        if grad_weight and buf.dtype == acc:  # float32 logits (float32, or upcast 16-bit inputs) and float64
+            gw.addmm_(buf.t(), x)
+        elif grad_weight:
+            for c0 in range(0, V, slice_classes):
+                gw[c0 : c0 + slice_classes] += torch.mm(buf[:, c0 : c0 + slice_classes].t(), x)
         if grad_bias:
             gb += buf.sum(0, dtype=acc)
     return (*outputs, gi, gw.to(linear_weight.dtype), gb.to(linear_weight.dtype))
