@@ -299,7 +299,7 @@ template <typename T> void store_any(const T* src, const Operand& o, int64_t off
                           [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
 }
 
-// Runs body(std::array<T*, K>, len) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient;
+// Runs body(std::array<T*, K>, len, offset) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient;
 // null tensors stay null), block by block in the math type T (double for double params, else float). Each tensor
 // has its own dtype: memory already in T is used in place, other memory goes through L1 buffers (only operands
 // marked `write` are stored back). With master weights, `model` (16-bit) receives the rounded parameter and is
@@ -322,7 +322,7 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
           b[k] = buf[k];
         }
       }
-      body(b, len);
+      body(b, len, off);
       for (int k = 0; k < K; ++k)
         if (ops[k].t && ops[k].write && b[k] == buf[k]) store_any(buf[k], ops[k], off, len);
       if (model) store_any(b[0], Operand{model}, off, len);
@@ -375,7 +375,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     const double lr = hp[t][0], momentum = hp[t][1], dampening = hp[t][2], weight_decay = hp[t][3];
     run_chunk<3>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
                   Operand{use_momentum ? &bufs[t] : nullptr, true}},
-                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
+                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len, int64_t) {
                    using T = std::remove_pointer_t<typename decltype(b)::value_type>;
                    using V = Vec<T>;
                    const auto tr = GradTransform<T>::of(*s, maximize);
@@ -398,6 +398,42 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
+// Runs update(i, cnt, m, root) over elements [offset, offset + len) of 8-bit moments (offset a multiple of 256):
+// m and root arrive decoded (exp_avg and sqrt(exp_avg_sq)) and leave updated; the new values wait in L1 one
+// quantization block at a time, until the block's scale (their max) is known, then are encoded.
+template <typename F>
+void adam_codes(const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
+                const at::Tensor& v_scales, int64_t offset, int64_t len, const F& update) {
+  using V = FloatVec;
+  for (int64_t q = 0; q < len; q += kQuantBlock) {
+    const int64_t n = std::min(kQuantBlock, len - q), e = offset + q, block = e / kQuantBlock;
+    int8_t* mq = m_codes.data_ptr<int8_t>() + e;
+    uint8_t* vq = v_codes.data_ptr<uint8_t>() + e;
+    float* m_scale = m_scales.data_ptr<float>() + block;
+    float* v_scale = v_scales.data_ptr<float>() + block;
+    const V ms(*m_scale / 16129.f), vs(*v_scale / 65025.f);
+    alignas(64) float m_new[kQuantBlock], root_new[kQuantBlock];
+    V m_max(0.f), root_max(0.f);
+    for_vectors<float>(n, [&](int64_t i, int64_t cnt) {
+      V c = load_codes(mq + i, cnt);
+      V m = c * c.abs() * ms;
+      c = load_codes(vq + i, cnt);
+      V root = c * c * vs;
+      update(q + i, cnt, m, root);
+      if (cnt < V::size()) {  // lanes past the block stay out of its max
+        m = V::set(V(0.f), m, cnt);
+        root = V::set(V(0.f), root, cnt);
+      }
+      m.store(m_new + i);
+      root.store(root_new + i);
+      m_max = at::vec::maximum(m_max, m.abs());
+      root_max = at::vec::maximum(root_max, root);
+    });
+    encode_block(m_new, mq, *m_scale = block_scale(m_max), n);
+    encode_block(root_new, vq, *v_scale = block_scale(root_max), n);
+  }
+}
+
 void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
@@ -413,7 +449,14 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                        max_scales = or_empty(max_exp_avg_sq_scales);
   check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);
   check_state_list(op, "exp_avg_sqs", exp_avg_sqs, params, at::kByte, v_scales);
-  if (amsgrad) check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
+  if (amsgrad) {
+    check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
+    for (size_t i = 0; i < params.size(); ++i)  // the update keeps both in one domain: v, or sqrt(v) for codes
+      TORCH_CHECK((exp_avg_sqs[i].scalar_type() == at::kByte) == (max_exp_avg_sqs[i].scalar_type() == at::kByte),
+                  "fused.", op, ": exp_avg_sqs[", i, "] and max_exp_avg_sqs[", i,
+                  "] must both be uint8 codes or both not, got ", exp_avg_sqs[i].scalar_type(), " and ",
+                  max_exp_avg_sqs[i].scalar_type());
+  }
   check_steps(op, steps, params.size(), kCpu);
   // (lr, beta1, beta2, eps, weight_decay) per tensor
   const auto hp = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
@@ -431,21 +474,26 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
   parallel_chunks(make_chunks(params), [&](int64_t, const Chunk& ch) {
     const int64_t t = ch.tensor;
     const double lr = hp[t][0], beta1 = hp[t][1], beta2 = hp[t][2], eps = hp[t][3], weight_decay = hp[t][4];
+    // 8-bit exp_avg_sq (and max_exp_avg_sq) codes load and store sqrt(v) (quantize_cpu.h)
+    const bool v_root = exp_avg_sqs[t].scalar_type() == at::kByte;
+    // 8-bit moments without amsgrad: decoded and encoded by the update itself (adam_codes below), not buffered
+    const bool codes = exp_avgs[t].scalar_type() == at::kChar && v_root && !amsgrad;
     auto state = [&](int k, at::TensorList ts, at::TensorList scales) {
+      if (codes && k < 3) return Operand{};
       return Operand{&ts[t], true, rounding_for(state_key, t, k), scales.empty() ? nullptr : &scales[t]};
     };
     run_chunk<5>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
                   state(1, exp_avgs, m_scales), state(2, exp_avg_sqs, v_scales),
                   amsgrad ? state(3, max_exp_avg_sqs, max_scales) : Operand{}},
-                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len) {
+                 model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len, int64_t off) {
                    using T = std::remove_pointer_t<typename decltype(b)::value_type>;
                    using V = Vec<T>;
                    const auto tr = GradTransform<T>::of(*s, maximize);
                    const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
                    const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
                    const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
-                   for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-                     V p = ld(b[0] + i, cnt);
+                   // the gradient element i.. as the moments take it (written back clipped), p decayed in place
+                   auto grad_at = [&](V& p, int64_t i, int64_t cnt) {
                      V g = tr.clipped(ld(b[1] + i, cnt));
                      if (s->write_back) st(g, b[1] + i, cnt);
                      g = tr.signed_(g);
@@ -453,17 +501,45 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                        if (decoupled) p = p * decay;
                        else g = at::vec::fmadd(p, vwd, g);
                      }
-                     V m = ld(b[2] + i, cnt);
+                     return g;
+                   };
+                   auto moments = [&](V g, V& m, V& v) {  // v: the root of v for 8-bit codes
                      m = at::vec::fmadd(g - m, b1c, m);
-                     V v = at::vec::fmadd(g * g, b2c, ld(b[3] + i, cnt) * b2);
-                     st(m, b[2] + i, cnt);
-                     st(v, b[3] + i, cnt);
-                     if (amsgrad) {
-                       v = at::vec::maximum(ld(b[4] + i, cnt), v);
-                       st(v, b[4] + i, cnt);
+                     if (v_root) v = v * v;
+                     v = at::vec::fmadd(g * g, b2c, v * b2);
+                   };
+                   // root: sqrt(v) (of max(v_max, v) with amsgrad: the root keeps the order)
+                   auto stepped = [&](V p, V m, V root) {
+                     return at::vec::fmadd(neg_step, m / at::vec::fmadd(root, inv_bc2, veps), p);
+                   };
+                   if constexpr (std::is_same_v<T, float>) {
+                     if (codes) {
+                       adam_codes(exp_avgs[t], m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
+                                  [&](int64_t i, int64_t cnt, V& m, V& root) {
+                                    V p = ld(b[0] + i, cnt);
+                                    moments(grad_at(p, i, cnt), m, root);
+                                    root = root.sqrt();
+                                    st(stepped(p, m, root), b[0] + i, cnt);
+                                  });
+                       return;
                      }
-                     const V denom = at::vec::fmadd(v.sqrt(), inv_bc2, veps);
-                     st(at::vec::fmadd(neg_step, m / denom, p), b[0] + i, cnt);
+                   }
+                   for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+                     V p = ld(b[0] + i, cnt);
+                     V m = ld(b[2] + i, cnt), v = ld(b[3] + i, cnt);
+                     moments(grad_at(p, i, cnt), m, v);
+                     st(m, b[2] + i, cnt);
+                     V root;
+                     if (v_root) {
+                       root = v.sqrt();
+                       st(root, b[3] + i, cnt);
+                       if (amsgrad) st(root = at::vec::maximum(ld(b[4] + i, cnt), root), b[4] + i, cnt);
+                     } else {
+                       st(v, b[3] + i, cnt);
+                       if (amsgrad) st(v = at::vec::maximum(ld(b[4] + i, cnt), v), b[4] + i, cnt);
+                       root = v.sqrt();
+                     }
+                     st(stepped(p, m, root), b[0] + i, cnt);
                    });
                  });
   });
@@ -474,10 +550,11 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
 void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwrite) {
   check_accumulate("accumulate_grads_", accs, grads, kCpu);
   parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
-    run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch, [&](auto b, int64_t len) {
-      if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-      else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
-    });
+    run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch,
+                 [&](auto b, int64_t len, int64_t) {
+                   if (overwrite) std::copy(b[1], b[1] + len, b[0]);
+                   else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+                 });
   });
 }
 

@@ -7,7 +7,9 @@
 // would make the update m / eps), and the update needs sqrt(v) anyway. Encoding rounds q to nearest (even) in the
 // square-root domain: |m' - m| <= a (2 r + 1/254) / 254 with r = sqrt(|m| / a), and the same for sqrt(v) with 255.
 // A block whose scale is 0, inf or NaN stores codes 0 and that scale: all-zero blocks decode to 0, non-finite
-// ones to NaN. fused/optim/quantize.py computes the same bits in torch (state dict loading, dequantize_state).
+// ones to NaN. quantize()/dequantize() exchange the coded value: exp_avg itself, and for exp_avg_sq its square
+// root, which the update divides by anyway (so the root is taken once per step, in the update). fused/optim/quantize.py
+// computes the same bits in torch (state dict loading, dequantize_state).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
 
@@ -16,6 +18,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace fused {
 
@@ -23,63 +26,115 @@ constexpr int64_t kQuantBlock = 256;
 
 inline bool usable_scale(float a) { return a > 0.f && a <= std::numeric_limits<float>::max(); }
 
-// x[i] -> codes of block-relative magnitudes r = sqrt(mag(x[i]) / max), for one block of n <= 256 elements.
-// Signed (int8): mag = |x|, levels 127. Unsigned (uint8): mag = sqrt(x), levels 255.
-template <typename code_t> inline void quantize_block(const float* x, code_t* q, float* scale, int64_t n) {
-  using V = at::vec::Vectorized<float>;
+using FloatVec = at::vec::Vectorized<float>;
+
+// FloatVec::size() codes to floats, and integral floats (within the code's range) to codes: one vector each.
+template <typename code_t> inline FloatVec load_codes(const code_t* q) {
   constexpr bool kSigned = std::is_signed_v<code_t>;
-  alignas(64) float mag[kQuantBlock];
-  V vmax(0.f);
-  int64_t i = 0;
-  for (; i < n; i += V::size()) {
-    const int64_t cnt = std::min<int64_t>(V::size(), n - i);
-    V v = cnt == V::size() ? V::loadu(x + i) : V::loadu(x + i, cnt);
-    v = kSigned ? v.abs() : v.sqrt();
-    v.store(mag + i, cnt);
-    vmax = at::vec::maximum(vmax, v);  // keeps NaN
-  }
-  float lanes[V::size()];
-  vmax.store(lanes);
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  return _mm512_cvtepi32_ps(kSigned ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+  return _mm256_cvtepi32_ps(kSigned ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b));
+#else
+  alignas(64) float f[FloatVec::size()];
+  for (int64_t i = 0; i < FloatVec::size(); ++i) f[i] = float(q[i]);
+  return FloatVec::loadu(f);
+#endif
+}
+template <typename code_t> inline void store_codes(FloatVec r, code_t* q) {
+  constexpr bool kSigned = std::is_signed_v<code_t>;
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  const __m512i i = _mm512_cvtps_epi32(r);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), kSigned ? _mm512_cvtsepi32_epi8(i) : _mm512_cvtusepi32_epi8(i));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  const __m256i i = _mm256_cvtps_epi32(r);
+  const __m128i w = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));  // 8 x int16
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(q), kSigned ? _mm_packs_epi16(w, w) : _mm_packus_epi16(w, w));
+#else
+  alignas(64) float f[FloatVec::size()];
+  r.store(f);
+  for (int64_t i = 0; i < FloatVec::size(); ++i) q[i] = code_t(f[i]);
+#endif
+}
+
+// The scale of a block of coded values: the max of their magnitudes (|x|, or x for the non-negative roots), NaN
+// if any is NaN, from a vector of running maxima (at::vec::maximum keeps NaN).
+inline float block_scale(FloatVec running_max) {
+  float lanes[FloatVec::size()];
+  running_max.store(lanes);
   float a = 0.f;
-  for (int64_t l = 0; l < V::size(); ++l) a = std::isnan(lanes[l]) || lanes[l] > a ? lanes[l] : a;
-  *scale = a;
+  for (int64_t l = 0; l < FloatVec::size(); ++l) a = std::isnan(lanes[l]) || lanes[l] > a ? lanes[l] : a;
+  return a;
+}
+
+// Codes of one block of n <= 256 coded values x (exp_avg, or sqrt(exp_avg_sq)) under scale a (block_scale):
+// round(sqrt(|x| / a) * levels), signed like x for int8 (levels 127), as it is for uint8 (levels 255, x >= 0);
+// all 0 when a is 0, inf or NaN.
+template <typename code_t> inline void encode_block(const float* x, code_t* q, float a, int64_t n) {
+  using V = FloatVec;
+  constexpr bool kSigned = std::is_signed_v<code_t>;
+  constexpr int64_t kLanes = V::size();
   if (!usable_scale(a)) {
     std::memset(q, 0, n * sizeof(code_t));
     return;
   }
-  // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
+  // |x| / a as |x| * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
   const bool by_inverse = inv <= std::numeric_limits<float>::max();
-  const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f);
-  for (i = 0; i < n; i += V::size()) {
-    const int64_t cnt = std::min<int64_t>(V::size(), n - i);
-    const V x = V::loadu(mag + i, cnt);
-    ((by_inverse ? x * vinv : x / va).sqrt() * levels).round().store(mag + i, cnt);
-  }
-  for (i = 0; i < n; ++i) {
-    if constexpr (kSigned) q[i] = int8_t(x[i] < 0.f ? -mag[i] : mag[i]);
-    else q[i] = uint8_t(mag[i]);
+  const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f), sign_bit(-0.f);
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - i);
+    const V v = cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt);
+    const V mag = kSigned ? v.abs() : v;
+    V code = ((by_inverse ? mag * vinv : mag / va).sqrt() * levels).round();
+    if constexpr (kSigned) code = code | (v & sign_bit);  // -0 codes as 0
+    if (cnt == kLanes) store_codes(code, q + i);
+    else {
+      code_t tail[kLanes];
+      store_codes(code, tail);
+      std::memcpy(q + i, tail, cnt * sizeof(code_t));
+    }
   }
 }
 
+// Codes and scale of one block of n <= 256 coded values.
+template <typename code_t> inline void quantize_block(const float* x, code_t* q, float* scale, int64_t n) {
+  using V = FloatVec;
+  V vmax(0.f);
+  for (int64_t i = 0; i < n; i += V::size()) {
+    const V v = i + V::size() <= n ? V::loadu(x + i) : V::loadu(x + i, n - i);
+    vmax = at::vec::maximum(vmax, std::is_signed_v<code_t> ? v.abs() : v);
+  }
+  *scale = block_scale(vmax);
+  encode_block(x, q, *scale, n);
+}
+
+// cnt <= FloatVec::size() codes as floats (those past cnt: 0).
+template <typename code_t> inline FloatVec load_codes(const code_t* q, int64_t cnt) {
+  if (cnt == FloatVec::size()) return load_codes(q);
+  code_t tail[FloatVec::size()] = {};
+  std::memcpy(tail, q, cnt * sizeof(code_t));
+  return load_codes(tail);
+}
+
+// The coded values of one block (exp_avg, or sqrt(exp_avg_sq)): int8 c -> c |c| a / 127^2, uint8 c -> c^2 a / 255^2.
 template <typename code_t> inline void dequantize_block(const code_t* q, float scale, float* x, int64_t n) {
-  if constexpr (std::is_signed_v<code_t>) {
-    const float s = scale / 16129.f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float c = float(q[i]);
-      x[i] = c * std::abs(c) * s;
-    }
-  } else {
-    const float s = scale / 65025.f;
-    for (int64_t i = 0; i < n; ++i) {
-      const float c = float(q[i]);
-      const float w = c * c * s;
-      x[i] = w * w;
-    }
+  using V = FloatVec;
+  constexpr bool kSigned = std::is_signed_v<code_t>;
+  constexpr int64_t kLanes = V::size();
+  const V s(scale / (kSigned ? 16129.f : 65025.f));
+  for (int64_t i = 0; i < n; i += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - i);
+    const V c = load_codes(q + i, cnt);
+    const V value = (kSigned ? c * c.abs() : c * c) * s;
+    if (cnt == kLanes) value.store(x + i);
+    else value.store(x + i, cnt);
   }
 }
 
-// n elements from element `offset` (a multiple of 256) of a tensor's codes and scales.
+// n coded values from element `offset` (a multiple of 256) of a tensor's codes and scales.
 template <typename code_t>
 inline void dequantize(const code_t* codes, const float* scales, int64_t offset, float* x, int64_t n) {
   for (int64_t b = 0; b < n; b += kQuantBlock)

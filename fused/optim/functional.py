@@ -11,6 +11,7 @@ import torch.distributed as dist
 INF = math.inf
 
 
+@functools.cache
 def _dtensor_type():
     try:
         from torch.distributed.tensor import DTensor
