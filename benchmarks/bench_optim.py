@@ -109,11 +109,12 @@ def state_bytes(opt):
     return sum(storages.values()) / sum(p.numel() for p in params)
 
 
-def plain_adamw_impls(shapes, device):
+def plain_adamw_impls(shapes, device, with_torchao=False):
     """AdamW with no clipping and no scaler, the case most users try first: torch's fused step against fused's
-    one-pass step, with fp32, bf16 and int8 state, and the 8-bit optimizers of bitsandbytes where it imports
-    (torchao's AdamW8bit compiles per parameter for minutes at this size: left out). Also returns, per impl, a
-    call giving its state's bytes per parameter ("resident_mb" of the case holds that figure, not MB)."""
+    one-pass step, with fp32, bf16 and int8 state, and the 8-bit optimizers of bitsandbytes and (with_torchao)
+    torchao where they import. torchao's AdamW8bit compiles a step per parameter shape on its first step and
+    runs its compiled step per parameter, so it only joins a smaller case. Also returns, per impl, a call giving
+    its state's bytes per parameter ("resident_mb" of the case holds that figure, not MB)."""
     out, state = {}, {}
 
     def add(label, make):
@@ -135,6 +136,13 @@ def plain_adamw_impls(shapes, device):
         add("bitsandbytes AdamW8bit", lambda p: bnb.optim.AdamW8bit(p, lr=1e-3, min_8bit_size=4096))
     except ImportError:
         pass
+    if with_torchao:
+        try:
+            from torchao.optim import AdamW8bit
+        except ImportError:
+            pass
+        else:  # fused's block size (it keeps tensors under 4096 elements in fp32, as fused does)
+            add("torchao AdamW8bit", lambda p: AdamW8bit(p, lr=1e-3, block_size=256))
     return out, state
 
 
@@ -172,6 +180,19 @@ def clip_cases(shapes, dtypes, device, default):
     return out
 
 
+def plain_case(shapes, device, with_torchao=False):
+    """AdamW with no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter). Not in
+    make bench's default (its AdamW float32 is clip+AdamW): FULL=1."""
+    n = sum(torch.Size(s).numel() for s in shapes)
+    return {
+        "name": f"AdamW (no clipping) {n / 1e6:.1f}M params in {len(shapes)} tensors float32",
+        "bytes": 28 * n,
+        "flops": None,
+        "build": lambda: dict(zip(("impls", "state_bytes_per_param"), plain_adamw_impls(shapes, device, with_torchao))),
+        "default": False,
+    }
+
+
 def cases(device: str, quick: bool) -> list:
     if device == "cpu":
         shapes, dtypes = (model_shapes(32, 4), [torch.float32]) if quick else (model_shapes(188, 32), [torch.float32])
@@ -184,16 +205,9 @@ def cases(device: str, quick: bool) -> list:
     out = []
     # no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter)
     plain_shapes = (model_shapes(32, 4) if quick else model_shapes(360, 32)) if device == "cpu" else shapes
-    n_plain = sum(torch.Size(s).numel() for s in plain_shapes)
-    out.append(
-        {
-            "name": f"AdamW (no clipping) {n_plain / 1e6:.1f}M params in {len(plain_shapes)} tensors float32",
-            "bytes": 28 * n_plain,
-            "flops": None,
-            "build": lambda: dict(zip(("impls", "state_bytes_per_param"), plain_adamw_impls(plain_shapes, device))),
-            "default": False,  # make bench's AdamW float32 is clip+AdamW (six optimizers over 50M params: FULL=1)
-        }
-    )
+    out.append(plain_case(plain_shapes, device))
+    if device == "cpu" and not quick:
+        out.append(plain_case(model_shapes(256, 2), device, with_torchao=True))
     small_default = device == "cpu" and not quick
     out += clip_cases(shapes, dtypes, device, default=not small_default)
     if small_default:

@@ -34,6 +34,25 @@ template <typename T, typename scalar_t> inline void store_block(const T* src, s
     at::vec::convert(src, dst, n);
   }
 }
+// m <= Vec<T>::size() elements of src as a Vec<T> in the math type (lanes past m: 0), converted in registers.
+template <typename T, typename scalar_t> inline Vec<T> load_math(const scalar_t* src, int64_t m) {
+  using V = Vec<T>;
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    return m == V::size() ? V::loadu(src) : V::loadu(src, m);
+  } else {
+    static_assert(std::is_same_v<T, float>, "16-bit storage computes in float");
+    V v;
+    if (m == V::size()) {
+      at::vec::load_to_float(src, v);
+    } else {
+      scalar_t tail[V::size()] = {};
+      std::copy(src, src + m, tail);
+      at::vec::load_to_float(tail, v);
+    }
+    return v;
+  }
+}
+
 // The block buffer to compute in: the output itself when it holds the math type (one pass less through L1),
 // else `local`.
 template <typename T, typename scalar_t> inline T* work_buffer(scalar_t* out, T* local) {

@@ -1,6 +1,6 @@
 // CPU kernels of the norm family: residual add + RMSNorm / LayerNorm, one row per step, rows in parallel.
 // A row comes from memory once; every later pass over it (the statistics, then the outputs) reads it from L1/L2,
-// in blocks of kBlock elements converted to the math type (float, double for double) on the fly. RMSNorm takes the
+// in blocks of kBlock elements, 16-bit elements converted to float in registers. RMSNorm takes the
 // mean square; LayerNorm the mean, then the mean squared deviation (two passes over the cached row: no
 // cancellation, unlike E[h^2] - E[h]^2, and simpler than a vectorised Welford merge). Sums run in four vector
 // accumulators per block, the block sums added in double. The weight / bias gradients are per-chunk column sums in
@@ -37,16 +37,6 @@ template <typename T, typename F> double block_sum(int64_t len, const F& f) {
   return static_cast<double>(at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, (a0 + a1) + (a2 + a3)));
 }
 
-// f(block, offset, len) over a row of n elements in blocks of kBlock, each block in the math type T (the row
-// itself when it holds T, else converted into a stack buffer): no per-row allocation, whatever the row length.
-template <typename T, typename U, typename F> void for_blocks(const U* row, int64_t n, const F& f) {
-  T buf[kBlock];
-  for (int64_t c = 0; c < n; c += kBlock) {
-    const int64_t len = std::min(kBlock, n - c);
-    f(math_view(row + c, buf, len), c, len);
-  }
-}
-
 // The weight and bias as the math type (any floating dtype), or empty.
 template <typename T> at::Tensor param_in_math(const std::optional<at::Tensor>& p, const at::Tensor& like) {
   if (!p) return at::Tensor();
@@ -71,37 +61,41 @@ template <typename F> void dispatch_norm(at::ScalarType x, at::ScalarType r, con
 template <typename T, typename U, typename S>
 std::pair<T, T> norm_row(const U* h, S* out, const T* w, const T* b, int64_t C, double eps, bool rms) {
   using V = Vec<T>;
+  // the row's blocks of kBlock elements (the block sums' grouping), 16-bit elements converted in registers
+  auto for_row = [&](const auto& f) {
+    for (int64_t c = 0; c < C; c += kBlock) f(c, std::min(kBlock, C - c));
+  };
   T mean = T(0);
   double ms = 0;
   if (rms) {
-    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
+    for_row([&](int64_t c, int64_t len) {
       ms += block_sum<T>(len, [&](int64_t i, int64_t m) {
-        const V v = V::loadu(hb + i, m);
+        const V v = load_math<T>(h + c + i, m);
         return v * v;
       });
     });
   } else {
     double sum = 0;
-    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
-      sum += block_sum<T>(len, [&](int64_t i, int64_t m) { return V::loadu(hb + i, m); });
+    for_row([&](int64_t c, int64_t len) {
+      sum += block_sum<T>(len, [&](int64_t i, int64_t m) { return load_math<T>(h + c + i, m); });
     });
     mean = static_cast<T>(sum / C);
     const V mv(mean);
-    for_blocks<T>(h, C, [&](const T* hb, int64_t, int64_t len) {
+    for_row([&](int64_t c, int64_t len) {
       ms += block_sum<T>(len, [&](int64_t i, int64_t m) {
-        const V d = V::loadu(hb + i, m) - mv;
+        const V d = load_math<T>(h + c + i, m) - mv;
         return d * d;
       });
     });
   }
   const T rstd = static_cast<T>(1.0 / std::sqrt(ms / C + eps));
   const V mv(mean), rv(rstd);
-  for_blocks<T>(h, C, [&](const T* hb, int64_t c, int64_t len) {
+  for_row([&](int64_t c, int64_t len) {
     T local[kBlock];
     T* y = work_buffer(out + c, local);
     for (int64_t i = 0; i < len; i += V::size()) {
       const int64_t m = std::min<int64_t>(V::size(), len - i);
-      V v = (V::loadu(hb + i, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
+      V v = (load_math<T>(h + c + i, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
       if (w) v = v * V::loadu(w + c + i, m);
       if (b) v = v + V::loadu(b + c + i, m);
       v.store(y + i, m);
@@ -138,12 +132,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
             std::pair<T, T> stats;
             if (rp) {  // h = x + residual, rounded to the residual stream's dtype; the norm reads what is returned
               R* h_row = sp + r * C;
-              for_blocks<T>(xp + r * C, C, [&](const T* xb, int64_t c, int64_t len) {
-                T rb[kBlock], local[kBlock];
+              using V = Vec<T>;
+              const S* x_row = xp + r * C;
+              const R* r_row = rp + r * C;
+              for (int64_t c = 0; c < C; c += kBlock) {
+                const int64_t len = std::min(kBlock, C - c);
+                T local[kBlock];
                 T* hb = work_buffer(h_row + c, local);
-                vec_map2_to(hb, xb, math_view(rp + r * C + c, rb, len), len, [](auto a, auto v) { return a + v; });
+                for (int64_t i = 0; i < len; i += V::size()) {
+                  const int64_t m = std::min<int64_t>(V::size(), len - i);
+                  (load_math<T>(x_row + c + i, m) + load_math<T>(r_row + c + i, m)).store(hb + i, m);
+                }
                 store_block(hb, h_row + c, len);
-              });
+              }
               stats = norm_row(static_cast<const R*>(h_row), outp + r * C, w, b, C, eps, rms);
             } else {
               stats = norm_row(xp + r * C, outp + r * C, w, b, C, eps, rms);
@@ -220,33 +221,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
           const V mv(mp ? mp[r] : T(0)), rv(rs[r]);
           // xhat = (h - mean) * rstd, gw = grad * weight; dh = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
           double sum_gw_xhat = 0, sum_gw = 0;
-          for_blocks<T>(h_row, C, [&](const T* hb, int64_t j, int64_t len) {
-            T local[kBlock];
-            const T* gb = math_view(g_row + j, local, len);
+          for (int64_t j = 0; j < C; j += kBlock) {  // block sums over kBlock elements, as the forward's
+            const int64_t len = std::min(kBlock, C - j);
             auto gw = [&](int64_t i, int64_t m) {  // rounded, as below: mean(gw) and gw then cancel exactly
-              return w ? rounded(V::loadu(gb + i, m) * V::loadu(w + j + i, m)) : V::loadu(gb + i, m);
+              const V gv = load_math<T>(g_row + j + i, m);
+              return w ? rounded(gv * V::loadu(w + j + i, m)) : gv;
             };
-            sum_gw_xhat +=
-                block_sum<T>(len, [&](int64_t i, int64_t m) { return gw(i, m) * ((V::loadu(hb + i, m) - mv) * rv); });
+            sum_gw_xhat += block_sum<T>(
+                len, [&](int64_t i, int64_t m) { return gw(i, m) * ((load_math<T>(h_row + j + i, m) - mv) * rv); });
             if (!rms) sum_gw += block_sum<T>(len, gw);
-          });
+          }
           const V a(static_cast<T>(sum_gw_xhat / C)), b(static_cast<T>(sum_gw / C));
-          for_blocks<T>(h_row, C, [&](const T* hb, int64_t j, int64_t len) {
-            T g_local[kBlock], gs_local[kBlock], out_local[kBlock];
-            const T* gb = math_view(g_row + j, g_local, len);
-            const T* gs = gsp ? math_view(gsp + r * C + j, gs_local, len) : nullptr;
+          for (int64_t j = 0; j < C; j += kBlock) {
+            const int64_t len = std::min(kBlock, C - j);
+            T out_local[kBlock];
             T* dh = work_buffer(dhp + r * C + j, out_local);
             for (int64_t i = 0; i < len; i += V::size()) {
               const int64_t m = std::min<int64_t>(V::size(), len - i);
-              const V gv = V::loadu(gb + i, m), xh = (V::loadu(hb + i, m) - mv) * rv;
+              const V gv = load_math<T>(g_row + j + i, m), xh = (load_math<T>(h_row + j + i, m) - mv) * rv;
               V d = rv * (((w ? rounded(gv * V::loadu(w + j + i, m)) : gv) - b) - xh * a);
-              if (gs) d = d + V::loadu(gs + i, m);
+              if (gsp) d = d + load_math<T>(gsp + r * C + j + i, m);
               d.store(dh + i, m);
               if (acc_w) (V::loadu(acc_w + j + i, m) + gv * xh).store(acc_w + j + i, m);
               if (acc_b) (V::loadu(acc_b + j + i, m) + gv).store(acc_b + j + i, m);
             }
             store_block(dh, dhp + r * C + j, len);
-          });
+          }
         }
       }
     });
