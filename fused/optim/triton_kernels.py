@@ -93,7 +93,7 @@ def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, CODES: tl.conste
 
 
 @triton.jit
-def _store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
+def store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
     """bf16 stochastically (element i: Philox word i % 4 of counter i / 4 under key, its top 16 bits added below
     the bf16 mantissa, then truncated; NaN stays NaN), else rounded to nearest even."""
     if STOCHASTIC:
@@ -206,7 +206,7 @@ def _adam_kernel(
     inv_bc2 = tl.load(h + 6).to(MATH)
     denom = tl.fma(sqrt(v), inv_bc2, eps.to(MATH))
     p = tl.fma(neg_step, div(m, denom), p)
-    _store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
+    store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
     if MASTER:
         model_ptr = list_ptr(table, n, i, 8, MODEL)
         tl.store(model_ptr + offs, to_out(p, model_ptr.dtype.element_ty), mask=mask)
