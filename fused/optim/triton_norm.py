@@ -33,7 +33,7 @@ def nan_max(x, axis=None):
 
 
 @triton.jit
-def _partial_kernel(
+def _norm_partial_kernel(
     table, tensor_of, n, first_slot, partial_ptr, flag_ptr, scale_ptr, p: tl.float64, clip_value: tl.float64,
     G: tl.constexpr, NORM: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, MATH: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -61,7 +61,7 @@ def _partial_kernel(
 
 
 @triton.jit
-def _finish_kernel(
+def _norm_finish_kernel(
     partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p: tl.float64,
     max_norm: tl.float64, NORM: tl.constexpr, HAS_FOUND: tl.constexpr, FINISH: tl.constexpr,
     NO_CLIP: tl.constexpr, BLOCK: tl.constexpr,
@@ -136,14 +136,14 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
         first = 0
         for grp in grps:
             (g_t,) = grp.dtypes
-            _partial_kernel[(grp.programs,)](
+            _norm_partial_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), first, partials, flags,
                 grad_scale if grad_scale is not None else partials, float(norm_type), float(clip_value),
                 G=TL_DTYPES[g_t], NORM=kind, HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
                 MATH=tl.float64 if g_t == torch.float64 else tl.float32, BLOCK=BLOCK,
             )  # fmt: skip
             first += grp.programs
-        _finish_kernel[(1,)](
+        _norm_finish_kernel[(1,)](
             partials, flags, slots, found_inf if found_inf is not None else found, norm,
             coef if finish else partials, found, 1.0 / float(norm_type), float(max_norm), NORM=kind,
             HAS_FOUND=found_inf is not None, FINISH=bool(finish), NO_CLIP=math.isinf(max_norm), BLOCK=FINISH_BLOCK,
@@ -152,7 +152,7 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
 
 
 @triton.jit
-def _scale_kernel(table, tensor_of, n, coef_ptr, G: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr):
+def _scale_grads_kernel(table, tensor_of, n, coef_ptr, G: tl.constexpr, MATH: tl.constexpr, BLOCK: tl.constexpr):
     i, tile, numel, _ = program_tensor(table, tensor_of, n, 1)
     offs = tile * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
@@ -168,7 +168,7 @@ def scale_grads_(grads, clip_coef):
     with torch.cuda.device_of(grads[0]):
         for grp in groups([list(grads)], BLOCK):
             (g_t,) = grp.dtypes
-            _scale_kernel[(grp.programs,)](
+            _scale_grads_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), clip_coef, G=TL_DTYPES[g_t],
                 MATH=tl.float64 if g_t == torch.float64 else tl.float32, BLOCK=BLOCK,
             )  # fmt: skip
