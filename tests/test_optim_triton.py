@@ -175,12 +175,15 @@ def sgd_lists(mode):
     model = [randn(s, pdtype, k) for k, s in enumerate(SHAPES)] if mode == "master" else []
     params = [m.float() for m in model] or [randn(s, pdtype, k) for k, s in enumerate(SHAPES)]
     buf = torch.float32 if pdtype == torch.bfloat16 else params[0].dtype
+    for t in params + model:  # a zero param where step 0 has a zero gradient: the sign of d's zero is kept
+        t.view(-1)[:1] = 0.0
     return params, model, buf
 
 
 def run_sgd(step, mode, momentum, nesterov, hyper=None):
-    """Three sgd_step_ calls (loss scale 64, value clip 30, norm coefficient 0.5, weight decay, maximize, write_grads):
-    step 1 with a NaN gradient, step 2 skipped on found_inf. Returns every tensor the calls wrote, per call."""
+    """Three sgd_step_ calls (loss scale 64, value clip 30, norm coefficient 0.5, write_grads): step 0 with
+    maximize, no weight decay and a zero gradient at a zero param (the sign of its zero kept), step 1 with a NaN
+    gradient, step 2 skipped on found_inf. Returns every tensor the calls wrote, per call."""
     params, model, buf = sgd_lists(mode)
     bufs = [torch.zeros(p.shape, dtype=buf) for p in params]
     steps = [torch.zeros(()) for _ in params]
@@ -189,11 +192,12 @@ def run_sgd(step, mode, momentum, nesterov, hyper=None):
     out = []
     for n in range(3):
         grads = [randn(p.shape, gdtype, 100 * n + k, scale=100.0) for k, p in enumerate(params)]
+        grads[1].view(-1)[0] = 0.0
         if n == 1:
             grads[0][4097] = math.nan
         step(
             params, grads, bufs if momentum else [], steps if momentum else [], 0.1, momentum,
-            0.0 if nesterov else 0.25, 0.01, nesterov, n == 0, torch.tensor(0.5, dtype=torch.float64),
+            0.0 if nesterov else 0.25, 0.01 if n else 0.0, nesterov, n == 0, torch.tensor(0.5, dtype=torch.float64),
             torch.tensor(64.0), torch.tensor(float(n == 2)), 30.0, model, seed, hyper, True,
         )  # fmt: skip
         out.append([t.clone() for t in params + grads + model + (bufs + steps if momentum else [])])
