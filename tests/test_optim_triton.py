@@ -278,6 +278,14 @@ def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     all_same_bits(ours, run(torch.ops.fused.adam_step_))
 
 
+def test_every_optimizer_op_has_a_triton_kernel():
+    """fused.info's table (from the GPU router's registrations) lists a Triton kernel for each op of the family."""
+    from fused.info import kernels
+
+    for op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
+        assert kernels(op)[2] == "Triton", op
+
+
 def test_lists_table_cached_and_grouped():
     """The launch tables: tensors grouped by their dtypes in order of appearance, empty ones left out, each tile of
     a tensor one program, and the same lists a second time the same (cached) table."""
