@@ -8,9 +8,10 @@ op's bits by tests/test_optim_state8.py."""
 import math
 
 import pytest
+import test_optim_cuda as cuda_tests  # its GPU checks, run below on Triton
 import torch
+from test_optim_state8 import assert_same  # the CPU op's bits, NaN counting as one NaN
 
-import fused
 from tests.harness import HAS_CUDA, backend, compile_for_sm90, requires_cuda, requires_triton
 
 pytestmark = requires_triton
@@ -26,20 +27,10 @@ def randn(shape, dtype, seed, scale=1.0):
     return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
 
 
-def same_bits(a, b):
-    """Equal bits, NaN counting as one NaN whatever its payload."""
-    assert a.dtype == b.dtype and a.shape == b.shape
-    if a.is_floating_point():
-        nan = a.isnan()
-        assert torch.equal(nan, b.isnan())
-        a, b = a.masked_fill(nan, 0), b.masked_fill(nan, 0)
-    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
-
-
 def all_same_bits(xs, ys):
     assert len(xs) == len(ys)
     for a, b in zip(xs, ys):
-        same_bits(a, b)
+        assert_same(a, b)
 
 
 # ---------------------------------------------------------------- grad_norm
@@ -76,7 +67,7 @@ def test_grad_norm_against_float64(norm_type):
         assert abs(norm.item() - ref) <= rtol * ref, (norm.item(), ref)
         assert coef.item() == pytest.approx(min(1.0, 1.0 / (norm.item() + 1e-6)), rel=1e-15)
         assert abs(coef.item() - cpu_coef.item()) <= 2 * rtol * cpu_coef.item()
-        same_bits(found, cpu_found)
+        assert_same(found, cpu_found)
         acc, empty, found = triton_norm.grad_norm(*args, finish=False)
         acc_ref = ref if norm_type in (1.0, math.inf) else ref**norm_type
         assert acc.dtype == torch.float64 and empty.shape == (0,) and found.item() == 0.0
@@ -117,8 +108,8 @@ def test_grad_norm_nonfinite(bad, norm_type):
         if clip_value == 0.5 and bad == math.inf:  # clipped to 0.5: a finite norm, found_inf still set
             assert math.isfinite(norm.item()) and coef.item() == pytest.approx(cpu_coef.item(), rel=1e-5)
         else:
-            same_bits(norm, cpu_norm)
-            same_bits(coef, cpu_coef)
+            assert_same(norm, cpu_norm)
+            assert_same(coef, cpu_coef)
 
 
 def test_grad_norm_checks():
@@ -334,22 +325,8 @@ SGD_SM90_FMAS = (16 * (2 + 3 + 4 + 3 + 2), 16 * 3)
 
 
 # ---------------------------------------------------------------- GPU: the optimizers on Triton against the CPU op
-
-
-def gpu_pair(dtype, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(37, 5), (70001,), (3,), (2, 3, 131), ()]
-    cpu = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes]
-    return cpu, [p.detach().cuda().requires_grad_() for p in cpu]
-
-
-def set_grads(cpu, gpu, step, poison=False):
-    g = torch.Generator().manual_seed(100 + step)
-    for p, q in zip(cpu, gpu):
-        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64).to(p.dtype)
-        q.grad = p.grad.cuda()
-    if poison:
-        cpu[1].grad[5] = gpu[1].grad[5] = math.inf
+# tests/test_optim_cuda.py's checks (clipping, value clipping, a skipped step, every dtype; clip_grad_norm_; master
+# weights with accumulated micro-batches) with every optimizer op on Triton.
 
 
 @requires_cuda
@@ -357,59 +334,26 @@ def set_grads(cpu, gpu, step, poison=False):
     "name,hyper",
     [
         ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+        ("Adam", dict(lr=1e-2, amsgrad=True, maximize=True)),
         ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)),
         ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True)),
     ],
 )
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 def test_gpu_optimizers_on_triton_match_cpu(name, hyper, dtype):
-    """max_grad_norm and clip_value on every step, an inf gradient in step 2 (skipped): norms, the gradients
-    written back, params and state as the CPU op's (the norm's summation order differs: to rounding)."""
-    cpu, gpu = gpu_pair(dtype)
-    a = getattr(fused.optim, name)(cpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
-    b = getattr(fused.optim, name)(gpu, max_grad_norm=1.0, clip_value=0.5, **hyper)
-    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-14)
     with backend("triton"):
-        for step in range(4):
-            set_grads(cpu, gpu, step, poison=step == 2)
-            a.step()
-            b.step()
-            torch.testing.assert_close(b.last_grad_norm.cpu(), a.last_grad_norm, equal_nan=True, **tol)
-            for p, q in zip(cpu, gpu):
-                torch.testing.assert_close(q.grad.cpu(), p.grad, **tol)
-    for p, q in zip(cpu, gpu):
-        torch.testing.assert_close(q.detach().cpu(), p.detach(), **tol)
-        for k, v in a.state[p].items():
-            torch.testing.assert_close(b.state[q][k].cpu(), v, **tol)
+        cuda_tests.test_cuda_matches_cpu(name, hyper, dtype)
 
 
 @requires_cuda
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
 def test_gpu_clip_grad_norm_on_triton(norm_type):
-    cpu, gpu = gpu_pair(torch.float32)
-    set_grads(cpu, gpu, 0)
     with backend("triton"):
-        ours = fused.clip_grad_norm_(gpu, 0.5, norm_type)
-    theirs = fused.clip_grad_norm_(cpu, 0.5, norm_type)
-    torch.testing.assert_close(ours.cpu(), theirs, rtol=1e-5, atol=0)
-    for p, q in zip(cpu, gpu):
-        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-7)
+        cuda_tests.test_cuda_clip_grad_norm(norm_type)
 
 
 @requires_cuda
-def test_gpu_master_weights_and_accumulation_on_triton():
-    """bf16 params with master weights and two accumulated micro-batches, SGD and AdamW: the CPU op's numbers."""
-    for name, hyper in (("SGD", dict(lr=0.1, momentum=0.9)), ("AdamW", dict(lr=1e-2))):
-        cpu, gpu = gpu_pair(torch.bfloat16, seed=1)
-        a = getattr(fused.optim, name)(cpu, master_weights=True, max_grad_norm=1.0, **hyper)
-        b = getattr(fused.optim, name)(gpu, master_weights=True, max_grad_norm=1.0, **hyper)
-        with backend("triton"):
-            for step in range(3):
-                for micro in range(2):
-                    set_grads(cpu, gpu, 10 * step + micro)
-                    a.accumulate_grads()
-                    b.accumulate_grads()
-                a.step()
-                b.step()
-        for p, q in zip(cpu, gpu):
-            torch.testing.assert_close(q.detach().cpu(), p.detach(), rtol=2**-7, atol=1e-6)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_master_weights_with_accumulation_on_triton(dtype):
+    with backend("triton"):
+        cuda_tests.test_cuda_master_weights_with_accumulation(dtype)
