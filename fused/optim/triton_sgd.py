@@ -15,13 +15,11 @@ from fused.triton_utils import BLOCK, to_out
 
 
 @triton.jit(do_not_specialize=["n", "seed"])
-def _sgd_kernel(
-    table, tensor_of, n, hyper_ptr, coef_ptr, scale_ptr, found_ptr, seed, clip_value: tl.float64,
-    P: tl.constexpr, G: tl.constexpr, B: tl.constexpr, MODEL: tl.constexpr, MOMENTUM: tl.constexpr,
-    NESTEROV: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr,
-    STOCHASTIC: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
+def _sgd_kernel(table, tensor_of, n, hyper_ptr, coef_ptr, scale_ptr, found_ptr, seed, clip_value: tl.float64,
+                P: tl.constexpr, G: tl.constexpr, B: tl.constexpr, MODEL: tl.constexpr, MOMENTUM: tl.constexpr,
+                NESTEROV: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr,
+                STOCHASTIC: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr,
+                BLOCK: tl.constexpr):  # fmt: skip
     """One tile of BLOCK elements of one tensor of the group (table: the lists params, grads, momentum_buffers,
     steps, model_params; B: the momentum buffers' dtype)."""
     i, tile, numel, t = program_tensor(table, tensor_of, n, 5)
