@@ -85,7 +85,7 @@ def test_grad_norm_16bit_dtype_no_clip_and_found_inf_in():
     norm, coef, found = triton_norm.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
     cpu = torch.ops.fused.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
     assert norm.dtype == torch.bfloat16 and coef.item() == 1.0 and found.item() == 1.0
-    torch.testing.assert_close(norm, cpu[0], rtol=2**-8, atol=0)
+    torch.testing.assert_close(norm, cpu[0], rtol=2**-7, atol=0)  # one bf16 ulp: another summation order
     norm, coef, found = triton_norm.grad_norm([], torch.tensor(0.0), None, 2.0, 1.0, math.inf)
     assert norm.dtype == torch.float32 and norm.item() == 0.0 and found.item() == 0.0
     assert coef.item() == min(1.0, 1.0 / 1e-6)
@@ -270,11 +270,14 @@ def test_adam_step_one_launch_per_dtype_group(monkeypatch):
 
 
 def test_every_optimizer_op_has_a_triton_kernel():
-    """fused.info's table (from the GPU router's registrations) lists a Triton kernel for each op of the family."""
+    """fused.info's table (from the GPU router's registrations) lists a Triton kernel for each op of the family,
+    and each registered launcher is the function of that op's name."""
+    from fused._backend import GPU_KERNELS, triton_launcher
     from fused.info import kernels
 
     for op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
         assert kernels(op)[2] == "Triton", op
+        assert triton_launcher(GPU_KERNELS[op]["triton"]).__name__ == op
 
 
 def test_lists_table_cached_and_grouped():
