@@ -32,7 +32,7 @@ def nan_max(x, axis=None):
     return tl.where(tl.max(nan.to(tl.int32), axis=axis) > 0, float("nan"), top)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n", "first_slot"])
 def _norm_partial_kernel(
     table, tensor_of, n, first_slot, partial_ptr, flag_ptr, scale_ptr, p: tl.float64, clip_value: tl.float64,
     G: tl.constexpr, NORM: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, MATH: tl.constexpr,
@@ -60,7 +60,7 @@ def _norm_partial_kernel(
     tl.store(flag_ptr + slot, bad)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["slots"])
 def _norm_finish_kernel(
     partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p: tl.float64,
     max_norm: tl.float64, NORM: tl.constexpr, HAS_FOUND: tl.constexpr, FINISH: tl.constexpr,
