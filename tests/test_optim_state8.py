@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import fused
-from fused._backend import AUTO_PREFERENCE
 from fused.optim import quantize
 from tests.harness import (
     HAS_CUDA,
@@ -237,15 +236,12 @@ GPU_SHAPES = [(70001,), (5000,), (37, 5), (2, 3, 131), (4096,)]  # chunks, parti
 
 
 @pytest.fixture(params=[p for p in device_backends("adam_step_") if p.values[0][0] == "cuda"] or [None])
-def gpu(request, monkeypatch):
-    """Each GPU backend of adam_step_ in turn; skipped without a GPU. Triton: adam_step_ alone (the optimizers'
-    other ops have CUDA C++ kernels only), through "auto" with its preference set."""
+def gpu(request):
+    """Each GPU backend of adam_step_ in turn (every optimizer op on it); skipped without a GPU."""
     if request.param is None or not HAS_CUDA:
         pytest.skip("needs a CUDA GPU")
     name = request.param[1]
-    if name == "triton":
-        monkeypatch.setitem(AUTO_PREFERENCE, "adam_step_", "triton")
-    with backend("auto" if name == "triton" else name):
+    with backend(name):
         yield name
 
 

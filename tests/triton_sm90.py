@@ -243,6 +243,38 @@ def optim():
     step(torch.bfloat16, True, seed=torch.tensor(7))
     step(torch.bfloat16, True, master=True)
     step(torch.float64, False)
+    optim_others()
+
+
+def optim_others():
+    """grad_norm (every norm type, a loss scale, value clipping, float64 and 16-bit gradients in one call, the
+    finish=False mode), scale_grads_, accumulate_grads_, and sgd_step_: float32 without momentum, with momentum,
+    with nesterov (value clipping, loss scale, maximize), bf16 master weights; float64; bf16 rounded stochastically."""
+    from fused.optim import triton_accumulate, triton_norm, triton_sgd
+
+    grads = [torch.randn(5000), torch.randn(300, dtype=torch.bfloat16), torch.randn(70, dtype=torch.float64)]
+    one, coef = torch.ones(()), torch.ones((), dtype=torch.float64)
+    for norm_type in (2.0, 1.0, math.inf, 3.0):
+        triton_norm.grad_norm(grads, one * 0, one * 64, norm_type, 1.0, 0.5)
+    triton_norm.grad_norm(grads[:2], None, None, 2.0, math.inf, math.inf, False)
+    triton_norm.scale_grads_(grads, coef)
+    triton_accumulate.accumulate_grads_([torch.zeros(300), torch.zeros(70, dtype=torch.float64)], grads[1:], False)
+
+    def sgd(dt, momentum=0.0, nesterov=False, master=False, seed=None):
+        p = torch.randn(5000, dtype=torch.float32 if master else dt)
+        g = torch.randn(5000, dtype=dt)
+        bufs, steps = ([torch.zeros_like(p)], [torch.zeros(())]) if momentum else ([], [])
+        triton_sgd.sgd_step_(
+            [p], [g], bufs, steps, 0.1, momentum, 0.0, 0.01, nesterov, nesterov, coef, one * 64, one * 0,
+            0.5 if nesterov else math.inf, [torch.empty(5000, dtype=dt)] if master else [], seed, None, True,
+        )  # fmt: skip
+
+    sgd(torch.float32)
+    sgd(torch.float32, momentum=0.9)
+    sgd(torch.float32, momentum=0.9, nesterov=True)
+    sgd(torch.bfloat16, momentum=0.9, master=True)
+    sgd(torch.float64, momentum=0.9)
+    sgd(torch.bfloat16, seed=torch.tensor(7))
 
 
 def count(ptxs, *needles):

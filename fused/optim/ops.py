@@ -24,8 +24,13 @@ for _op in ("scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
     torch.library.register_fake(f"fused::{_op}", _mutates_only)
 
 
-# fused::cuda_<op> from csrc/optim/optim_cuda.cpp where it was built; adam_step_ also on Triton
-# (fused/optim/triton_kernels.py), the others CUDA C++ only.
-for _op in ("grad_norm", "scale_grads_", "sgd_step_", "accumulate_grads_"):
-    register_gpu(_op, cuda_op=f"cuda_{_op}")
-register_gpu("adam_step_", cuda_op="cuda_adam_step_", triton="fused.optim.triton_kernels:adam_step_")
+# fused::cuda_<op> from csrc/optim/optim_cuda.cpp where it was built, and every op on Triton too.
+TRITON = {
+    "grad_norm": "fused.optim.triton_norm:grad_norm",
+    "scale_grads_": "fused.optim.triton_norm:scale_grads_",
+    "sgd_step_": "fused.optim.triton_sgd:sgd_step_",
+    "adam_step_": "fused.optim.triton_kernels:adam_step_",
+    "accumulate_grads_": "fused.optim.triton_accumulate:accumulate_grads_",
+}
+for _op, _launcher in TRITON.items():
+    register_gpu(_op, cuda_op=f"cuda_{_op}", triton=_launcher)

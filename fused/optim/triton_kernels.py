@@ -1,5 +1,8 @@
-"""Triton kernel of fused::adam_step_ (the optimizers' other ops run the CUDA C++ kernels on a GPU): one launch per
-tensor, the CPU kernel's formulas (csrc/optim/optim_cpu.cpp) with its fmas, so its bits from the same inputs.
+"""Triton kernel of fused::adam_step_, and what the optimizer family's Triton kernels share (the gradient as an
+update sees it, stochastic rounding of bf16 parameters; fused/optim/triton_norm.py, triton_sgd.py and
+triton_accumulate.py hold the other ops). One launch per combination of dtypes covers all tensors of a step
+(fused/optim/triton_lists.py), with the CPU kernel's formulas (csrc/optim/optim_cpu.cpp) and its fmas, so its bits
+from the same inputs.
 
 Every tensor is walked in flat memory order as [ROWS, 256] tiles, so with 8-bit state (state_dtype="int8") a tile
 row is one quantization block: its codes are decoded, updated and re-encoded in registers with
@@ -14,13 +17,15 @@ import torch
 import triton
 import triton.language as tl
 
+from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, per_tensor, program_tensor, tl_dtype
 from fused.triton_math import div, sqrt
 from fused.triton_utils import scalar_in, to_out
 
 QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
 ROWS = 4  # tile rows a program
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-TENSOR_KEY_STEP = 0x9E3779B97F4A7C15  # stochastic rounding key of tensor t: seed + t * this (optim_cpu.cpp)
+# stochastic rounding key of tensor t: seed + t * 0x9E3779B97F4A7C15 mod 2^64 (optim_cpu.cpp), in int64 arithmetic
+TENSOR_KEY_STEP_I64 = tl.constexpr(0x9E3779B97F4A7C15 - 2**64)
 STATE_ERROR = (
     "fused.adam_step_: stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no GPU "
     'kernel yet; step on the CPU or use state_dtype=None or "int8"'
@@ -88,7 +93,7 @@ def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, CODES: tl.conste
 
 
 @triton.jit
-def _store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
+def store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
     """bf16 stochastically (element i: Philox word i % 4 of counter i / 4 under key, its top 16 bits added below
     the bf16 mantissa, then truncated; NaN stays NaN), else rounded to nearest even."""
     if STOCHASTIC:
@@ -104,79 +109,134 @@ def _store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
         tl.store(ptr + offs, to_out(p, ptr.dtype.element_ty), mask=mask)
 
 
-@triton.jit(do_not_specialize=["n", "t", "key"])
-def _adam_kernel(
-    p_ptr, g_ptr, m_ptr, v_ptr, x_ptr, ms_ptr, vs_ptr, xs_ptr, model_ptr, bias_ptr, coef_ptr, scale_ptr, found_ptr,
-    n, t, key,
-    lr: tl.float64, beta1: tl.float64, beta2: tl.float64, eps: tl.float64, weight_decay: tl.float64,
-    clip_value: tl.float64,
-    AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, MASTER: tl.constexpr,
-    WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
-):  # fmt: skip
-    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    offs = rows[:, None] * 256 + tl.arange(0, 256)[None, :]
-    end = tl.where(tl.load(found_ptr) == 0.0, n, 0)  # found_inf: the whole step skipped, nothing stored
-    mask = offs < end
-    row_mask = rows * 256 < end
+@triton.jit
+def inverse_scale(scale_ptr, HAS_SCALE: tl.constexpr):
+    """1 / grad_scale as float32, the reciprocal taken in double as torch's GradScaler (1 without a scale)."""
     if HAS_SCALE:
-        inv = (1.0 / tl.load(scale_ptr).to(tl.float64)).to(tl.float32)  # in double, as torch's GradScaler
+        return (1.0 / tl.load(scale_ptr).to(tl.float64)).to(tl.float32)
     else:
-        inv = tl.full((), 1.0, tl.float32)
+        return tl.full((), 1.0, tl.float32)
+
+
+@triton.jit
+def clip_value_of(g, clip_value, MATH: tl.constexpr):
+    """g clamped to [-clip_value, clip_value]; NaN stays NaN."""
+    cv = scalar_in(clip_value, MATH)
+    return tl.where(g < -cv, -cv, tl.where(g > cv, cv, g))
+
+
+@triton.jit
+def update_grad(g_ptr, offs, mask, end, coef_ptr, scale_ptr, clip_value, MATH: tl.constexpr, HAS_SCALE: tl.constexpr,
+                CLIP: tl.constexpr, WRITE_GRADS: tl.constexpr):  # fmt: skip
+    """The gradient as an update sees it before maximize: unscaled, value-clipped, times the clip coefficient (the
+    CPU kernel's GradTransform::clipped); under WRITE_GRADS stored back where the step changes it (a loss scale,
+    value or norm clipping). mask: the elements of this program the step updates (none when it is skipped), end:
+    its element count (0 when skipped)."""
+    inv = inverse_scale(scale_ptr, HAS_SCALE)
     coef = tl.load(coef_ptr)
-    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
     g = tl.load(g_ptr + offs, mask=mask, other=0.0).to(MATH) * inv.to(MATH)
-    if CLIP:  # NaN stays NaN
-        cv = scalar_in(clip_value, MATH)
-        g = tl.where(g < -cv, -cv, tl.where(g > cv, cv, g))
+    if CLIP:
+        g = clip_value_of(g, clip_value, MATH)
     g = g * coef.to(MATH)
-    if WRITE_GRADS:  # only where the step changes the gradient
+    if WRITE_GRADS:
         if CLIP:
             tl.store(g_ptr + offs, to_out(g, g_ptr.dtype.element_ty), mask=mask)
         else:
             changed = tl.where(inv != 1.0, end, tl.where(coef != 1.0, end, 0))
             tl.store(g_ptr + offs, to_out(g, g_ptr.dtype.element_ty), mask=offs < changed)
+    return g
+
+
+@triton.jit
+def update_end(found_ptr, numel):
+    """The elements an update of a tensor of numel elements writes: all, or none when found_inf is set (the whole
+    step skipped)."""
+    return tl.where(tl.load(found_ptr) == 0.0, numel, 0)
+
+
+@triton.jit
+def tensor_key(seed, t):
+    """Tensor t's stochastic-rounding key, seed + t * golden (mod 2^64, as int64 bits)."""
+    return seed + t * TENSOR_KEY_STEP_I64
+
+
+@triton.jit(do_not_specialize=["n", "seed"])
+def _adam_kernel(
+    table, tensor_of, n, terms_ptr, coef_ptr, scale_ptr, found_ptr, seed, clip_value: tl.float64,
+    P: tl.constexpr, G: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, MODEL: tl.constexpr,
+    AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
+    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, MASTER: tl.constexpr,
+    WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
+):  # fmt: skip
+    """One tile of ROWS x 256 elements of one tensor of the group (table: the lists params, grads, exp_avgs,
+    exp_avg_sqs, max_exp_avg_sqs, their three scale lists, model_params); S1, S2: the dtypes of exp_avg and of
+    exp_avg_sq / max_exp_avg_sq."""
+    i, tile, numel, t = program_tensor(table, tensor_of, n, 9)
+    rows = tile * ROWS + tl.arange(0, ROWS)
+    offs = rows[:, None] * 256 + tl.arange(0, 256)[None, :]
+    end = update_end(found_ptr, numel)
+    mask = offs < end
+    row_mask = rows * 256 < end
+    p_ptr = list_ptr(table, n, i, 0, P)
+    m_ptr, v_ptr, x_ptr = list_ptr(table, n, i, 2, S1), list_ptr(table, n, i, 3, S2), list_ptr(table, n, i, 4, S2)
+    ms_ptr, vs_ptr = list_ptr(table, n, i, 5, tl.float32), list_ptr(table, n, i, 6, tl.float32)
+    xs_ptr = list_ptr(table, n, i, 7, tl.float32)
+    h = terms_ptr + t * 7  # lr, beta1, beta2, eps, weight_decay, -lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)
+    lr, beta1, beta2, eps, wd = tl.load(h), tl.load(h + 1), tl.load(h + 2), tl.load(h + 3), tl.load(h + 4)
+    p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
+    g = update_grad(list_ptr(table, n, i, 1, G), offs, mask, end, coef_ptr, scale_ptr, clip_value, MATH, HAS_SCALE,
+                    CLIP, WRITE_GRADS)  # fmt: skip
     if MAXIMIZE:
-        g = -g
-    wd = scalar_in(weight_decay, tl.float64)
+        g = 0.0 - g  # the CPU kernel's 0 - g: a zero gradient stays +0
     if DECOUPLED:
-        p = p * (1.0 - scalar_in(lr, tl.float64) * wd).to(MATH)
+        p = p * (1.0 - lr * wd).to(MATH)
     else:
-        g = tl.fma(p, wd.to(MATH), g)
+        g = tl.where(wd != 0.0, tl.fma(p, wd.to(MATH), g), g)
     m = _load_state(m_ptr, ms_ptr, offs, rows, mask, row_mask, MATH, CODES, True)
     v = _load_state(v_ptr, vs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
-    m = tl.fma(g - m, (1.0 - scalar_in(beta1, tl.float64)).to(MATH), m)
-    v = tl.fma(g * g, (1.0 - scalar_in(beta2, tl.float64)).to(MATH), v * scalar_in(beta2, MATH))
+    m = tl.fma(g - m, (1.0 - beta1).to(MATH), m)
+    v = tl.fma(g * g, (1.0 - beta2).to(MATH), v * beta2.to(MATH))
     _store_state(m, m_ptr, ms_ptr, offs, rows, mask, row_mask, CODES, True)
     _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, CODES, False)
     if AMSGRAD:
         x = _load_state(x_ptr, xs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
         v = tl.where(x > v, x, v)
         _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, CODES, False)
-    neg_step = tl.load(bias_ptr + 2 * t).to(MATH)
-    inv_bc2 = tl.load(bias_ptr + 2 * t + 1).to(MATH)
-    denom = tl.fma(sqrt(v), inv_bc2, scalar_in(eps, MATH))
+    neg_step = tl.load(h + 5).to(MATH)
+    inv_bc2 = tl.load(h + 6).to(MATH)
+    denom = tl.fma(sqrt(v), inv_bc2, eps.to(MATH))
     p = tl.fma(neg_step, div(m, denom), p)
-    _store_param(p, p_ptr, offs, mask, key, STOCHASTIC)
+    store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
     if MASTER:
+        model_ptr = list_ptr(table, n, i, 8, MODEL)
         tl.store(model_ptr + offs, to_out(p, model_ptr.dtype.element_ty), mask=mask)
 
 
-def _bias_terms(steps, rows, device):
-    """Per tensor (-lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)) in float64 on the device, step counting this
-    step: on a GPU by torch's pow in double (CUDA's pow, as the CUDA C++ kernel), on the CPU (the interpreter) by
-    the C library's pow, as the CPU kernel."""
+def _tensor_terms(steps, rows, device):
+    """Per tensor its hyperparameters (lr, beta1, beta2, eps, weight_decay) and (-lr / (1 - beta1^step),
+    1 / sqrt(1 - beta2^step)), float64 [n, 7] on the device, step counting this step: on a GPU by torch's pow in
+    double (CUDA's pow, as the CUDA C++ kernel), on the CPU (the interpreter) by the C library's pow, as the CPU
+    kernel."""
     if device.type == "cpu":
         terms = []
-        for s, (lr, beta1, beta2, _, _) in zip(steps, rows):
+        for s, (lr, beta1, beta2, eps, wd) in zip(steps, rows):
             step = float(s) + 1.0
-            terms.append([-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))])
+            bias = [-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))]
+            terms.append([lr, beta1, beta2, eps, wd, *bias])
         return torch.tensor(terms, dtype=torch.float64)
     step = torch.stack([s.reshape(()) for s in steps]).double() + 1.0
-    h = torch.tensor(rows, dtype=torch.float64).to(device, non_blocking=True)
+    h = per_tensor(rows, device)
     neg_step = -(h[:, 0] / (1.0 - torch.pow(h[:, 1], step)))
     inv_bc2 = 1.0 / torch.sqrt(1.0 - torch.pow(h[:, 2], step))
-    return torch.stack([neg_step, inv_bc2], dim=1).contiguous()
+    return torch.cat([h, neg_step[:, None], inv_bc2[:, None]], dim=1).contiguous()
+
+
+def seed_of(sr_seed):
+    """The stochastic-rounding seed as int64 bits (an int64 CPU scalar: no device sync), or None."""
+    if sr_seed is None:
+        return None
+    seed = int(sr_seed.item()) % 2**64
+    return seed - 2**64 if seed >= 2**63 else seed
 
 
 def adam_step_(
@@ -185,52 +245,32 @@ def adam_step_(
     write_grads=False, exp_avg_scales=None, exp_avg_sq_scales=None, max_exp_avg_sq_scales=None, state_seed=None,
 ):  # fmt: skip
     """fused::adam_step_ on Triton: the op's arguments (csrc/optim/optim_schema.cpp); the CPU kernel's checks of
-    the lists are not repeated here (the optimizers build them)."""
+    the lists are not repeated here (the optimizers build them). One launch per combination of dtypes."""
     if state_seed is not None:
         raise RuntimeError(STATE_ERROR)
+    if clip_value < 0:
+        raise RuntimeError(f"fused.adam_step_: clip_value must be >= 0, got {clip_value}")
     if not params:
         return
     with torch.cuda.device_of(params[0]):
-        _adam_step(
-            params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-            decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed, hyper,
-            write_grads, (exp_avg_scales, exp_avg_sq_scales, max_exp_avg_sq_scales if amsgrad else None),
-        )  # fmt: skip
-
-
-def _adam_step(
-    params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps, lr, beta1, beta2, eps, weight_decay, amsgrad,
-    decoupled, maximize, clip_coef, grad_scale, found_inf, clip_value, model_params, sr_seed, hyper, write_grads,
-    scale_lists,
-):  # fmt: skip
-    if clip_value < 0:
-        raise RuntimeError(f"fused.adam_step_: clip_value must be >= 0, got {clip_value}")
-    n = len(params)
-    rows = hyper.tolist() if hyper is not None else [[lr, beta1, beta2, eps, weight_decay]] * n
-    device = params[0].device
-    bias = _bias_terms(steps, rows, device)
-    seed = None if sr_seed is None else int(sr_seed.item()) % 2**64  # a CPU tensor: no device sync
-    for t in range(n):
-        p, g = params[t], grads[t]
-        if p.numel() == 0:
-            continue
-        codes = exp_avgs[t].dtype == torch.int8
-        scales = [
-            (lst[t] if codes and lst is not None else found_inf)  # a stand-in, never read
-            for lst in scale_lists
-        ]
-        key = None if seed is None else (seed + t * TENSOR_KEY_STEP) % 2**64
-        key = 0 if key is None else key - 2**64 if key >= 2**63 else key
-        lr_t, beta1_t, beta2_t, eps_t, wd_t = (float(x) for x in rows[t])
-        _adam_kernel[(triton.cdiv(p.numel(), ROWS * QBLOCK),)](
-            p, g, exp_avgs[t], exp_avg_sqs[t], max_exp_avg_sqs[t] if amsgrad else p, *scales,
-            model_params[t] if model_params else p, bias, clip_coef,
-            grad_scale if grad_scale is not None else found_inf, found_inf, p.numel(), t, key,
-            lr_t, beta1_t, beta2_t, eps_t, wd_t, float(clip_value),
-            AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled), MAXIMIZE=bool(maximize), CODES=codes,
-            HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
-            STOCHASTIC=seed is not None and p.dtype == torch.bfloat16, MASTER=bool(model_params),
-            WRITE_GRADS=bool(write_grads), MATH=tl.float64 if p.dtype == torch.float64 else tl.float32, ROWS=ROWS,
-            enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
-        )  # fmt: skip
-    torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
+        n = len(params)
+        rows = hyper.tolist() if hyper is not None else [[lr, beta1, beta2, eps, weight_decay]] * n
+        terms = _tensor_terms(steps, rows, params[0].device)
+        seed = seed_of(sr_seed)
+        scale_lists = [exp_avg_scales, exp_avg_sq_scales, max_exp_avg_sq_scales if amsgrad else None]
+        lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, *scale_lists]
+        for grp in groups([*lists, model_params or None], ROWS * QBLOCK):
+            p_t, g_t, m_t, v_t = grp.dtypes[:4]
+            _adam_kernel[(grp.programs,)](
+                grp.table, grp.tensor_of, len(grp.indices), terms, clip_coef,
+                grad_scale if grad_scale is not None else found_inf, found_inf, 0 if seed is None else seed,
+                float(clip_value),
+                P=TL_DTYPES[p_t], G=TL_DTYPES[g_t], S1=TL_DTYPES[m_t], S2=TL_DTYPES[v_t],
+                MODEL=tl_dtype(grp.dtypes[8], p_t), AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled),
+                MAXIMIZE=bool(maximize), CODES=m_t == torch.int8, HAS_SCALE=grad_scale is not None,
+                CLIP=not math.isinf(clip_value), STOCHASTIC=seed is not None and p_t == torch.bfloat16,
+                MASTER=bool(model_params), WRITE_GRADS=bool(write_grads),
+                MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS,
+                enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
+            )  # fmt: skip
+        torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count

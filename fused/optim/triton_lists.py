@@ -1,0 +1,113 @@
+"""Multi-tensor launches of the Triton optimizer kernels, as csrc/optim/optim_cuda.cpp packs its lists: the tensors
+of one call are grouped by their dtypes, and each group is described once in device memory, so one launch covers
+the whole group whatever its number of tensors (no kernel-argument limit, no launch per tensor).
+
+A group's table is an int64 [K + 3, n] tensor: rows 0..K-1 the addresses of its tensors in each of the K lists,
+then each tensor's element count, its first program and its index in the call (its row of per-tensor tables, its
+stochastic-rounding key). Program j of the launch works on tile j - first of tensor `tensor_of[j]` (an int32 map
+of every program). Tables are cached by their content (addresses, sizes, dtypes), so a training loop copies them
+to the device once."""
+
+import collections
+import itertools
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+TL_DTYPES = {
+    torch.float32: tl.float32,
+    torch.float16: tl.float16,
+    torch.bfloat16: tl.bfloat16,
+    torch.float64: tl.float64,
+    torch.int8: tl.int8,
+    torch.uint8: tl.uint8,
+}
+CACHE_SIZE = 32
+_cache = collections.OrderedDict()  # content key -> (table, tensor_of), most recent last
+
+
+class Group(NamedTuple):
+    dtypes: tuple  # the torch dtype of each list's tensors (None: a list absent from the call)
+    indices: list  # the tensors' indices in the call
+    table: torch.Tensor  # int64 [K + 3, n] on the device
+    tensor_of: torch.Tensor  # int32 [programs] on the device
+    programs: int
+
+
+@triton.jit
+def program_tensor(table, tensor_of, n, K: tl.constexpr):
+    """(i, tile, numel, t) of this program: its tensor's column i in the group's table, the tile of that tensor it
+    works on, the tensor's element count and its index t in the call (all int64)."""
+    pid = tl.program_id(0)
+    i = tl.load(tensor_of + pid).to(tl.int64)
+    numel = tl.load(table + K * n + i)
+    first = tl.load(table + (K + 1) * n + i)
+    t = tl.load(table + (K + 2) * n + i)
+    return i, pid - first, numel, t
+
+
+@triton.jit
+def list_ptr(table, n, i, k: tl.constexpr, DTYPE: tl.constexpr):
+    """The address of tensor i in list k of the group, as a pointer to DTYPE."""
+    return tl.load(table + k * n + i).to(tl.pointer_type(DTYPE))
+
+
+def _to_device(host, device):
+    if device.type == "cpu":
+        return host
+    # from pinned memory: an asynchronous copy on the current stream, no host sync
+    return host.pin_memory().to(device, non_blocking=True)
+
+
+def _describe(lists, indices, block, device):
+    """The table and program map of the tensors `indices` of `lists` (K lists, None entries: list 0's tensor, a
+    stand-in never read)."""
+    n = len(indices)
+    numel = [lists[0][t].numel() for t in indices]
+    tiles = [triton.cdiv(x, block) for x in numel]
+    first = [0, *itertools.accumulate(tiles)][:n]
+    rows = [[(lst[t] if lst is not None else lists[0][t]).data_ptr() for t in indices] for lst in lists] + [
+        numel,
+        first,
+        list(indices),
+    ]
+    table = torch.tensor(rows, dtype=torch.int64)
+    tensor_of = torch.repeat_interleave(torch.arange(n, dtype=torch.int32), torch.tensor(tiles))
+    return _to_device(table, device), _to_device(tensor_of, device), sum(tiles)
+
+
+def groups(lists, block):
+    """The launches of K parallel lists of tensors (a list may be None: absent), `block` elements a program: one
+    Group per combination of dtypes, in the order of first appearance. Tensors with no elements take no launch."""
+    device = lists[0][0].device
+    by_key = {}
+    for t, p in enumerate(lists[0]):
+        if p.numel() == 0:
+            continue
+        by_key.setdefault(tuple(lst[t].dtype if lst is not None else None for lst in lists), []).append(t)
+    out = []
+    for key, indices in by_key.items():
+        content = (device, block, key, tuple(indices)) + tuple(
+            (lst[t].data_ptr(), lst[t].numel()) for lst in lists if lst is not None for t in indices
+        )
+        if content in _cache:
+            _cache.move_to_end(content)
+        else:
+            _cache[content] = _describe(lists, indices, block, device)
+            if len(_cache) > CACHE_SIZE:
+                _cache.popitem(last=False)
+        table, tensor_of, programs = _cache[content]
+        out.append(Group(key, indices, table, tensor_of, programs))
+    return out
+
+
+def tl_dtype(dtype, default):
+    """Triton's dtype of a list's tensors (default: the stand-in's, for an absent list)."""
+    return TL_DTYPES[dtype if dtype is not None else default]
+
+
+def per_tensor(rows, device):
+    """Per-tensor float64 rows (hyperparameters of several param groups) as a [n, width] device tensor."""
+    return _to_device(torch.tensor(rows, dtype=torch.float64), device)

@@ -1,0 +1,362 @@
+"""The Triton kernels of the optimizer family's ops (fused/optim/triton_*.py): each launcher under the interpreter
+on CPU tensors against the CPU op, bit for bit where the CPU kernel's math is elementwise (sgd_step_,
+scale_grads_, accumulate_grads_, adam_step_'s launches per dtype group), grad_norm against float64 with a bound
+(its sum runs in another order); then the optimizers and fused.clip_grad_norm_ under set_backend("triton") on a
+GPU against the CPU op (collected everywhere, skipped without a GPU). adam_step_'s element math is held to the CPU
+op's bits by tests/test_optim_state8.py."""
+
+import math
+
+import pytest
+import test_optim_cuda as cuda_tests  # its GPU checks, run below on Triton
+import torch
+from test_optim_state8 import assert_same  # the CPU op's bits, NaN counting as one NaN
+
+from tests.harness import HAS_CUDA, backend, compile_for_sm90, requires_cuda, requires_triton
+
+pytestmark = requires_triton
+on_interpreter = pytest.mark.skipif(HAS_CUDA, reason="the launchers run on the GPU in the tests below")
+
+# a tensor over several programs with a partial last one, a small one, a 3-d one, an empty one
+SHAPES = [(5000,), (37, 5), (2, 3, 11), (0,)]
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
+
+
+def randn(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+
+def all_same_bits(xs, ys):
+    assert len(xs) == len(ys)
+    for a, b in zip(xs, ys):
+        assert_same(a, b)
+
+
+# ---------------------------------------------------------------- grad_norm
+
+
+def mixed_grads(seed=0):
+    """Gradients of every dtype, scaled by 4 (the loss scale below), one of them 16-bit only in a group."""
+    return [randn(s, dt, seed + k, scale=4.0) for k, (s, dt) in enumerate(zip(SHAPES, DTYPES))]
+
+
+def norm64(grads, inv, clip_value, norm_type):
+    """The float64 norm of the unscaled, value-clipped gradients (inv a power of two: exact in every dtype)."""
+    x = torch.cat([g.double().reshape(-1) * inv for g in grads]).clamp(-clip_value, clip_value)
+    return torch.linalg.vector_norm(x, norm_type).item()
+
+
+@on_interpreter
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.5])
+def test_grad_norm_against_float64(norm_type):
+    """The norm within float32's summation bound of the float64 norm (float64 gradients summed in float64), the
+    coefficient from it, found_inf unset; finish=False: the float64 sum (max) before the root."""
+    from fused.optim import triton_norm
+
+    for grads, rtol in (
+        (mixed_grads(), 1e-5),
+        ([randn((3000,), torch.float64, 7), randn((5,), torch.float64, 8)], 1e-13),
+    ):
+        scale = torch.tensor(4.0)
+        args = (grads, None, scale, norm_type, 1.0, 0.5)
+        norm, coef, found = triton_norm.grad_norm(*args)
+        cpu_norm, cpu_coef, cpu_found = torch.ops.fused.grad_norm(*args)
+        ref = norm64(grads, 0.25, 0.5, norm_type)
+        assert norm.dtype == cpu_norm.dtype == torch.float64 and coef.dtype == torch.float64
+        assert abs(norm.item() - ref) <= rtol * ref, (norm.item(), ref)
+        assert coef.item() == pytest.approx(min(1.0, 1.0 / (norm.item() + 1e-6)), rel=1e-15)
+        assert abs(coef.item() - cpu_coef.item()) <= 2 * rtol * cpu_coef.item()
+        assert_same(found, cpu_found)
+        acc, empty, found = triton_norm.grad_norm(*args, finish=False)
+        acc_ref = ref if norm_type in (1.0, math.inf) else ref**norm_type
+        assert acc.dtype == torch.float64 and empty.shape == (0,) and found.item() == 0.0
+        assert abs(acc.item() - acc_ref) <= norm_type * rtol * acc_ref
+
+
+@on_interpreter
+def test_grad_norm_16bit_dtype_no_clip_and_found_inf_in():
+    """A norm over 16-bit gradients comes back in their dtype (the CPU op's value rounded once); max_norm = inf
+    gives coefficient 1; a set found_inf argument is passed on; no gradients: norm 0."""
+    from fused.optim import triton_norm
+
+    grads = [randn((3000,), torch.bfloat16, 1), randn((7,), torch.bfloat16, 2)]
+    found_in = torch.tensor(1.0)
+    norm, coef, found = triton_norm.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
+    cpu = torch.ops.fused.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
+    assert norm.dtype == torch.bfloat16 and coef.item() == 1.0 and found.item() == 1.0
+    torch.testing.assert_close(norm, cpu[0], rtol=2**-7, atol=0)  # one bf16 ulp: another summation order
+    norm, coef, found = triton_norm.grad_norm([], torch.tensor(0.0), None, 2.0, 1.0, math.inf)
+    assert norm.dtype == torch.float32 and norm.item() == 0.0 and found.item() == 0.0
+    assert coef.item() == min(1.0, 1.0 / 1e-6)
+
+
+@on_interpreter
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_grad_norm_nonfinite(bad, norm_type):
+    """A NaN or inf gradient sets found_inf and propagates into the norm as in torch (inf -> coefficient 0, NaN ->
+    NaN), value clipping or not."""
+    from fused.optim import triton_norm
+
+    for clip_value in (math.inf, 0.5):
+        grads = mixed_grads()
+        grads[0][4321] = bad
+        norm, coef, found = triton_norm.grad_norm(grads, None, None, norm_type, 1.0, clip_value)
+        cpu_norm, cpu_coef, cpu_found = torch.ops.fused.grad_norm(grads, None, None, norm_type, 1.0, clip_value)
+        assert found.item() == cpu_found.item() == 1.0
+        if clip_value == 0.5 and bad == math.inf:  # clipped to 0.5: a finite norm, found_inf still set
+            assert math.isfinite(norm.item()) and coef.item() == pytest.approx(cpu_coef.item(), rel=1e-5)
+        else:
+            assert_same(norm, cpu_norm)
+            assert_same(coef, cpu_coef)
+
+
+def test_grad_norm_checks():
+    from fused.optim import triton_norm
+
+    with pytest.raises(RuntimeError, match="fused.grad_norm: norm_type must be > 0"):
+        triton_norm.grad_norm([torch.ones(3)], None, None, -1.0, 1.0, 1.0)
+    with pytest.raises(RuntimeError, match="fused.grad_norm: max_norm must be >= 0"):
+        triton_norm.grad_norm([torch.ones(3)], None, None, 2.0, -1.0, 1.0)
+
+
+# ---------------------------------------------------------------- scale_grads_, accumulate_grads_
+
+
+@on_interpreter
+def test_scale_grads_same_bits_as_cpu():
+    from fused.optim import triton_norm
+
+    grads = mixed_grads()
+    grads[1][3, 2] = math.nan
+    ours, cpu = [g.clone() for g in grads], [g.clone() for g in grads]
+    coef = torch.tensor(0.3, dtype=torch.float64)
+    triton_norm.scale_grads_(ours, coef)
+    torch.ops.fused.scale_grads_(cpu, coef)
+    all_same_bits(ours, cpu)
+    assert not torch.equal(ours[0], grads[0])
+
+
+@on_interpreter
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_accumulate_grads_same_bits_as_cpu(overwrite):
+    """16-bit and float32 gradients into float32 sums, float64 into float64, one launch per dtype pair."""
+    from fused.optim import triton_accumulate
+
+    grads = mixed_grads(seed=3)
+    accs = [randn(g.shape, torch.float64 if g.dtype == torch.float64 else torch.float32, 20 + k) for k, g in
+            enumerate(grads)]  # fmt: skip
+    ours, cpu = [a.clone() for a in accs], [a.clone() for a in accs]
+    triton_accumulate.accumulate_grads_(ours, grads, overwrite)
+    torch.ops.fused.accumulate_grads_(cpu, grads, overwrite)
+    all_same_bits(ours, cpu)
+
+
+# ---------------------------------------------------------------- sgd_step_
+
+SGD_MODES = ["float32", "bfloat16", "stochastic", "master", "float16", "float64"]
+
+
+def sgd_lists(mode):
+    """(params, model_params, buffer dtype) of a mode: bf16 params with float32 buffers, master weights (float32
+    params and buffers, bf16 model params), or params and buffers in one dtype."""
+    low = {"bfloat16": torch.bfloat16, "stochastic": torch.bfloat16, "master": torch.bfloat16}
+    pdtype = {**low, "float16": torch.float16, "float64": torch.float64}.get(mode, torch.float32)
+    model = [randn(s, pdtype, k) for k, s in enumerate(SHAPES)] if mode == "master" else []
+    params = [m.float() for m in model] or [randn(s, pdtype, k) for k, s in enumerate(SHAPES)]
+    buf = torch.float32 if pdtype == torch.bfloat16 else params[0].dtype
+    for t in params + model:  # a zero param where step 0 has a zero gradient: the sign of d's zero is kept
+        t.view(-1)[:1] = 0.0
+    return params, model, buf
+
+
+def run_sgd(step, mode, momentum, nesterov, hyper=None):
+    """Three sgd_step_ calls (loss scale 64, value clip 30, norm coefficient 0.5, write_grads): step 0 with
+    maximize, no weight decay and a zero gradient at a zero param (the sign of its zero kept), step 1 with a NaN
+    gradient, step 2 skipped on found_inf. Returns every tensor the calls wrote, per call."""
+    params, model, buf = sgd_lists(mode)
+    bufs = [torch.zeros(p.shape, dtype=buf) for p in params]
+    steps = [torch.zeros(()) for _ in params]
+    seed = torch.tensor(-42) if mode == "stochastic" else None
+    gdtype = (model or params)[0].dtype
+    out = []
+    for n in range(3):
+        grads = [randn(p.shape, gdtype, 100 * n + k, scale=100.0) for k, p in enumerate(params)]
+        grads[1].view(-1)[0] = 0.0
+        if n == 1:
+            grads[0][4097] = math.nan
+        step(
+            params, grads, bufs if momentum else [], steps if momentum else [], 0.1, momentum,
+            0.0 if nesterov else 0.25, 0.01 if n else 0.0, nesterov, n == 0, torch.tensor(0.5, dtype=torch.float64),
+            torch.tensor(64.0), torch.tensor(float(n == 2)), 30.0, model, seed, hyper, True,
+        )  # fmt: skip
+        out.append([t.clone() for t in params + grads + model + (bufs + steps if momentum else [])])
+    return out
+
+
+@on_interpreter
+@pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
+@pytest.mark.parametrize("mode", SGD_MODES)
+def test_sgd_step_same_bits_as_cpu(mode, momentum, nesterov):
+    """The CPU op's bits for params, momentum buffers, the gradients written back, the model params and the step
+    counters, through a NaN gradient and a skipped step (nothing written, steps not counted)."""
+    from fused.optim import triton_sgd
+
+    ours, cpu = run_sgd(triton_sgd.sgd_step_, mode, momentum, nesterov), run_sgd(torch.ops.fused.sgd_step_, mode,
+                                                                                 momentum, nesterov)  # fmt: skip
+    for a, b in zip(ours, cpu):
+        all_same_bits(a, b)
+    # the skipped step left everything as the step before, but its fresh gradients (not written back)
+    n = len(SHAPES)
+    all_same_bits(ours[2][:n], ours[1][:n])
+    all_same_bits(ours[2][2 * n :], ours[1][2 * n :])
+    assert ours[1][0].isnan().any() and not ours[0][0].isnan().any()
+
+
+@on_interpreter
+def test_sgd_step_per_tensor_hyperparameters():
+    """hyper rows (several param groups in one call): each tensor its own lr, momentum, dampening, weight decay."""
+    from fused.optim import triton_sgd
+
+    hyper = torch.tensor([[0.1, 0.9, 0.0, 0.0], [0.01, 0.5, 0.1, 0.1], [1.0, 0.99, 0.5, 0.0], [0.1, 0.9, 0.0, 0.0]],
+                         dtype=torch.float64)  # fmt: skip
+    ours = run_sgd(triton_sgd.sgd_step_, "float32", 0.9, False, hyper)
+    cpu = run_sgd(torch.ops.fused.sgd_step_, "float32", 0.9, False, hyper)
+    for a, b in zip(ours, cpu):
+        all_same_bits(a, b)
+
+
+# ---------------------------------------------------------------- adam_step_: one launch per dtype group
+
+
+def counting(monkeypatch, module, name):
+    """Counts the launches of module.<name> (a Triton kernel) through its launcher."""
+    kernel, launches = getattr(module, name), []
+
+    class Counted:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return kernel[grid]
+
+    monkeypatch.setattr(module, name, Counted())
+    return launches
+
+
+@on_interpreter
+def test_adam_step_one_launch_per_dtype_group(monkeypatch):
+    """Float32 and bfloat16 params (bf16 with float32 state), per-tensor hyperparameters, an empty tensor: two
+    launches, the CPU op's bits."""
+    from fused.optim import triton_kernels
+
+    launches = counting(monkeypatch, triton_kernels, "_adam_kernel")
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
+    hyper = torch.tensor([[1e-2, 0.9, 0.99, 1e-8, 0.1], [1e-3, 0.8, 0.999, 1e-6, 0.0]] * 2, dtype=torch.float64)
+
+    def run(step):
+        params = [randn(s, dt, k) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))]
+        state = [[torch.zeros(p.shape) for p in params] for _ in range(2)]
+        steps = [torch.full((), 3.0) for _ in params]
+        grads = [randn(p.shape, p.dtype, 50 + k) for k, p in enumerate(params)]
+        step(
+            params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False,
+            torch.tensor(0.5, dtype=torch.float64), None, torch.tensor(0.0), math.inf, [], None, hyper, True,
+        )  # fmt: skip
+        return params + grads + state[0] + state[1] + steps
+
+    ours = run(triton_kernels.adam_step_)
+    assert len(launches) == 2
+    all_same_bits(ours, run(torch.ops.fused.adam_step_))
+
+
+def test_every_optimizer_op_has_a_triton_kernel():
+    """fused.info's table (from the GPU router's registrations) lists a Triton kernel for each op of the family,
+    and each registered launcher is the function of that op's name."""
+    from fused._backend import GPU_KERNELS, triton_launcher
+    from fused.info import kernels
+
+    for op in ("grad_norm", "scale_grads_", "sgd_step_", "adam_step_", "accumulate_grads_"):
+        assert kernels(op)[2] == "Triton", op
+        assert triton_launcher(GPU_KERNELS[op]["triton"]).__name__ == op
+
+
+def test_lists_table_cached_and_grouped():
+    """The launch tables: tensors grouped by their dtypes in order of appearance, empty ones left out, each tile of
+    a tensor one program, and the same lists a second time the same (cached) table."""
+    from fused.optim import triton_lists
+
+    a, b, c, e = torch.zeros(5000), torch.zeros(10, dtype=torch.float16), torch.zeros(3), torch.zeros(0)
+    grps = triton_lists.groups([[a, b, e, c]], 2048)
+    assert [(g.dtypes, g.indices, g.programs) for g in grps] == [
+        ((torch.float32,), [0, 3], 4),
+        ((torch.float16,), [1], 1),
+    ]
+    table = grps[0].table
+    assert table[0].tolist() == [a.data_ptr(), c.data_ptr()] and table[1:].tolist() == [[5000, 3], [0, 3], [0, 3]]
+    assert grps[0].tensor_of.tolist() == [0, 0, 0, 1]
+    assert triton_lists.groups([[a, b, e, c]], 2048)[0].table is table
+
+
+# ---------------------------------------------------------------- sm_90 compile
+
+
+def test_optim_launchers_compile_for_sm90():
+    """Every optimizer launcher builds for sm_90 (tests/triton_sm90.py, compile only): correctly rounded division
+    and square roots only, and in sgd_step_ no fma but its own tl.fma (fp contraction off, as adam_step_)."""
+    import re
+
+    stdout = compile_for_sm90(["optim"])
+    for kernel in (
+        "_norm_partial_kernel",
+        "_norm_finish_kernel",
+        "_scale_grads_kernel",
+        "_sgd_kernel",
+        "_accumulate_kernel",
+    ):
+        assert f"compiled {kernel}:" in stdout, stdout
+    sgd = re.search(
+        r"compiled _sgd_kernel: (\d+) variants, sqrt.approx (\d+), fma.rn.f32 (\d+).*fma.rn.f64 (\d+)", stdout
+    )
+    assert sgd and int(sgd[2]) == 0, stdout
+    assert (int(sgd[3]), int(sgd[4])) == SGD_SM90_FMAS, stdout
+
+
+# tests/triton_sm90.py's sgd_step_ launches, 16 elements a thread (2048 a program, 4 warps) times the kernel's
+# tl.fma: float32 without momentum (2: weight decay, update), with momentum (3), with nesterov (4), bf16 master
+# weights with momentum (3), bf16 rounded stochastically (2); float64 with momentum (3)
+SGD_SM90_FMAS = (16 * (2 + 3 + 4 + 3 + 2), 16 * 3)
+
+
+# ---------------------------------------------------------------- GPU: the optimizers on Triton against the CPU op
+# tests/test_optim_cuda.py's checks (clipping, value clipping, a skipped step, every dtype; clip_grad_norm_; master
+# weights with accumulated micro-batches) with every optimizer op on Triton.
+
+
+@requires_cuda
+@pytest.mark.parametrize(
+    "name,hyper",
+    [
+        ("AdamW", dict(lr=1e-2, weight_decay=0.1)),
+        ("Adam", dict(lr=1e-2, amsgrad=True, maximize=True)),
+        ("SGD", dict(lr=0.1, momentum=0.9, dampening=0.2, weight_decay=0.01)),
+        ("SGD", dict(lr=0.1, momentum=0.9, nesterov=True, maximize=True)),
+    ],
+)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_gpu_optimizers_on_triton_match_cpu(name, hyper, dtype):
+    with backend("triton"):
+        cuda_tests.test_cuda_matches_cpu(name, hyper, dtype)
+
+
+@requires_cuda
+@pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.0])
+def test_gpu_clip_grad_norm_on_triton(norm_type):
+    with backend("triton"):
+        cuda_tests.test_cuda_clip_grad_norm(norm_type)
+
+
+@requires_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gpu_master_weights_with_accumulation_on_triton(dtype):
+    with backend("triton"):
+        cuda_tests.test_cuda_master_weights_with_accumulation(dtype)
