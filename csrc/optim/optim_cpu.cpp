@@ -252,6 +252,17 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
                                    _mm512_set1_epi32(0x7FC00000));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
     }
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+    for (; e + 8 <= len; e += 8) {  // the scalar loop below, 8 lanes at a time
+      __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j + e));
+      const __m256 x = _mm256_castsi256_ps(bits);
+      const __m256i r = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
+      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+      bits = _mm256_srli_epi32(_mm256_blendv_epi8(_mm256_add_epi32(bits, r), _mm256_set1_epi32(0x7FC00000), nan), 16);
+      // the high halves (< 2^16, so the unsigned saturation keeps them) as 8 bf16
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j + e),
+                       _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+    }
 #endif
     for (; e < len; ++e) {
       uint32_t bits;
