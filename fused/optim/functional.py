@@ -20,8 +20,13 @@ def _dtensor_type():
     return DTensor
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
 def local(t):
     """The local shard of a DTensor, the tensor itself otherwise."""
+    if type(t) in _PLAIN:  # the common case, without the subclass check
+        return t
     dtensor = _dtensor_type()
     return t.to_local() if dtensor is not None and isinstance(t, dtensor) else t
 
