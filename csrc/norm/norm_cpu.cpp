@@ -90,18 +90,28 @@ std::pair<T, T> norm_row(const U* h, S* out, const T* w, const T* b, int64_t C, 
   }
   const T rstd = static_cast<T>(1.0 / std::sqrt(ms / C + eps));
   const V mv(mean), rv(rstd);
-  for_row([&](int64_t c, int64_t len) {
+  auto normed = [&](int64_t j, int64_t m) {    // elements j .. j + m of the output, in the math type
+    V v = (load_math<T>(h + j, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
+    if (w) v = v * V::loadu(w + j, m);
+    if (b) v = v + V::loadu(b + j, m);
+    return v;
+  };
+  int64_t done = 0;
+  if constexpr (!std::is_same_v<S, T>) {  // 16-bit output: two float vectors rounded into one, in registers
+    constexpr int64_t W = V::size();
+    for (; done + 2 * W <= C; done += 2 * W)
+      at::vec::convert_from_float<S>(normed(done, W), normed(done + W, W)).store(out + done);
+  }
+  for (int64_t c = done; c < C; c += kBlock) {
+    const int64_t len = std::min(kBlock, C - c);
     T local[kBlock];
     T* y = work_buffer(out + c, local);
     for (int64_t i = 0; i < len; i += V::size()) {
       const int64_t m = std::min<int64_t>(V::size(), len - i);
-      V v = (load_math<T>(h + c + i, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
-      if (w) v = v * V::loadu(w + c + i, m);
-      if (b) v = v + V::loadu(b + c + i, m);
-      v.store(y + i, m);
+      normed(c + i, m).store(y + i, m);
     }
     store_block(y, out + c, len);
-  });
+  }
   return {mean, rstd};
 }
 
