@@ -422,14 +422,11 @@ void adam_codes(const at::Tensor& m_codes, const at::Tensor& m_scales, const at:
     uint8_t* vq = v_codes.data_ptr<uint8_t>() + e;
     float* m_scale = m_scales.data_ptr<float>() + block;
     float* v_scale = v_scales.data_ptr<float>() + block;
-    const V ms(*m_scale / 16129.f), vs(*v_scale / 65025.f);
+    const V ms = code_step<int8_t>(*m_scale), vs = code_step<uint8_t>(*v_scale);
     alignas(64) float m_new[kQuantBlock], root_new[kQuantBlock];
     V m_max(0.f), root_max(0.f);
     for_vectors<float>(n, [&](int64_t i, int64_t cnt) {
-      V c = load_codes(mq + i, cnt);
-      V m = c * c.abs() * ms;
-      c = load_codes(vq + i, cnt);
-      V root = c * c * vs;
+      V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
       update(q + i, cnt, m, root);
       if (cnt < V::size()) {  // lanes past the block stay out of its max
         m = V::set(V(0.f), m, cnt);

@@ -119,16 +119,24 @@ template <typename code_t> inline FloatVec load_codes(const code_t* q, int64_t c
   return load_codes(tail);
 }
 
-// The coded values of one block (exp_avg, or sqrt(exp_avg_sq)): int8 c -> c |c| a / 127^2, uint8 c -> c^2 a / 255^2.
+// The coded values (exp_avg, or sqrt(exp_avg_sq)) of cnt codes of a block whose scale a gave step = code_step(a):
+// int8 c -> c |c| a / 127^2, uint8 c -> c^2 a / 255^2.
+template <typename code_t> inline FloatVec code_step(float scale) {
+  return FloatVec(scale / (std::is_signed_v<code_t> ? 16129.f : 65025.f));
+}
+template <typename code_t> inline FloatVec decode(const code_t* q, int64_t cnt, FloatVec step) {
+  const FloatVec c = load_codes(q, cnt);
+  return (std::is_signed_v<code_t> ? c * c.abs() : c * c) * step;
+}
+
+// The coded values of one block.
 template <typename code_t> inline void dequantize_block(const code_t* q, float scale, float* x, int64_t n) {
   using V = FloatVec;
-  constexpr bool kSigned = std::is_signed_v<code_t>;
   constexpr int64_t kLanes = V::size();
-  const V s(scale / (kSigned ? 16129.f : 65025.f));
+  const V s = code_step<code_t>(scale);
   for (int64_t i = 0; i < n; i += kLanes) {
     const int64_t cnt = std::min(kLanes, n - i);
-    const V c = load_codes(q + i, cnt);
-    const V value = (kSigned ? c * c.abs() : c * c) * s;
+    const V value = decode(q + i, cnt, s);
     if (cnt == kLanes) value.store(x + i);
     else value.store(x + i, cnt);
   }
