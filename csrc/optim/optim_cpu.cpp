@@ -409,34 +409,42 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
-// Runs update(i, cnt, m, root) over elements [offset, offset + len) of 8-bit moments (offset a multiple of 256):
-// m and root arrive decoded (exp_avg and sqrt(exp_avg_sq)) and leave updated; the new values wait in L1 one
-// quantization block at a time, until the block's scale (their max) is known, then are encoded.
-template <typename F>
+// The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), one quantization
+// block at a time: moments(i, cnt, m, root) takes m and root decoded (exp_avg and sqrt(exp_avg_sq)) and leaves them
+// updated; they wait in L1 until the block's scales (their max) are known, and step(i, cnt, m, root) moves the
+// parameter with them in a loop of its own (a short one, so that the division overlaps across many vectors) before
+// they are encoded.
+template <typename Moments, typename Step>
 void adam_codes(const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
-                const at::Tensor& v_scales, int64_t offset, int64_t len, const F& update) {
+                const at::Tensor& v_scales, int64_t offset, int64_t len, const Moments& moments, const Step& step) {
   using V = FloatVec;
+  int8_t* const m_code0 = m_codes.data_ptr<int8_t>();
+  uint8_t* const v_code0 = v_codes.data_ptr<uint8_t>();
+  float* const m_scale0 = m_scales.data_ptr<float>();
+  float* const v_scale0 = v_scales.data_ptr<float>();
   for (int64_t q = 0; q < len; q += kQuantBlock) {
     const int64_t n = std::min(kQuantBlock, len - q), e = offset + q, block = e / kQuantBlock;
-    int8_t* mq = m_codes.data_ptr<int8_t>() + e;
-    uint8_t* vq = v_codes.data_ptr<uint8_t>() + e;
-    float* m_scale = m_scales.data_ptr<float>() + block;
-    float* v_scale = v_scales.data_ptr<float>() + block;
+    int8_t* mq = m_code0 + e;
+    uint8_t* vq = v_code0 + e;
+    float* m_scale = m_scale0 + block;
+    float* v_scale = v_scale0 + block;
     const V ms = code_step<int8_t>(*m_scale), vs = code_step<uint8_t>(*v_scale);
     alignas(64) float m_new[kQuantBlock], root_new[kQuantBlock];
     V m_max(0.f), root_max(0.f);
     for_vectors<float>(n, [&](int64_t i, int64_t cnt) {
       V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
-      update(q + i, cnt, m, root);
+      moments(q + i, cnt, m, root);
       if (cnt < V::size()) {  // lanes past the block stay out of its max
         m = V::set(V(0.f), m, cnt);
         root = V::set(V(0.f), root, cnt);
       }
       m.store(m_new + i);
       root.store(root_new + i);
-      m_max = at::vec::maximum(m_max, m.abs());
-      root_max = at::vec::maximum(root_max, root);
+      m_max = max_magnitude(m_max, m);
+      root_max = max_magnitude(root_max, root);
     });
+    for_vectors<float>(n,
+                       [&](int64_t i, int64_t cnt) { step(q + i, cnt, V::loadu(m_new + i), V::loadu(root_new + i)); });
     encode_block(m_new, mq, *m_scale = block_scale(m_max), n);
     encode_block(root_new, vq, *v_scale = block_scale(root_max), n);
   }
@@ -522,13 +530,18 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    };
                    if constexpr (std::is_same_v<T, float>) {
                      if (codes) {
-                       adam_codes(exp_avgs[t], m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
-                                  [&](int64_t i, int64_t cnt, V& m, V& root) {
-                                    V p = ld(b[0] + i, cnt);
-                                    moments(grad_at(p, i, cnt), m, root);
-                                    root = root.sqrt();
-                                    st(stepped(p, m, root), b[0] + i, cnt);
-                                  });
+                       adam_codes(
+                           exp_avgs[t], m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
+                           [&](int64_t i, int64_t cnt, V& m, V& root) {
+                             V p = ld(b[0] + i, cnt);  // read for the L2 penalty; decayed by the step below
+                             moments(grad_at(p, i, cnt), m, root);
+                             root = root.sqrt();
+                           },
+                           [&](int64_t i, int64_t cnt, V m, V root) {
+                             V p = ld(b[0] + i, cnt);
+                             if (weight_decay != 0 && decoupled) p = p * decay;
+                             st(stepped(p, m, root), b[0] + i, cnt);
+                           });
                        return;
                      }
                    }

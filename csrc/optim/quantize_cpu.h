@@ -59,8 +59,33 @@ template <typename code_t> inline void store_codes(FloatVec r, code_t* q) {
 #endif
 }
 
-// The scale of a block of coded values: the max of their magnitudes (|x|, or x for the non-negative roots), NaN
-// if any is NaN, from a vector of running maxima (at::vec::maximum keeps NaN).
+// 4 * FloatVec::size() codes from four vectors of integral floats: one 32-byte store on AVX2 (the packs work per
+// 128-bit lane, so a last permute puts the four vectors' codes back in order).
+template <typename code_t> inline void store_codes4(const FloatVec* r, code_t* q) {
+#if defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__) && !defined(CPU_CAPABILITY_AVX512)
+  const __m256i ab = _mm256_packs_epi32(_mm256_cvtps_epi32(r[0]), _mm256_cvtps_epi32(r[1]));
+  const __m256i cd = _mm256_packs_epi32(_mm256_cvtps_epi32(r[2]), _mm256_cvtps_epi32(r[3]));
+  const __m256i bytes = std::is_signed_v<code_t> ? _mm256_packs_epi16(ab, cd) : _mm256_packus_epi16(ab, cd);
+  const __m256i ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), ordered);
+#else
+  for (int k = 0; k < 4; ++k) store_codes(r[k], q + k * FloatVec::size());
+#endif
+}
+// Running maxima of magnitudes, NaN kept: max(acc, |x|) lane by lane, acc starting at 0. With the sign cleared,
+// a float's bits order as integers as the values do, and any NaN's bits are above inf's: one integer max.
+inline FloatVec max_magnitude(FloatVec acc, FloatVec x) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  return _mm512_castsi512_ps(_mm512_max_epi32(_mm512_castps_si512(acc), _mm512_castps_si512(x.abs())));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  return _mm256_castsi256_ps(_mm256_max_epi32(_mm256_castps_si256(acc), _mm256_castps_si256(x.abs())));
+#else
+  return at::vec::maximum(acc, x.abs());
+#endif
+}
+
+// The scale of a block of coded values: the max of their magnitudes, NaN if any is NaN, from a vector of running
+// maxima (max_magnitude).
 inline float block_scale(FloatVec running_max) {
   float lanes[FloatVec::size()];
   running_max.store(lanes);
@@ -84,12 +109,20 @@ template <typename code_t> inline void encode_block(const float* x, code_t* q, f
   const float inv = 1.f / a;
   const bool by_inverse = inv <= std::numeric_limits<float>::max();
   const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f), sign_bit(-0.f);
-  for (int64_t i = 0; i < n; i += kLanes) {
-    const int64_t cnt = std::min(kLanes, n - i);
-    const V v = cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt);
+  auto code_of = [&](const V v) {
     const V mag = kSigned ? v.abs() : v;
-    V code = ((by_inverse ? mag * vinv : mag / va).sqrt() * levels).round();
-    if constexpr (kSigned) code = code | (v & sign_bit);  // -0 codes as 0
+    const V code = ((by_inverse ? mag * vinv : mag / va).sqrt() * levels).round();
+    return kSigned ? code | (v & sign_bit) : code;  // -0 codes as 0
+  };
+  int64_t i = 0;
+  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+    const V codes[4] = {code_of(V::loadu(x + i)), code_of(V::loadu(x + i + kLanes)),
+                        code_of(V::loadu(x + i + 2 * kLanes)), code_of(V::loadu(x + i + 3 * kLanes))};
+    store_codes4(codes, q + i);
+  }
+  for (; i < n; i += kLanes) {
+    const int64_t cnt = std::min(kLanes, n - i);
+    const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt));
     if (cnt == kLanes) store_codes(code, q + i);
     else {
       code_t tail[kLanes];
@@ -105,7 +138,7 @@ template <typename code_t> inline void quantize_block(const float* x, code_t* q,
   V vmax(0.f);
   for (int64_t i = 0; i < n; i += V::size()) {
     const V v = i + V::size() <= n ? V::loadu(x + i) : V::loadu(x + i, n - i);
-    vmax = at::vec::maximum(vmax, std::is_signed_v<code_t> ? v.abs() : v);
+    vmax = max_magnitude(vmax, v);
   }
   *scale = block_scale(vmax);
   encode_block(x, q, *scale, n);
