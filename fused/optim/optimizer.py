@@ -135,7 +135,8 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return None
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
-        sources = [self._grad_acc[p] if p in self._acc_live else p.grad for p in all_params]
+        acc_live = self._acc_live
+        sources = [self._grad_acc[p] if acc_live and p in acc_live else p.grad for p in all_params]
         # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
         # the fp32 sums of accumulate_grads() are internal and are not written.
         write_grads = not self._acc_live
@@ -149,8 +150,9 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if grad_scale is not None:
             grad_scale = grad_scale.to(device=device, dtype=torch.float32)
         if self._needs_norm(grad_scale, found_inf):
+            kernel_grads = [grads[id(p)] for p in all_params]
             self.last_grad_norm, coef, found_inf = global_norm(
-                sources, found_inf, grad_scale, 2.0, self.max_grad_norm, self.clip_value, [grads[p] for p in all_params]
+                sources, found_inf, grad_scale, 2.0, self.max_grad_norm, self.clip_value, kernel_grads
             )
         else:  # nothing reads the norm or the finite check: the update is the only pass
             self.last_grad_norm = None
@@ -175,7 +177,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         )
 
     def _has_grad(self, p):
-        return p.grad is not None or p in self._acc_live
+        return p.grad is not None or bool(self._acc_live) and p in self._acc_live
 
     @torch.no_grad()
     def accumulate_grads(self):
@@ -218,11 +220,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
             group = entries[0][0]
             params = [p for _, ps in entries for p in ps]
             for p in params:
-                self._ensure_master(p)
+                if self._uses_master(p):
+                    self._ensure_master(p)
                 self._init_state(group, p)
             self._step_op(
                 [self._target(p) for p in params],
-                [grads[p] for p in params],
+                [grads[id(p)] for p in params],
                 *self._state_lists(group, params),
                 *self._row(group),
                 *self._op_flags(group),
@@ -250,7 +253,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _grad_of(self, p, from_buffer=True):
         """The local gradient the kernels read (the fp32 sums after accumulate_grads): .grad itself when it is laid
         out like the parameter (the kernels walk both as flat memory), else a copy in the parameter's layout."""
-        if from_buffer and p in self._acc_live:
+        if from_buffer and self._acc_live and p in self._acc_live:
             return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
         if g.stride() != lp.stride():
@@ -258,13 +261,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return g
 
     def _kernel_grads(self, params):
-        """{param: the gradient the kernels read}, and the (.grad, copy) pairs where that is a copy: the step's
-        write-back goes into the copy, and from there into .grad."""
+        """{id(param): the gradient the kernels read} (ids: a tensor's own hash is a Python call), and the (.grad,
+        copy) pairs where that is a copy: the step's write-back goes into the copy, and from there into .grad."""
         grads, copies = {}, []
         for p in params:
-            grads[p] = self._grad_of(p)
-            if p not in self._acc_live and grads[p].data_ptr() != local(p.grad).data_ptr():
-                copies.append((local(p.grad), grads[p]))
+            g = grads[id(p)] = self._grad_of(p)
+            if not (self._acc_live and p in self._acc_live):
+                grad = local(p.grad)
+                if g.data_ptr() != grad.data_ptr():
+                    copies.append((grad, g))
         return grads, copies
 
     def _new_step(self, p):
@@ -542,10 +547,11 @@ class Adam(_FusedOptimizer):
     def _state_lists(self, group, params):
         """(exp_avgs, exp_avg_sqs, max_exp_avg_sqs, steps); max_exp_avg_sqs empty without amsgrad."""
         keys = MOMENTS if group["amsgrad"] else MOMENTS[:2]
-        lists = [[local(self.state[p][k]) for p in params] for k in keys]
+        states = [self.state[p] for p in params]
+        lists = [[local(state[k]) for state in states] for k in keys]
         if not group["amsgrad"]:
             lists.append([])
-        return (*lists, [self.state[p]["step"] for p in params])
+        return (*lists, [state["step"] for state in states])
 
     def _state_options(self, params):
         """The scales of 8-bit moments (an empty stand-in for other tensors) and the seed of bf16 ones."""
