@@ -206,6 +206,8 @@ template <typename T> struct GradTransform {
   bool maximize;
   inline Vec<T> clipped(Vec<T> g) const { return in(g) * Vec<T>(coef); }
   inline Vec<T> signed_(Vec<T> g) const { return maximize ? Vec<T>(0) - g : g; }
+  // clipped() and signed_() return g unchanged (their factors are exactly 1)
+  bool identity() const { return in.inv_scale == T(1) && !in.clip && coef == T(1) && !maximize; }
   static GradTransform of(const UpdateScalars& s, bool maximize) {
     return {{T(s.inv), T(s.clip_value), !std::isinf(s.clip_value)}, T(s.coef), maximize};
   }
@@ -544,6 +546,23 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                            });
                        return;
                      }
+                   }
+                   if (tr.identity() && !s->write_back && !amsgrad && !v_root) {
+                     // the common step (no loss scale, clipping, maximize or amsgrad): a loop without their
+                     // branches, the same arithmetic
+                     for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
+                       V p = ld(b[0] + i, cnt), g = ld(b[1] + i, cnt);
+                       V m = ld(b[2] + i, cnt), v = ld(b[3] + i, cnt);
+                       if (weight_decay != 0) {
+                         if (decoupled) p = p * decay;
+                         else g = at::vec::fmadd(p, vwd, g);
+                       }
+                       moments(g, m, v);
+                       st(m, b[2] + i, cnt);
+                       st(v, b[3] + i, cnt);
+                       st(stepped(p, m, v.sqrt()), b[0] + i, cnt);
+                     });
+                     return;
                    }
                    for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
                      V p = ld(b[0] + i, cnt);
