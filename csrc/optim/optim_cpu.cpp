@@ -510,17 +510,24 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    const V b1c = V(T(1 - beta1)), b2 = V(T(beta2)), b2c = V(T(1 - beta2)), veps = V(T(eps));
                    const V vwd = V(T(weight_decay)), decay = V(T(1 - lr * weight_decay));
                    const V neg_step = V(T(-step_size[t])), inv_bc2 = V(T(1 / bc2_sqrt[t]));
-                   // the gradient element i.. as the moments take it (written back clipped), p decayed in place
-                   auto grad_at = [&](V& p, int64_t i, int64_t cnt) {
-                     V g = tr.clipped(ld(b[1] + i, cnt));
-                     if (s->write_back) st(g, b[1] + i, cnt);
-                     g = tr.signed_(g);
+                   // weight decay: p decayed in place (AdamW) or the L2 penalty added to the gradient g
+                   auto decay_into = [&](V& p, V g) {
                      if (weight_decay != 0) {
                        if (decoupled) p = p * decay;
                        else g = at::vec::fmadd(p, vwd, g);
                      }
                      return g;
                    };
+                   // the gradient element i.. as the moments take it (written back clipped), p decayed in place
+                   auto grad_at = [&](V& p, int64_t i, int64_t cnt) {
+                     V g = tr.clipped(ld(b[1] + i, cnt));
+                     if (s->write_back) st(g, b[1] + i, cnt);
+                     return decay_into(p, tr.signed_(g));
+                   };
+                   // the same for the common step (no loss scale, clipping, maximize or write-back): the gradient
+                   // as it is, without those branches (their factors are exactly 1)
+                   const bool plain = tr.identity() && !s->write_back && !amsgrad && !v_root;
+                   auto plain_grad_at = [&](V& p, int64_t i, int64_t cnt) { return decay_into(p, ld(b[1] + i, cnt)); };
                    auto moments = [&](V g, V& m, V& v) {  // v: the root of v for 8-bit codes
                      m = at::vec::fmadd(g - m, b1c, m);
                      if (v_root) v = v * v;
@@ -547,17 +554,11 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                        return;
                      }
                    }
-                   if (tr.identity() && !s->write_back && !amsgrad && !v_root) {
-                     // the common step (no loss scale, clipping, maximize or amsgrad): a loop without their
-                     // branches, the same arithmetic
+                   if (plain) {  // the common step, without amsgrad either: a loop of its own
                      for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-                       V p = ld(b[0] + i, cnt), g = ld(b[1] + i, cnt);
+                       V p = ld(b[0] + i, cnt);
                        V m = ld(b[2] + i, cnt), v = ld(b[3] + i, cnt);
-                       if (weight_decay != 0) {
-                         if (decoupled) p = p * decay;
-                         else g = at::vec::fmadd(p, vwd, g);
-                       }
-                       moments(g, m, v);
+                       moments(plain_grad_at(p, i, cnt), m, v);
                        st(m, b[2] + i, cnt);
                        st(v, b[3] + i, cnt);
                        st(stepped(p, m, v.sqrt()), b[0] + i, cnt);
