@@ -187,6 +187,29 @@ def test_distillation_accuracy(dtype, divergence, reduction):
         assert (ours(x, w, b)[tgt == -100] == 0).all()
 
 
+@pytest.mark.parametrize("upcast", [False, True])
+def test_distillation_16bit_gemm_paths(monkeypatch, upcast):
+    """Both ways the CPU runs 16-bit chunks (chunked.gemm_dtype), whichever this machine takes: bf16 GEMMs (the
+    weight gradient added into float32 a slice of classes at a time, the bias gradient a few rows at a time), or
+    float32 GEMMs on weights upcast a slice of classes at a time through one buffer that the teacher, 40 wide, shares
+    with the student, 16 wide."""
+    monkeypatch.setattr(chunked, "gemm_dtype", lambda t: torch.float32 if upcast else t.dtype)
+    monkeypatch.setattr(chunked, "SUM_ELEMENTS", 2 * V)  # two rows at a time
+    x, w, b = head((2, 9), 16, torch.bfloat16)
+    xt, wt, bt = (t.detach() for t in head((2, 9), 40, torch.bfloat16, seed=10))
+    tgt = targets((2, 9))
+    kw = dict(divergence="jsd", beta=0.3, temperature=2.0, reduction="none")
+
+    def ours(x, w, b):
+        return fused.linear_distillation_loss(x, w, xt, wt, tgt, student_bias=b, teacher_bias=bt, **kw)
+
+    def eager(x, w, b):
+        xt_, wt_, bt_ = (t.to(x.dtype) for t in (xt, wt, bt))
+        return ref.linear_distillation_loss(x, w, xt_, wt_, tgt, b, bt_, **kw)
+
+    check_accuracy(ours, eager, [x, w, b], [h.make((2, 9), seed=7, low=-2, high=2)])
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_jsd_beta(beta):
     x, w, b = head((12,), 8)
