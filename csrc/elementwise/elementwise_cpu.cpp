@@ -294,17 +294,24 @@ template <typename T> void chain_fwd(T* out, const T* in, int64_t len, const Cha
   if (i < len) chain_fwd_tail(out + i, in + i, len - i, chain);
 }
 
-// One op of the backward over U vectors: g *= op'(v), then v = op(v) (the chain recomputed alongside).
-template <int U, typename T> inline void chain_grad_op(Vec<T>* g, Vec<T>* v, UnaryOp op, double s) {
+// One op of the backward over U vectors: g *= op'(v), then v = op(v) (the chain recomputed alongside) unless the
+// op is the chain's last, whose output the backward never reads.
+template <int U, typename T> inline void chain_grad_op(Vec<T>* g, Vec<T>* v, UnaryOp op, double s, bool last) {
   visit_unary(op, [&](auto tag) {
     constexpr UnaryOp O = decltype(tag)::value;
     const Vec<T> sv(static_cast<T>(s));
     const bool zero = O == UnaryOp::pow && s == 0.0;  // pow(x, 0)' = 0 everywhere (0 * inf at x = 0 is NaN)
     for (int u = 0; u < U; ++u) {
       g[u] = zero ? Vec<T>(T(0)) : g[u] * unary_grad<O>(v[u], sv);
-      v[u] = unary_fwd<O>(v[u], sv);
+      if (!last) v[u] = unary_fwd<O>(v[u], sv);
     }
   });
+}
+
+// The backward of the chain over U vectors.
+template <int U, typename T> inline void chain_grad_ops(Vec<T>* g, Vec<T>* v, const Chain& chain) {
+  for (size_t k = 0; k < chain.size(); ++k)
+    chain_grad_op<U>(g, v, chain[k].first, chain[k].second, k + 1 == chain.size());
 }
 
 // out = grad * chain'(x); out may be grad.
@@ -318,13 +325,13 @@ template <typename T> void chain_grad(T* out, const T* grad, const T* x, int64_t
       v[u] = V::loadu(x + i + u * V::size());
       g[u] = V::loadu(grad + i + u * V::size());
     }
-    for (auto [op, s] : chain) chain_grad_op<kChainGroup>(g, v, op, s);
+    chain_grad_ops<kChainGroup>(g, v, chain);
     for (int u = 0; u < kChainGroup; ++u) g[u].store(out + i + u * V::size());
   }
   for (; i < len; i += V::size()) {  // tail: partial vectors
     const int64_t m = std::min<int64_t>(V::size(), len - i);
     V v = V::loadu(x + i, m), g = V::loadu(grad + i, m);
-    for (auto [op, s] : chain) chain_grad_op<1>(&g, &v, op, s);
+    chain_grad_ops<1>(&g, &v, chain);
     g.store(out + i, m);
   }
 }
