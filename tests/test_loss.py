@@ -476,6 +476,19 @@ def test_16bit_gemm_paths(monkeypatch, dtype, upcast):
         assert_accuracy(ours.float(), e.float(), r)
 
 
+def test_memory_upcast_small_weight(monkeypatch):
+    """The float32-GEMM path's upcast buffer is sized by the weight when the weight is smaller than a slice's budget
+    (CHUNK_BYTES, 64 MiB): a small 16-bit head peaks at kilobytes, not at the budget."""
+    from benchmarks.timing import peak_memory_mb
+
+    monkeypatch.setattr(chunked, "gemm_dtype", lambda t: torch.float32)
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 64 * 2**20)  # the library's budget (the suite's chunks are small)
+    x, w, b = lce_inputs((64,), 32, 100, torch.bfloat16)
+    t = targets((64,), 100)
+    ours = peak_memory_mb(lambda: torch.autograd.grad(lce(x, w, b, t), (x, w, b)), "cpu")
+    assert ours < 0.5, ours  # the weight, its float32 copy and gradient, 64 x 100 float32 logits: about 0.1 MB
+
+
 def test_memory_16bit_weight_gradient(monkeypatch):
     """bf16: the weight gradient accumulates in fp32 (2 weight sizes) and a chunk may take one weight size (fewer
     fp32 additions): the gradients, the accumulator and one chunk, never the N x V logits."""

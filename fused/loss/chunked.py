@@ -168,7 +168,8 @@ def linear_chunks(input, linear_weight, linear_bias, row_kernel, n_outputs, grad
     # fp32. Both buffers are made once: fresh ones per slice would fault their pages in on the CPU.
     upcast = gemm != linear_weight.dtype or (teacher is not None and gemm_dtype(teacher[0]) != teacher[1].dtype)
     widest = max(D, 0 if teacher is None else teacher[1].shape[1])
-    scratch = input.new_empty(max(CHUNK_BYTES // 4, widest), dtype=torch.float32) if upcast else None
+    scratch_elements = min(max(CHUNK_BYTES // 4, widest), V * widest)  # a slice's budget, or the whole weight
+    scratch = input.new_empty(scratch_elements, dtype=torch.float32) if upcast else None
     slice_classes = max(1, CHUNK_BYTES // max(1, D * 4))
     part = input.new_empty(min(V, slice_classes), D, dtype=gemm) if grad_weight and gemm != acc else None
     for r0 in range(0, N, rows):
