@@ -548,7 +548,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                            },
                            [&](int64_t i, int64_t cnt, V m, V root) {
                              V p = ld(b[0] + i, cnt);
-                             if (weight_decay != 0 && decoupled) p = p * decay;
+                             decay_into(p, m);  // AdamW's decay of p (the L2 penalty went into the moments)
                              st(stepped(p, m, root), b[0] + i, cnt);
                            });
                        return;

@@ -135,8 +135,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
             return None
         all_params = [p for _, ps in groups for p in ps]
         check_one_device(f"optim.{name}", [local(p) for p in all_params])
-        acc_live = self._acc_live
-        sources = [self._grad_acc[p] if acc_live and p in acc_live else p.grad for p in all_params]
+        sources = [self._grad_acc[p] if self._accumulated(p) else p.grad for p in all_params]
         # .grad receives the gradient the update used (unscaled and clipped), as torch's fused optimizers leave it;
         # the fp32 sums of accumulate_grads() are internal and are not written.
         write_grads = not self._acc_live
@@ -176,8 +175,13 @@ class _FusedOptimizer(torch.optim.Optimizer):
             or self.clip_value is not None
         )
 
+    def _accumulated(self, p):
+        """Whether p's fp32 buffer holds sums since the last step (the empty set is checked first: a tensor's hash
+        is a Python call, paid per parameter per step otherwise)."""
+        return bool(self._acc_live) and p in self._acc_live
+
     def _has_grad(self, p):
-        return p.grad is not None or bool(self._acc_live) and p in self._acc_live
+        return p.grad is not None or self._accumulated(p)
 
     @torch.no_grad()
     def accumulate_grads(self):
@@ -253,7 +257,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
     def _grad_of(self, p, from_buffer=True):
         """The local gradient the kernels read (the fp32 sums after accumulate_grads): .grad itself when it is laid
         out like the parameter (the kernels walk both as flat memory), else a copy in the parameter's layout."""
-        if from_buffer and self._acc_live and p in self._acc_live:
+        if from_buffer and self._accumulated(p):
             return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
         if g.stride() != lp.stride():
@@ -266,7 +270,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         grads, copies = {}, []
         for p in params:
             g = grads[id(p)] = self._grad_of(p)
-            if not (self._acc_live and p in self._acc_live):
+            if not self._accumulated(p):
                 grad = local(p.grad)
                 if g.data_ptr() != grad.data_ptr():
                     copies.append((grad, g))
