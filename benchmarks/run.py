@@ -197,7 +197,7 @@ def main(argv=None):
         default="",
         help="comma-separated families (elementwise, linear, distance, geometry, loss, norm, optim, rope)",
     )
-    p.add_argument("--match", default="", help="only the cases whose name contains this text")
+    p.add_argument("--match", default="", help="only the cases whose name contains this text (or one of a|b|c's parts)")
     p.add_argument("--quick", action="store_true", help="small shapes, short timing: a smoke run")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (the targets are stated for 2)")
     p.add_argument("--full", action="store_true", help="every case (default: a representative case per op and dtype)")
@@ -233,7 +233,9 @@ def main(argv=None):
             except Exception as e:  # one family that cannot set up (a missing API, OOM) leaves the others
                 print(f"{m.__name__}: no cases ({type(e).__name__}: {e})"[:300])
                 continue
-            cases = [c for c in (found if args.full or args.quick else default_cases(found)) if args.match in c["name"]]
+            wanted = args.match.split("|")
+            chosen = found if args.full or args.quick else default_cases(found)
+            cases = [c for c in chosen if any(part in c["name"] for part in wanted)]
             del found
             for case in cases:
                 if args.budget_s and time.monotonic() - started > args.budget_s:
