@@ -14,12 +14,16 @@ import torch
 BACKENDS = ("auto", "cuda", "triton")
 
 # op -> "cuda" or "triton": the faster one where a GPU benchmark measured both (benchmarks/results/nvidia-h200.md,
-# by the median time of an eager call, launches included): CUDA C++ for the elementwise and norm kernels; Triton
-# for the cross-entropy rows (linear_cross_entropy 4096x1024x131072 bf16 forward+backward 9.0 vs 10.2 ms). Ops not
+# by the median time of an eager call, launches included): CUDA C++ for the elementwise and norm kernels and the
+# linear epilogues (linear_act 4096^3 bf16: 0.239 vs 0.244 ms gelu, 0.232 vs 0.260 relu; FusedMLP 0.318 vs 0.349);
+# Triton for the cross-entropy rows (linear_cross_entropy 4096x1024x131072 bf16 forward+backward 9.0 vs 10.2 ms)
+# and the log-prob rows (linear_log_probs+entropy 4096x1024x131072 fp32 forward+backward 97.0 vs 99.5 ms). Ops not
 # listed take CUDA C++ when it was compiled.
 AUTO_PREFERENCE: dict = {
     **{op: "cuda" for op in ("bias_act", "glu", "unary_chain", "norm_fwd", "norm_backward")},
+    **{op: "cuda" for op in ("linear_act_fwd", "linear_act_grad_pre")},
     "cross_entropy_rows": "triton",
+    "log_prob_rows": "triton",
 }
 
 # op -> {"cuda": internal op name or None, "triton": "module:launcher" or None}; fused.info lists it.
@@ -64,10 +68,17 @@ def cuda_kernel_compiled(internal_op: str) -> bool:
 
 def choose(op: str) -> str:
     """ "cuda" or "triton": the implementation that runs `op` on a CUDA tensor now."""
+    return _choice(op, get_backend())
+
+
+# Cached: every GPU call of every op asks (15 us uncached on a 2-core Zen 3 host, most of it the dispatcher's
+# kernel lookup); what it depends on besides the backend is fixed once fused._C and the families are imported,
+# and register_gpu clears it.
+@functools.lru_cache(None)
+def _choice(op: str, backend: str) -> str:
     kernels = GPU_KERNELS.get(op, {})
     has_cuda = kernels.get("cuda") is not None and cuda_kernel_compiled(kernels["cuda"])
     has_triton = kernels.get("triton") is not None and triton_available()
-    backend = get_backend()
     if backend == "auto":
         preferred = AUTO_PREFERENCE.get(op)
         if preferred == "triton" and has_triton or preferred == "cuda" and has_cuda:
@@ -83,6 +94,7 @@ def choose(op: str) -> str:
     return backend
 
 
+@functools.lru_cache(None)
 def triton_launcher(path: str):
     """The launcher "package.module:function", imported on first use so that `import fused` needs no triton."""
     module, name = path.split(":")
@@ -109,4 +121,5 @@ def register_gpu(op: str, cuda_op: str = None, triton: str = None, cuda_call=Non
     """Registers fused::<op>'s CUDA-device kernel: gpu_router(...) over the CUDA C++ twin fused::<cuda_op> and the
     Triton launcher `triton` (either may be None), and lists both in GPU_KERNELS for choose() and fused.info."""
     GPU_KERNELS[op] = {"cuda": cuda_op, "triton": triton}
+    _choice.cache_clear()
     torch.library.register_kernel(f"fused::{op}", "cuda", gpu_router(op, cuda_op, triton, cuda_call, triton_when))

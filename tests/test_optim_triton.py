@@ -1,9 +1,9 @@
-"""The Triton kernels of the optimizer family's ops (fused/optim/triton_*.py): each launcher under the interpreter
-on CPU tensors against the CPU op, bit for bit where the CPU kernel's math is elementwise (sgd_step_,
-scale_grads_, accumulate_grads_, adam_step_'s launches per dtype group), grad_norm against float64 with a bound
-(its sum runs in another order); then the optimizers and fused.clip_grad_norm_ under set_backend("triton") on a
-GPU against the CPU op (collected everywhere, skipped without a GPU). adam_step_'s element math is held to the CPU
-op's bits by tests/test_optim_state8.py."""
+"""The Triton kernels of the optimizer family's ops (fused/optim/triton_*.py): each launcher on TRITON_DEVICE's tensors
+(the GPU where there is one, else CPU tensors under the interpreter) against the CPU op on CPU tensors, bit for bit
+where the CPU kernel's math is elementwise (sgd_step_, scale_grads_, accumulate_grads_, adam_step_'s launches per
+dtype group), grad_norm against float64 with a bound (its sum runs in another order); then the optimizers and
+fused.clip_grad_norm_ under set_backend("triton") on a GPU against the CPU op (collected everywhere, skipped without
+a GPU). adam_step_'s element math is held to the CPU op's bits by tests/test_optim_state8.py."""
 
 import math
 
@@ -12,10 +12,9 @@ import test_optim_cuda as cuda_tests  # its GPU checks, run below on Triton
 import torch
 from test_optim_state8 import assert_same  # the CPU op's bits, NaN counting as one NaN
 
-from tests.harness import HAS_CUDA, backend, compile_for_sm90, requires_cuda, requires_triton
+from tests.harness import TRITON_DEVICE, backend, compile_for_sm90, requires_cuda, requires_triton
 
 pytestmark = requires_triton
-on_interpreter = pytest.mark.skipif(HAS_CUDA, reason="the launchers run on the GPU in the tests below")
 
 # a tensor over several programs with a partial last one, a small one, a 3-d one, an empty one
 SHAPES = [(5000,), (37, 5), (2, 3, 11), (0,)]
@@ -30,7 +29,12 @@ def randn(shape, dtype, seed, scale=1.0):
 def all_same_bits(xs, ys):
     assert len(xs) == len(ys)
     for a, b in zip(xs, ys):
-        assert_same(a, b)
+        assert_same(a.cpu(), b.cpu())
+
+
+def dev(xs):
+    """Copies of CPU tensors (None kept) on the device the Triton launchers run on."""
+    return [None if x is None else x.to(TRITON_DEVICE, copy=True) for x in xs]
 
 
 # ---------------------------------------------------------------- grad_norm
@@ -47,7 +51,6 @@ def norm64(grads, inv, clip_value, norm_type):
     return torch.linalg.vector_norm(x, norm_type).item()
 
 
-@on_interpreter
 @pytest.mark.parametrize("norm_type", [2.0, 1.0, math.inf, 3.5])
 def test_grad_norm_against_float64(norm_type):
     """The norm within float32's summation bound of the float64 norm (float64 gradients summed in float64), the
@@ -60,21 +63,21 @@ def test_grad_norm_against_float64(norm_type):
     ):
         scale = torch.tensor(4.0)
         args = (grads, None, scale, norm_type, 1.0, 0.5)
-        norm, coef, found = triton_norm.grad_norm(*args)
+        dev_args = (dev(grads), None, scale.to(TRITON_DEVICE), norm_type, 1.0, 0.5)
+        norm, coef, found = triton_norm.grad_norm(*dev_args)
         cpu_norm, cpu_coef, cpu_found = torch.ops.fused.grad_norm(*args)
         ref = norm64(grads, 0.25, 0.5, norm_type)
         assert norm.dtype == cpu_norm.dtype == torch.float64 and coef.dtype == torch.float64
         assert abs(norm.item() - ref) <= rtol * ref, (norm.item(), ref)
         assert coef.item() == pytest.approx(min(1.0, 1.0 / (norm.item() + 1e-6)), rel=1e-15)
         assert abs(coef.item() - cpu_coef.item()) <= 2 * rtol * cpu_coef.item()
-        assert_same(found, cpu_found)
-        acc, empty, found = triton_norm.grad_norm(*args, finish=False)
+        assert_same(found.cpu(), cpu_found)
+        acc, empty, found = triton_norm.grad_norm(*dev_args, finish=False)
         acc_ref = ref if norm_type in (1.0, math.inf) else ref**norm_type
         assert acc.dtype == torch.float64 and empty.shape == (0,) and found.item() == 0.0
         assert abs(acc.item() - acc_ref) <= norm_type * rtol * acc_ref
 
 
-@on_interpreter
 def test_grad_norm_16bit_dtype_no_clip_and_found_inf_in():
     """A norm over 16-bit gradients comes back in their dtype (the CPU op's value rounded once); max_norm = inf
     gives coefficient 1; a set found_inf argument is passed on; no gradients: norm 0."""
@@ -82,16 +85,15 @@ def test_grad_norm_16bit_dtype_no_clip_and_found_inf_in():
 
     grads = [randn((3000,), torch.bfloat16, 1), randn((7,), torch.bfloat16, 2)]
     found_in = torch.tensor(1.0)
-    norm, coef, found = triton_norm.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
+    norm, coef, found = triton_norm.grad_norm(dev(grads), *dev([found_in]), None, 2.0, math.inf, math.inf)
     cpu = torch.ops.fused.grad_norm(grads, found_in, None, 2.0, math.inf, math.inf)
     assert norm.dtype == torch.bfloat16 and coef.item() == 1.0 and found.item() == 1.0
-    torch.testing.assert_close(norm, cpu[0], rtol=2**-7, atol=0)  # one bf16 ulp: another summation order
-    norm, coef, found = triton_norm.grad_norm([], torch.tensor(0.0), None, 2.0, 1.0, math.inf)
+    torch.testing.assert_close(norm.cpu(), cpu[0], rtol=2**-7, atol=0)  # one bf16 ulp: another summation order
+    norm, coef, found = triton_norm.grad_norm([], *dev([torch.tensor(0.0)]), None, 2.0, 1.0, math.inf)
     assert norm.dtype == torch.float32 and norm.item() == 0.0 and found.item() == 0.0
     assert coef.item() == min(1.0, 1.0 / 1e-6)
 
 
-@on_interpreter
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
 @pytest.mark.parametrize("norm_type", [2.0, math.inf])
 def test_grad_norm_nonfinite(bad, norm_type):
@@ -102,14 +104,14 @@ def test_grad_norm_nonfinite(bad, norm_type):
     for clip_value in (math.inf, 0.5):
         grads = mixed_grads()
         grads[0][4321] = bad
-        norm, coef, found = triton_norm.grad_norm(grads, None, None, norm_type, 1.0, clip_value)
+        norm, coef, found = triton_norm.grad_norm(dev(grads), None, None, norm_type, 1.0, clip_value)
         cpu_norm, cpu_coef, cpu_found = torch.ops.fused.grad_norm(grads, None, None, norm_type, 1.0, clip_value)
         assert found.item() == cpu_found.item() == 1.0
         if clip_value == 0.5 and bad == math.inf:  # clipped to 0.5: a finite norm, found_inf still set
             assert math.isfinite(norm.item()) and coef.item() == pytest.approx(cpu_coef.item(), rel=1e-5)
         else:
-            assert_same(norm, cpu_norm)
-            assert_same(coef, cpu_coef)
+            assert_same(norm.cpu(), cpu_norm)
+            assert_same(coef.cpu(), cpu_coef)
 
 
 def test_grad_norm_checks():
@@ -124,21 +126,19 @@ def test_grad_norm_checks():
 # ---------------------------------------------------------------- scale_grads_, accumulate_grads_
 
 
-@on_interpreter
 def test_scale_grads_same_bits_as_cpu():
     from fused.optim import triton_norm
 
     grads = mixed_grads()
     grads[1][3, 2] = math.nan
-    ours, cpu = [g.clone() for g in grads], [g.clone() for g in grads]
+    ours, cpu = dev(grads), [g.clone() for g in grads]
     coef = torch.tensor(0.3, dtype=torch.float64)
-    triton_norm.scale_grads_(ours, coef)
+    triton_norm.scale_grads_(ours, coef.to(TRITON_DEVICE))
     torch.ops.fused.scale_grads_(cpu, coef)
     all_same_bits(ours, cpu)
-    assert not torch.equal(ours[0], grads[0])
+    assert not torch.equal(ours[0].cpu(), grads[0])
 
 
-@on_interpreter
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_accumulate_grads_same_bits_as_cpu(overwrite):
     """16-bit and float32 gradients into float32 sums, float64 into float64, one launch per dtype pair."""
@@ -147,8 +147,8 @@ def test_accumulate_grads_same_bits_as_cpu(overwrite):
     grads = mixed_grads(seed=3)
     accs = [randn(g.shape, torch.float64 if g.dtype == torch.float64 else torch.float32, 20 + k) for k, g in
             enumerate(grads)]  # fmt: skip
-    ours, cpu = [a.clone() for a in accs], [a.clone() for a in accs]
-    triton_accumulate.accumulate_grads_(ours, grads, overwrite)
+    ours, cpu = dev(accs), [a.clone() for a in accs]
+    triton_accumulate.accumulate_grads_(ours, dev(grads), overwrite)
     torch.ops.fused.accumulate_grads_(cpu, grads, overwrite)
     all_same_bits(ours, cpu)
 
@@ -171,31 +171,35 @@ def sgd_lists(mode):
     return params, model, buf
 
 
-def run_sgd(step, mode, momentum, nesterov, hyper=None):
-    """Three sgd_step_ calls (loss scale 64, value clip 30, norm coefficient 0.5, write_grads): step 0 with
-    maximize, no weight decay and a zero gradient at a zero param (the sign of its zero kept), step 1 with a NaN
-    gradient, step 2 skipped on found_inf. Returns every tensor the calls wrote, per call."""
+def run_sgd(step, mode, momentum, nesterov, hyper=None, device="cpu"):
+    """Three sgd_step_ calls on device (loss scale 64, value clip 30, norm coefficient 0.5, write_grads): step 0
+    with maximize, no weight decay and a zero gradient at a zero param (the sign of its zero kept), step 1 with a
+    NaN gradient, step 2 skipped on found_inf. Returns every tensor the calls wrote, per call, on the CPU."""
     params, model, buf = sgd_lists(mode)
     bufs = [torch.zeros(p.shape, dtype=buf) for p in params]
     steps = [torch.zeros(()) for _ in params]
     seed = torch.tensor(-42) if mode == "stochastic" else None
+    on = lambda xs: [None if x is None else x.to(device) for x in xs]  # noqa: E731
+    params, model, bufs, steps, (seed, hyper) = on(params), on(model), on(bufs), on(steps), on([seed, hyper])
     gdtype = (model or params)[0].dtype
     out = []
     for n in range(3):
-        grads = [randn(p.shape, gdtype, 100 * n + k, scale=100.0) for k, p in enumerate(params)]
+        grads = on([randn(p.shape, gdtype, 100 * n + k, scale=100.0) for k, p in enumerate(params)])
         grads[1].view(-1)[0] = 0.0
         if n == 1:
             grads[0][4097] = math.nan
+        coef, scale, found = on(
+            [torch.tensor(0.5, dtype=torch.float64), torch.tensor(64.0), torch.tensor(float(n == 2))]
+        )
         step(
             params, grads, bufs if momentum else [], steps if momentum else [], 0.1, momentum,
-            0.0 if nesterov else 0.25, 0.01 if n else 0.0, nesterov, n == 0, torch.tensor(0.5, dtype=torch.float64),
-            torch.tensor(64.0), torch.tensor(float(n == 2)), 30.0, model, seed, hyper, True,
+            0.0 if nesterov else 0.25, 0.01 if n else 0.0, nesterov, n == 0, coef, scale, found, 30.0, model, seed,
+            hyper, True,
         )  # fmt: skip
-        out.append([t.clone() for t in params + grads + model + (bufs + steps if momentum else [])])
+        out.append([t.cpu().clone() for t in params + grads + model + (bufs + steps if momentum else [])])
     return out
 
 
-@on_interpreter
 @pytest.mark.parametrize("momentum,nesterov", [(0.0, False), (0.9, False), (0.9, True)])
 @pytest.mark.parametrize("mode", SGD_MODES)
 def test_sgd_step_same_bits_as_cpu(mode, momentum, nesterov):
@@ -203,8 +207,8 @@ def test_sgd_step_same_bits_as_cpu(mode, momentum, nesterov):
     counters, through a NaN gradient and a skipped step (nothing written, steps not counted)."""
     from fused.optim import triton_sgd
 
-    ours, cpu = run_sgd(triton_sgd.sgd_step_, mode, momentum, nesterov), run_sgd(torch.ops.fused.sgd_step_, mode,
-                                                                                 momentum, nesterov)  # fmt: skip
+    ours = run_sgd(triton_sgd.sgd_step_, mode, momentum, nesterov, device=TRITON_DEVICE)
+    cpu = run_sgd(torch.ops.fused.sgd_step_, mode, momentum, nesterov)
     for a, b in zip(ours, cpu):
         all_same_bits(a, b)
     # the skipped step left everything as the step before, but its fresh gradients (not written back)
@@ -214,14 +218,13 @@ def test_sgd_step_same_bits_as_cpu(mode, momentum, nesterov):
     assert ours[1][0].isnan().any() and not ours[0][0].isnan().any()
 
 
-@on_interpreter
 def test_sgd_step_per_tensor_hyperparameters():
     """hyper rows (several param groups in one call): each tensor its own lr, momentum, dampening, weight decay."""
     from fused.optim import triton_sgd
 
     hyper = torch.tensor([[0.1, 0.9, 0.0, 0.0], [0.01, 0.5, 0.1, 0.1], [1.0, 0.99, 0.5, 0.0], [0.1, 0.9, 0.0, 0.0]],
                          dtype=torch.float64)  # fmt: skip
-    ours = run_sgd(triton_sgd.sgd_step_, "float32", 0.9, False, hyper)
+    ours = run_sgd(triton_sgd.sgd_step_, "float32", 0.9, False, hyper, TRITON_DEVICE)
     cpu = run_sgd(torch.ops.fused.sgd_step_, "float32", 0.9, False, hyper)
     for a, b in zip(ours, cpu):
         all_same_bits(a, b)
@@ -243,7 +246,6 @@ def counting(monkeypatch, module, name):
     return launches
 
 
-@on_interpreter
 def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     """Float32 and bfloat16 params (bf16 with float32 state), per-tensor hyperparameters, an empty tensor: two
     launches, the CPU op's bits."""
@@ -253,18 +255,20 @@ def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
     hyper = torch.tensor([[1e-2, 0.9, 0.99, 1e-8, 0.1], [1e-3, 0.8, 0.999, 1e-6, 0.0]] * 2, dtype=torch.float64)
 
-    def run(step):
-        params = [randn(s, dt, k) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))]
-        state = [[torch.zeros(p.shape) for p in params] for _ in range(2)]
-        steps = [torch.full((), 3.0) for _ in params]
-        grads = [randn(p.shape, p.dtype, 50 + k) for k, p in enumerate(params)]
+    def run(step, device="cpu"):
+        on = lambda xs: [x.to(device) for x in xs]  # noqa: E731
+        params = on([randn(s, dt, k) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))])
+        state = [on([torch.zeros(p.shape) for p in params]) for _ in range(2)]
+        steps = on([torch.full((), 3.0) for _ in params])
+        grads = on([randn(p.shape, p.dtype, 50 + k) for k, p in enumerate(params)])
+        coef, found, rows = on([torch.tensor(0.5, dtype=torch.float64), torch.tensor(0.0), hyper])
         step(
-            params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False,
-            torch.tensor(0.5, dtype=torch.float64), None, torch.tensor(0.0), math.inf, [], None, hyper, True,
+            params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False, coef, None, found,
+            math.inf, [], None, rows, True,
         )  # fmt: skip
         return params + grads + state[0] + state[1] + steps
 
-    ours = run(triton_kernels.adam_step_)
+    ours = run(triton_kernels.adam_step_, TRITON_DEVICE)
     assert len(launches) == 2
     all_same_bits(ours, run(torch.ops.fused.adam_step_))
 

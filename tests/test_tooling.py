@@ -34,6 +34,28 @@ def test_set_backend_validates_and_env_default(monkeypatch):
     assert fused.get_backend() == "auto"
 
 
+def test_choose_is_cached_per_backend():
+    """choose() caches its answer per (op, backend): set_backend between calls still changes it, and a backend
+    that cannot run the op raises every time, not once."""
+    from fused import _backend
+
+    try:
+        for backend in ("cuda", "triton", "cuda"):
+            fused.set_backend(backend)
+            cuda_op = _backend.GPU_KERNELS["norm_fwd"]["cuda"]
+            runs = _backend.triton_available() if backend == "triton" else _backend.cuda_kernel_compiled(cuda_op)
+            for _ in range(2):
+                if runs:
+                    assert _backend.choose("norm_fwd") == backend
+                else:
+                    with raises(rf"fused\.norm_fwd: backend '{backend}' was asked for"):
+                        _backend.choose("norm_fwd")
+        fused.set_backend("auto")
+        assert _backend.choose("norm_fwd") == _backend._choice.__wrapped__("norm_fwd", "auto")
+    finally:
+        fused.set_backend("auto")
+
+
 @pytest.mark.parametrize("backend", ["cuda", "triton"])
 def test_gpu_router_takes_the_backend_except_on_triton_only_paths(monkeypatch, backend):
     """pairwise_distances on a CUDA tensor: the tensor-core path (p = 2, D >= 32, not float64) is Triton's whatever

@@ -12,8 +12,9 @@
 #                initcheck (reads of memory nothing wrote: workspaces, partial sums) over every family;
 #                SANITIZE_ONLY (a regex over "tool|files|filter") runs a subset
 #      diag      tools/gpu_diag.sh: the toolchain, and the C++ argument-error probes (diag.log)
-#   3. bench     python -m benchmarks.run --device cuda (the GPU to itself; the device's copy bandwidth measured first;
-#                BENCH_S seconds kept for it, BENCH_ARGS passed on; BENCH_FIRST=1 runs it before step 2)
+#   3. bench     tools/host_overhead.py (host time per eager call, per backend), then python -m benchmarks.run
+#                --device cuda (the GPU to itself; the device's copy bandwidth measured first; BENCH_S seconds kept
+#                for both, BENCH_ARGS passed on; BENCH_FIRST=1 runs them before step 2)
 # Usage: OUT=dir bash tools/gpu_suite.sh   (SUITE_TESTS: the pytest paths, default tests). Logs and figures under
 # $OUT (at most 8 files come back): install.log, pytest.log, sanitizer.log (every sanitizer process's summary, then
 # its log), diag.log, bench.log, bench/*. Prints a summary last; exits 1 if any stage failed.
@@ -78,9 +79,13 @@ cat "$WORK/install.log.summary"
 
 # bench LIMIT: the benchmarks (BENCH_ARGS) for at most LIMIT seconds, the GPU and the cores to themselves
 bench() {
+  local limit=$1 t0=$SECONDS
   pkill -f cuda-gdb; pkill -f "build_ext --inplace"
-  run bench "$OUT/bench.log" "$1" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 --budget-s "$(($1 - 55))" \
-    --out "$OUT/bench" ${BENCH_ARGS:-}
+  # host time per eager call, per backend (at most 60 s of the limit)
+  [ "$limit" -ge 120 ] && run host-overhead "$OUT/bench.log" 60 "$PYTHON" tools/host_overhead.py
+  limit=$((limit - (SECONDS - t0)))
+  run bench "$OUT/bench.log" "$limit" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 \
+    --budget-s "$((limit - 55))" --out "$OUT/bench" ${BENCH_ARGS:-}
 }
 # BENCH_FIRST=1: the benchmarks before the tests (their BENCH_S seconds first), e.g. to time a changed kernel
 [ -n "${BENCH_FIRST:-}" ] && bench "$bench_min"
