@@ -7,6 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused._codes import MAX_SELECT
 
@@ -152,7 +153,7 @@ def _distances_backward(ctx, grad):
     a, b, dist, lengths_a, lengths_b = ctx.saved_tensors
     if _rounded_max_norm(a, ctx.p):
         a32, b32 = a.float(), b.float()
-        dist32 = torch.ops.fused.pairwise_distances(a32, b32, ctx.p, False, lengths_a, lengths_b)
+        dist32 = pairwise_distances(a32, b32, ctx.p, False, lengths_a, lengths_b)
         grad_a, grad_b = torch.ops.fused.pairwise_distances_backward(
             grad.float().contiguous(), a32, b32, dist32, ctx.p, False, lengths_a, lengths_b
         )
@@ -163,7 +164,7 @@ def _distances_backward(ctx, grad):
     return grad_a, grad_b, None, None, None, None
 
 
-torch.library.register_autograd("fused::pairwise_distances", _distances_backward, setup_context=_distances_setup)
+pairwise_distances = register_autograd("pairwise_distances", _distances_backward, _distances_setup)
 
 
 def _selected_setup(ctx, values, indices, a, b, p, squared):
@@ -207,8 +208,8 @@ def _radius_backward(ctx, grad_values, grad_indices):
     return *_selected_backward(ctx, grad_values), None, None, None, None, None
 
 
-torch.library.register_autograd("fused::pairwise_topk", _topk_backward, setup_context=_topk_setup)
-torch.library.register_autograd("fused::radius_neighbors", _radius_backward, setup_context=_radius_setup)
+pairwise_topk = register_autograd("pairwise_topk", _topk_backward, _topk_setup)
+radius_neighbors = register_autograd("radius_neighbors", _radius_backward, _radius_setup)
 
 
 # ---- chamfer_distance: pairwise_topk with k = 1 each way (autograd through it) and the per-cloud reduction ----
@@ -222,7 +223,7 @@ def _nearest(a, b, lengths_a, lengths_b, p, squared):
         batch = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         idx = torch.full((*batch, a.shape[-2]), -1, dtype=torch.int64, device=a.device)
         return a.new_full(idx.shape, math.inf), idx
-    v, i = torch.ops.fused.pairwise_topk(a, b, 1, p, squared, False, lengths_a, lengths_b)
+    v, i = pairwise_topk(a, b, 1, p, squared, False, lengths_a, lengths_b)
     return v.squeeze(-1), i.squeeze(-1)
 
 

@@ -4,7 +4,7 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from fused.elementwise import ops as _ops  # noqa: F401  the family's ops, registered on import
+from fused.elementwise import ops as _ops  # the family's ops, registered on import; their eager entry points
 
 Op = Union[str, Tuple[str, float]]
 
@@ -12,13 +12,13 @@ Op = Union[str, Tuple[str, float]]
 def bias_act(x: torch.Tensor, bias: Optional[torch.Tensor] = None, act: str = "gelu") -> torch.Tensor:
     """act(x + bias) in one pass; bias (1-D) broadcasts over the last dim. act: identity, relu, gelu (erf),
     gelu_tanh, silu, sigmoid, tanh. Backward gives grad_x and grad_bias (reduced deterministically)."""
-    return torch.ops.fused.bias_act(x, bias, act)
+    return _ops.bias_act(x, bias, act)
 
 
 def glu(gate: torch.Tensor, up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     """act(gate) * up: SwiGLU (silu), GeGLU (gelu, gelu_tanh), ReGLU (relu). gate and up may be the two
     halves of one chunked tensor: rows with a stride are read in place, not copied."""
-    return torch.ops.fused.glu(gate, up, act)
+    return _ops.glu(gate, up, act)
 
 
 def bias_dropout_add(
@@ -49,7 +49,7 @@ def encode_ops(ops: Sequence[Op]) -> list:
 def unary_chain(x: torch.Tensor, ops: Sequence[Op]) -> torch.Tensor:
     """A chain of pointwise ops in one pass over memory, e.g. ["square"] * 10, ["cos", "cos"],
     [("mul", 0.5), "tanh", ("add", 1.0)]. The backward recomputes the chain in the same pass."""
-    return torch.ops.fused.unary_chain(x, encode_ops(ops))
+    return _ops.unary_chain(x, encode_ops(ops))
 
 
 __all__ = ["bias_act", "glu", "bias_dropout_add", "unary_chain", "encode_ops"]

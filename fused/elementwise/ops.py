@@ -4,6 +4,7 @@ fused ops), and the CUDA-device routing between the CUDA C++ and Triton kernels.
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused._codes import MAX_CHAIN, parse_op
 
@@ -107,7 +108,7 @@ def _bias_act_backward(ctx, grad):
     return grad_x, grad_bias if bias is not None else None, None
 
 
-torch.library.register_autograd("fused::bias_act", _bias_act_backward, setup_context=_tensors_and_act_setup)
+bias_act = register_autograd("bias_act", _bias_act_backward, _tensors_and_act_setup)
 
 
 def _glu_backward(ctx, grad):
@@ -116,7 +117,7 @@ def _glu_backward(ctx, grad):
     return grad_gate, grad_up, None
 
 
-torch.library.register_autograd("fused::glu", _glu_backward, setup_context=_tensors_and_act_setup)
+glu = register_autograd("glu", _glu_backward, _tensors_and_act_setup)
 
 
 def _dropout_setup(ctx, inputs, output):
@@ -132,7 +133,7 @@ def _dropout_backward(ctx, grad):
     return grad_x, grad_bias if ctx.has_bias else None, grad, None, None
 
 
-torch.library.register_autograd("fused::bias_dropout_add_seeded", _dropout_backward, setup_context=_dropout_setup)
+bias_dropout_add_seeded = register_autograd("bias_dropout_add_seeded", _dropout_backward, _dropout_setup)
 
 
 def _unary_chain_setup(ctx, inputs, output):
@@ -146,7 +147,7 @@ def _unary_chain_backward(ctx, grad):
     return torch.ops.fused.unary_chain_backward(grad, x, ctx.ops), None
 
 
-torch.library.register_autograd("fused::unary_chain", _unary_chain_backward, setup_context=_unary_chain_setup)
+unary_chain = register_autograd("unary_chain", _unary_chain_backward, _unary_chain_setup)
 
 
 # ---- bias_dropout_add: a composite that draws the seed, so the seeded op stays a pure function ----
@@ -163,7 +164,7 @@ def _bias_dropout_add(x, bias, residual, p=0.1, training=True):
         seed = torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64)  # torch's default CPU generator
     else:
         p, seed = 0.0, torch.zeros((), dtype=torch.int64)
-    return torch.ops.fused.bias_dropout_add_seeded(x, bias, residual, p, seed)
+    return bias_dropout_add_seeded(x, bias, residual, p, seed)
 
 
 _lib = torch.library.Library("fused", "IMPL")

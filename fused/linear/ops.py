@@ -6,8 +6,10 @@ import math
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused._codes import ACT_CODES
+from fused.elementwise.ops import bias_act
 
 TRITON = "fused.linear.triton_kernels"
 # relu, sigmoid and tanh differentiate from their output, as eager autograd does (act_grad_from_saved in
@@ -90,7 +92,7 @@ def _backward(ctx, grad, _grad_pre_output):
             grad_bias = grad.reshape(rows, n_out).sum(0)
     else:
         if saved is None:  # called with save_pre=False under autograd: recompute the pre-activation
-            saved = torch.ops.fused.linear_act_fwd(x, weight, bias, "identity", False)[0]
+            saved = linear_act_fwd(x, weight, bias, "identity", False)[0]
         grad_pre, grad_bias = torch.ops.fused.linear_act_grad_pre(grad, saved, ctx.act, need_bias)
     grad_pre = grad_pre.reshape(rows, n_out)
     if need_x:
@@ -100,7 +102,7 @@ def _backward(ctx, grad, _grad_pre_output):
     return grad_x, grad_weight, grad_bias if need_bias else None, None, None
 
 
-torch.library.register_autograd("fused::linear_act_fwd", _backward, setup_context=_setup)
+linear_act_fwd = register_autograd("linear_act_fwd", _backward, _setup)
 
 
 # ---- linear_act: saves the pre-activation only when autograd will need it ----
@@ -111,9 +113,9 @@ def _linear_act(x, weight, bias=None, act="identity"):
         # Training on the CPU, where the fused op is a GEMM and then one pass anyway: the same GEMM and pass as two
         # autograd nodes (the same bits), so that backward frees the saved pre-activation and the incoming
         # gradient after the activation's pass, before the GEMMs, as eager Linear + activation does.
-        pre = torch.ops.fused.linear_act_fwd(x, weight, None, "identity", False)[0]
-        return torch.ops.fused.bias_act(pre, bias, act)
-    return torch.ops.fused.linear_act_fwd(x, weight, bias, act, needs_grad)[0]
+        pre = linear_act_fwd(x, weight, None, "identity", False)[0]
+        return bias_act(pre, bias, act)
+    return linear_act_fwd(x, weight, bias, act, needs_grad)[0]
 
 
 _lib = torch.library.Library("fused", "IMPL")

@@ -7,6 +7,7 @@ forward when autograd will want them; "none" recomputes them in the backward wit
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
 from fused.loss.chunked import check_linear, math_dtype
@@ -172,7 +173,7 @@ def _backward(ctx, grad_loss, *_):
     return gi, gw, None, None, None, gb, *([None] * 9)
 
 
-torch.library.register_autograd("fused::linear_distillation_fwd", _backward, setup_context=_setup)
+linear_distillation_fwd = register_autograd("linear_distillation_fwd", _backward, _setup)
 
 
 # ---- the public composite ----
@@ -188,7 +189,7 @@ def _linear_distillation_loss(student_input, student_weight, teacher_input, teac
     )
     shape = student_input.shape[:-1]
     grads = chunked.needs_grad(student_input, student_weight, student_bias) if reduction != "none" else [False] * 3
-    loss = torch.ops.fused.linear_distillation_fwd(
+    loss = linear_distillation_fwd(
         student_input.reshape(-1, student_input.shape[-1]),
         student_weight,
         teacher_input.detach().reshape(-1, teacher_input.shape[-1]),

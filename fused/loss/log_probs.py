@@ -8,6 +8,7 @@ each chunk's gradient of sum_r (g_logp[r] logp[r] + g_entropy[r] entropy[r]) ove
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
 from fused.loss.chunked import check_linear, math_dtype
@@ -127,7 +128,7 @@ def _backward(ctx, grad_logp, grad_entropy):
     return gi if need_input else None, gw if need_weight else None, None, gb if need_bias else None, None, None
 
 
-torch.library.register_autograd("fused::linear_log_probs_fwd", _backward, setup_context=_setup)
+linear_log_probs_fwd = register_autograd("linear_log_probs_fwd", _backward, _setup)
 
 
 # ---- the public composite ----
@@ -138,7 +139,7 @@ def _linear_log_probs(input, linear_weight, target, **options):
     check_linear_log_probs(OP, input, linear_weight, target, linear_bias)
     flat_target = target.reshape(-1).long()
     check_target_range(OP, flat_target, linear_weight.shape[0], ignore_index)
-    logp, entropy = torch.ops.fused.linear_log_probs_fwd(
+    logp, entropy = linear_log_probs_fwd(
         input.reshape(-1, input.shape[-1]), linear_weight, flat_target, linear_bias, float(temperature), ignore_index
     )
     entropy = entropy.view(target.shape) if return_entropy else entropy.new_empty(0)

@@ -11,6 +11,7 @@ row, so its backward runs the chunks again, as does a second backward through th
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
 from fused.loss.chunked import check_linear, math_dtype  # noqa: F401  (math_dtype: the Triton launchers')
@@ -314,7 +315,7 @@ def _lce_backward(ctx, grad_loss, *_):
     return (gi if need_input else None, gw if need_weight else None, None, gb if need_bias else None, *([None] * 9))
 
 
-torch.library.register_autograd("fused::linear_cross_entropy_fwd", _lce_backward, setup_context=_lce_setup)
+linear_cross_entropy_fwd = register_autograd("linear_cross_entropy_fwd", _lce_backward, _lce_setup)
 
 
 def _ce_setup(ctx, inputs, output):
@@ -330,7 +331,7 @@ def _ce_backward(ctx, grad_loss, _grad_logits_output):
     return (grad, *([None] * 8))
 
 
-torch.library.register_autograd("fused::cross_entropy_fwd", _ce_backward, setup_context=_ce_setup)
+cross_entropy_fwd = register_autograd("cross_entropy_fwd", _ce_backward, _ce_setup)
 
 
 # ---- the public composites ----
@@ -358,7 +359,7 @@ def _linear_cross_entropy(input, linear_weight, target, **options):
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
     grads = chunked.needs_grad(input, linear_weight, linear_bias) if reduction != "none" else [False] * 3
-    loss = torch.ops.fused.linear_cross_entropy_fwd(
+    loss = linear_cross_entropy_fwd(
         input.reshape(-1, input.shape[-1]), linear_weight, target, linear_bias, weight, *row_options, *grads
     )[0]
     loss = _loss_dtype(loss, input)
@@ -378,7 +379,7 @@ def _cross_entropy(logits, target, **options):
     flat_target = target.reshape(-1).long()
     check_target_range(op, flat_target, classes, ignore_index)
     grad = chunked.needs_grad(logits)[0] and reduction != "none"
-    loss = torch.ops.fused.cross_entropy_fwd(rows, flat_target, weight, *row_options, grad)[0]
+    loss = cross_entropy_fwd(rows, flat_target, weight, *row_options, grad)[0]
     loss = _loss_dtype(loss, logits)
     return loss.view(target.shape) if reduction == "none" else loss
 

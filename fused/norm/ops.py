@@ -7,6 +7,7 @@ import math
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 
 TRITON = "fused.norm.triton_kernels"
@@ -147,7 +148,7 @@ def _backward(ctx, grad, grad_sum, _grad_mean, _grad_rstd):
     )
 
 
-torch.library.register_autograd("fused::norm_fwd", _backward, setup_context=_setup)
+norm_fwd = register_autograd("norm_fwd", _backward, _setup)
 
 
 # ---- the public ops: composites over norm_fwd ----
@@ -179,22 +180,22 @@ def residual_stream(op, x, residual, residual_dtype):
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):
     _checks.check_floating("rms_norm", "x", x)
-    return torch.ops.fused.norm_fwd(x, None, normalized_shape, weight, None, default_eps(x, eps), True)[0]
+    return norm_fwd(x, None, normalized_shape, weight, None, default_eps(x, eps), True)[0]
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    return torch.ops.fused.norm_fwd(x, None, normalized_shape, weight, bias, eps, False)[0]
+    return norm_fwd(x, None, normalized_shape, weight, bias, eps, False)[0]
 
 
 def _add_rms_norm(x, residual, normalized_shape, weight=None, eps=None, *, residual_dtype=None):
     residual = residual_stream("add_rms_norm", x, residual, residual_dtype)
-    out, total, _, _ = torch.ops.fused.norm_fwd(x, residual, normalized_shape, weight, None, default_eps(x, eps), True)
+    out, total, _, _ = norm_fwd(x, residual, normalized_shape, weight, None, default_eps(x, eps), True)
     return out, total
 
 
 def _add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1e-5, *, residual_dtype=None):
     residual = residual_stream("add_layer_norm", x, residual, residual_dtype)
-    out, total, _, _ = torch.ops.fused.norm_fwd(x, residual, normalized_shape, weight, bias, eps, False)
+    out, total, _, _ = norm_fwd(x, residual, normalized_shape, weight, bias, eps, False)
     return out, total
 
 

@@ -6,7 +6,7 @@ from typing import Tuple
 
 import torch
 
-from fused.rope import ops as _ops  # noqa: F401  registers the fake kernels, autograd, GPU routing
+from fused.rope import ops as _ops  # registers the fake kernels, autograd, GPU routing; the op's eager entry point
 
 
 def _mixed_tables(q, k, cos, sin):
@@ -38,7 +38,7 @@ def rope(
     if _mixed_tables(q, k, cos, sin):
         dtype = torch.promote_types(q.dtype, cos.dtype)
         q, k, cos, sin = (t.to(dtype) for t in (q, k, cos, sin))
-    return torch.ops.fused.rope(q, k, cos, sin, unsqueeze_dim, interleaved=interleaved)
+    return _ops.rope(q, k, cos, sin, unsqueeze_dim, interleaved=interleaved)
 
 
 __all__ = ["rope"]

@@ -4,6 +4,7 @@ gradients, when asked for, composed of torch ops), and the CUDA-device routing b
 import torch
 
 from fused import _checks
+from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.rope import reference as _ref
 
@@ -101,7 +102,7 @@ def _backward(ctx, grad_q, grad_k):
     )
 
 
-torch.library.register_autograd("fused::rope", _backward, setup_context=_setup)
+rope = register_autograd("rope", _backward, _setup)
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----

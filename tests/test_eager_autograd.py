@@ -1,0 +1,119 @@
+"""fused/_autograd.py: an eager call with a gradient runs the op's registered setup_context and backward through a
+plain torch.autograd.Function (not torch.library's wrapper); a call without one runs the kernel alone; traced calls
+(torch.compile, dispatch modes, tensor subclasses, functorch) go through the op. Both paths give the same bits."""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import fused
+from fused import _autograd
+from tests.harness import make
+
+EAGER = "_eagerBackward"  # the Function's grad_fn: fused_<op>_eager
+
+
+def rms(x, w):
+    return fused.rms_norm(x, (x.shape[-1],), w)
+
+
+def grads_by_op(x, w):
+    """The same call through torch.ops.fused.norm_fwd: torch.library's autograd."""
+    out = torch.ops.fused.norm_fwd(x, None, [x.shape[-1]], w, None, torch.finfo(torch.float32).eps, True)[0]
+    return out, torch.autograd.grad(out, (x, w), torch.ones_like(out))
+
+
+def test_eager_call_takes_the_function_and_matches_the_op():
+    x = make((6, 33), torch.float32, seed=1, requires_grad=True)
+    w = torch.nn.Parameter(make((33,), torch.float32, seed=2))  # a Parameter is a plain tensor here
+    out = rms(x, w)
+    assert type(out.grad_fn).__name__ == "fused_norm_fwd" + EAGER
+    got = torch.autograd.grad(out, (x, w), torch.ones_like(out))
+    want_out, want = grads_by_op(x, w)
+    assert type(want_out.grad_fn).__name__.startswith("GeneratedBackwardFor_fused_norm_fwd")
+    assert torch.equal(out, want_out) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_no_gradient_runs_the_kernel_alone():
+    x = make((6, 33), torch.float32, seed=1)
+    assert rms(x, None).grad_fn is None
+    with torch.no_grad():
+        assert rms(x.requires_grad_(), None).grad_fn is None
+
+
+def test_keyword_only_arguments_and_their_gradients():
+    """rope's interleaved is keyword-only: the Function passes it on and gives it no gradient slot."""
+    q = make((2, 3, 5, 8), torch.float32, seed=3, requires_grad=True)
+    k = make((2, 1, 5, 8), torch.float32, seed=4, requires_grad=True)
+    cos = make((1, 5, 8), torch.float32, seed=5, requires_grad=True)
+    sin = make((1, 5, 8), torch.float32, seed=6, requires_grad=True)
+    for interleaved in (False, True):
+        out = fused.rope(q, k, cos, sin, interleaved=interleaved)
+        assert type(out[0].grad_fn).__name__ == "fused_rope" + EAGER
+        got = torch.autograd.grad(out, (q, k, cos, sin), [torch.ones_like(o) for o in out])
+        ref = torch.ops.fused.rope(q, k, cos, sin, 1, interleaved=interleaved)
+        want = torch.autograd.grad(ref, (q, k, cos, sin), [torch.ones_like(o) for o in ref])
+        assert all(torch.equal(a, b) for a, b in zip(out, ref))
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_default_arguments_filled_for_setup_context():
+    """pairwise_distances called with its positional defaults left out: setup_context sees them filled in."""
+    a = make((7, 4), torch.float32, seed=7, requires_grad=True)
+    b = make((5, 4), torch.float32, seed=8, requires_grad=True)
+    out = fused.pairwise_distances(a, b)
+    assert type(out.grad_fn).__name__ == "fused_pairwise_distances" + EAGER
+    got = torch.autograd.grad(out, (a, b), torch.ones_like(out))
+    ref = torch.ops.fused.pairwise_distances(a, b)
+    want = torch.autograd.grad(ref, (a, b), torch.ones_like(ref))
+    assert all(torch.equal(g, h) for g, h in zip(got, want))
+
+
+class Recording(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_traced_calls_go_through_the_op():
+    """Under a dispatch mode, torch.compile or a functorch transform the op runs with torch.library's autograd."""
+    x = make((6, 33), torch.float32, seed=1, requires_grad=True)
+    with Recording() as mode:
+        out = rms(x, None)
+    assert type(out.grad_fn).__name__.startswith("GeneratedBackwardFor_fused_norm_fwd")
+    assert "fused.norm_fwd.default" in mode.ops
+    seen = []
+
+    @torch.compile(backend=lambda gm, inputs: seen.append(str(gm.graph)) or gm.forward, fullgraph=True)
+    def compiled(t):
+        return rms(t, None)
+
+    assert torch.equal(compiled(x.detach()), rms(x.detach(), None))
+    assert "torch.ops.fused." in seen[0]  # one custom op in the graph (the composite rms_norm)
+    # under a functorch transform the op runs (torch.library's autograd, which torch.func.grad does not take
+    # either: an autograd.Function without setup_context)
+    seen.clear()
+    torch.func.vmap(lambda t: seen.append(_autograd._traced([t])) or t)(x.detach())
+    assert seen == [True] and not _autograd._traced([x, torch.nn.Parameter(x.detach())])
+
+
+@pytest.mark.parametrize("retain", [False, True])
+def test_backward_twice_and_retained_graph(retain):
+    """retain_graph: a second backward through the Function gives the same gradients (the forward-computed
+    gradients of the loss ops are consumed once, then recomputed)."""
+    x = make((9, 16), torch.float32, seed=11, requires_grad=True)
+    w = make((40, 16), torch.float32, seed=12, requires_grad=True)
+    t = torch.randint(0, 40, (9,), generator=torch.Generator().manual_seed(0))
+    loss = fused.linear_cross_entropy(x, w, t)
+    first = torch.autograd.grad(loss, (x, w), retain_graph=True)
+    if retain:
+        second = torch.autograd.grad(loss, (x, w))
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+    ref = torch.nn.functional.cross_entropy(x.double() @ w.double().t(), t)
+    want = torch.autograd.grad(ref, (x, w))  # float64 math, float32 gradients
+    for g, h in zip(first, want):
+        torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-7)
