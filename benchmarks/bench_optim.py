@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fused
-from benchmarks.common import built
+from benchmarks.common import built, with_backend
 
 
 def model_shapes(d, layers):
@@ -40,6 +40,11 @@ def torch_step(params, opt, foreach):
     return step
 
 
+def ours(device):
+    """(label, backend) of fused's steps: the CPU kernels, or each GPU backend (CUDA C++ and Triton)."""
+    return [("fused", None)] if device == "cpu" else [(f"fused[{b}]", b) for b in ("cuda", "triton")]
+
+
 def impls(name, shapes, dtype, device, hyper):
     """{label: zero-arg step}; each impl owns its parameters, gradients and state."""
     cls = getattr(torch.optim, name)
@@ -50,9 +55,9 @@ def impls(name, shapes, dtype, device, hyper):
     out["foreach"] = torch_step(p, cls(p, foreach=True, **hyper), foreach=True)
     p = make_params(shapes, dtype, device)
     out[f"torch.optim.{name}(fused=True)"] = torch_step(p, cls(p, fused=True, **hyper), foreach=True)
-    p = make_params(shapes, dtype, device)
-    opt = getattr(fused.optim, name)(p, max_grad_norm=1.0, **hyper)
-    out["fused" if device == "cpu" else "fused[cuda]"] = opt.step
+    for label, backend in ours(device):
+        p = make_params(shapes, dtype, device)
+        out[label] = with_backend(backend, getattr(fused.optim, name)(p, max_grad_norm=1.0, **hyper).step)
     return out
 
 
@@ -87,11 +92,11 @@ def master_impls(shapes, device):
 
         out[label] = step
         resident[label] = lambda model=model, master=master, opt=opt: resident_mb(model + master, [opt])
-    model = make_params(shapes, torch.bfloat16, device)
-    opt = fused.optim.AdamW(model, lr=1e-3, master_weights=True, max_grad_norm=1.0)
-    label = "fused" if device == "cpu" else "fused[cuda]"
-    out[label] = opt.step
-    resident[label] = lambda: resident_mb(model, [opt])
+    for label, backend in ours(device):
+        model = make_params(shapes, torch.bfloat16, device)
+        opt = fused.optim.AdamW(model, lr=1e-3, master_weights=True, max_grad_norm=1.0)
+        out[label] = with_backend(backend, opt.step)
+        resident[label] = lambda model=model, opt=opt: resident_mb(model, [opt])
     return out, resident
 
 
@@ -117,19 +122,19 @@ def plain_adamw_impls(shapes, device, with_torchao=False):
     its state's bytes per parameter ("resident_mb" of the case holds that figure, not MB)."""
     out, state = {}, {}
 
-    def add(label, make):
+    def add(label, make, backend=None):
         p = make_params(shapes, torch.float32, device)
         opt = make(p)
-        out[label] = opt.step
+        out[label] = with_backend(backend, opt.step)
         state[label] = lambda opt=opt: state_bytes(opt)
 
     add("eager", lambda p: torch.optim.AdamW(p, lr=1e-3, foreach=False))
     add("torch.optim.AdamW(fused=True)", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))
-    ours = "fused" if device == "cpu" else "fused[cuda]"
-    add(ours, lambda p: fused.optim.AdamW(p, lr=1e-3))
-    if device == "cpu":  # low-bit state: the CPU kernel only
-        add("fused state_dtype=bf16", lambda p: fused.optim.AdamW(p, lr=1e-3, state_dtype=torch.bfloat16))
-        add("fused state_dtype=int8", lambda p: fused.optim.AdamW(p, lr=1e-3, state_dtype="int8"))
+    for label, backend in ours(device):
+        add(label, lambda p: fused.optim.AdamW(p, lr=1e-3), backend)
+        for kind, state_dtype in (("bf16", torch.bfloat16), ("int8", "int8")):
+            make = lambda p, s=state_dtype: fused.optim.AdamW(p, lr=1e-3, state_dtype=s)  # noqa: E731
+            add(f"{label} state_dtype={kind}", make, backend)
     try:
         import bitsandbytes as bnb
 
@@ -181,15 +186,16 @@ def clip_cases(shapes, dtypes, device, default):
 
 
 def plain_case(shapes, device, with_torchao=False):
-    """AdamW with no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter). Not in
-    make bench's default (its AdamW float32 is clip+AdamW): FULL=1."""
+    """AdamW with no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter), with
+    fused's fp32, bf16 and int8 state. In the default run on a GPU; on a CPU, FULL=1 (make bench's default AdamW
+    float32 there is clip+AdamW)."""
     n = sum(torch.Size(s).numel() for s in shapes)
     return {
         "name": f"AdamW (no clipping) {n / 1e6:.1f}M params in {len(shapes)} tensors float32",
         "bytes": 28 * n,
         "flops": None,
         "build": lambda: dict(zip(("impls", "state_bytes_per_param"), plain_adamw_impls(shapes, device, with_torchao))),
-        "default": False,
+        "default": device == "cuda",
     }
 
 

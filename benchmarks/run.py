@@ -34,6 +34,11 @@ from benchmarks.timing import device_name, graph_ms, median_ms, peak_memory_mb
 OURS = ("fused", "fused[cuda]", "fused[triton]")
 
 
+def is_ours(label: str) -> bool:
+    """fused's rows: "fused", "fused[cuda]", "fused[triton]", and their variants ("fused[cuda] state_dtype=int8")."""
+    return label.split(" ")[0] in OURS
+
+
 def discover(only):
     """The families' modules: all, alphabetically, or those named in `only`, in its order."""
     modules = pkgutil.iter_modules([os.path.dirname(__file__)])
@@ -91,7 +96,7 @@ def measure(case, device, min_run_time, rounds):
             if label in case.get("resident_mb", {}):  # memory held between steps (model, grads, state)
                 rows[-1]["resident_mb"] = case["resident_mb"][label]()
     eager = next((r["ms"] for r in rows if r["impl"] == "eager" and r["ms"]), None)
-    alternatives = [r["ms"] for r in rows if r["impl"] not in OURS and r["ms"]]
+    alternatives = [r["ms"] for r in rows if not is_ours(r["impl"]) and r["ms"]]
     best_alt = min(alternatives) if alternatives else None
     for r in rows:
         if r["ms"]:
@@ -100,7 +105,7 @@ def measure(case, device, min_run_time, rounds):
             if case.get("flops"):
                 r["TFLOP/s"] = case["flops"] / r["ms"] / 1e9
             r["vs_eager"] = eager / r["ms"] if eager else None
-            r["vs_best_alt"] = best_alt / r["ms"] if best_alt and r["impl"] in OURS else None
+            r["vs_best_alt"] = best_alt / r["ms"] if best_alt and is_ours(r["impl"]) else None
     return rows
 
 
@@ -171,7 +176,7 @@ def chart(results, path, title):
         (f"{c['name']} [{r['impl']}]" if r["impl"] != "fused" else c["name"], r.get("vs_eager"), r.get("vs_best_alt"))
         for c in results
         for r in c["rows"]
-        if r["impl"] in OURS and r["ms"]
+        if is_ours(r["impl"]) and r["ms"]
     ]
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(bars) + 1.5))
     y = range(len(bars))

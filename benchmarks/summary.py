@@ -9,7 +9,7 @@ fastest by that measure.
 import json
 import sys
 
-from benchmarks.run import OURS, fmt
+from benchmarks.run import fmt, is_ours
 
 
 def summary(results):
@@ -22,12 +22,12 @@ def summary(results):
     for case in results:
         rows = [r for r in case["rows"] if r["ms"]]
         eager = next((r["ms"] for r in rows if r["impl"] == "eager"), None)
-        alternatives = [r for r in rows if r["impl"] not in OURS]
+        alternatives = [r for r in rows if not is_ours(r["impl"])]
         best = min(alternatives, key=lambda r: r["ms"], default=None)
         best_text = f"{best['impl']} ({best['ms']:.3f})" if best else "-"
         best_graph = min((r["graph_ms"] for r in alternatives if r.get("graph_ms")), default=None)
         for r in rows:
-            if r["impl"] not in OURS:
+            if not is_ours(r["impl"]):
                 continue
             name = case["name"] if r["impl"] == "fused" else f"{case['name']} [{r['impl']}]"
             lines.append(
