@@ -12,7 +12,8 @@
 #                initcheck (reads of memory nothing wrote: workspaces, partial sums) over every family;
 #                SANITIZE_ONLY (a regex over "tool|files|filter") runs a subset
 #      diag      tools/gpu_diag.sh: the toolchain, and the C++ argument-error probes (diag.log)
-#   3. bench     tools/host_overhead.py (host time per eager call, per backend), then python -m benchmarks.run
+#   3. bench     tools/host_overhead.py (host time per eager call, per backend), tools/gpu_kernel_times.py (device
+#                time per kernel of the cases behind their targets), then python -m benchmarks.run
 #                --device cuda (the GPU to itself; the device's copy bandwidth measured first; BENCH_S seconds kept
 #                for both, BENCH_ARGS passed on; BENCH_FIRST=1 runs them before step 2)
 # Usage: OUT=dir bash tools/gpu_suite.sh   (SUITE_TESTS: the pytest paths, default tests). Logs and figures under
@@ -83,6 +84,8 @@ bench() {
   pkill -f cuda-gdb; pkill -f "build_ext --inplace"
   # host time per eager call, per backend (at most 60 s of the limit)
   [ "$limit" -ge 120 ] && run host-overhead "$OUT/bench.log" 60 "$PYTHON" tools/host_overhead.py
+  # device time per kernel of the cases behind their targets (at most 60 s)
+  [ "$limit" -ge 180 ] && run kernel-times "$OUT/bench.log" 60 "$PYTHON" tools/gpu_kernel_times.py
   limit=$((limit - (SECONDS - t0)))
   run bench "$OUT/bench.log" "$limit" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 \
     --budget-s "$((limit - 55))" --out "$OUT/bench" ${BENCH_ARGS:-}
