@@ -8,6 +8,7 @@ import os
 import statistics
 import subprocess
 import sys
+import zlib
 
 import pytest
 import torch
@@ -159,7 +160,9 @@ def assert_accuracy_over_seeds(samples, slack=2.0, worst=4.0, floor=None):
 
 def make(shape, dtype=torch.float32, device="cpu", low=-3.0, high=3.0, requires_grad=False, seed=None):
     """Random values in [low, high) drawn in float64, then cast (so all dtypes see the same numbers)."""
-    g = torch.Generator().manual_seed(hash((tuple(shape), seed)) % (2**31) if seed is None else seed)
+    # seed None: one from the shape, the same in every process (hash() of a tuple holding None is not, before
+    # Python 3.12: None's hash was its address)
+    g = torch.Generator().manual_seed(zlib.crc32(repr(tuple(shape)).encode()) if seed is None else seed)
     t = (torch.rand(shape, generator=g, dtype=torch.float64) * (high - low) + low).to(dtype).to(device)
     return t.requires_grad_(requires_grad)
 

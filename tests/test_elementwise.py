@@ -62,7 +62,10 @@ def test_bias_act_large_bias_gradient_is_deterministic(dev):
         assert torch.equal(torch.autograd.grad(fused.bias_act(x, b, "gelu"), b, g)[0], first)
     b64 = b.detach().double().requires_grad_()
     expected = torch.autograd.grad(ref.bias_act(x.double(), b64, "gelu"), b64, g.double())[0]
-    assert_close(first, expected, scale=10)
+    eager = torch.autograd.grad(ref.bias_act(x, b, "gelu"), b, g)[0]  # torch's float32 sums of the same terms
+    # judged over the 257 sums against eager's error, not per sum: a sum of 3000 terms that cancel misses a relative
+    # tolerance in any summation order (one did, 3.1e-5 off, in a CI run whose data differed from the one before)
+    assert_accuracy(first, eager, expected)
 
 
 def test_bias_act_noncontiguous_and_empty(dev):
