@@ -15,7 +15,7 @@ import sys
 import torch
 
 import fused
-from benchmarks.common import built, with_backend
+from benchmarks.common import built, our_labels, with_backend
 
 
 def model_shapes(d, layers):
@@ -41,8 +41,15 @@ def torch_step(params, opt, foreach):
 
 
 def ours(device):
-    """(label, backend) of fused's steps: the CPU kernels, or each GPU backend (CUDA C++ and Triton)."""
-    return [("fused", None)] if device == "cpu" else [(f"fused[{b}]", b) for b in ("cuda", "triton")]
+    """(label, backend) of fused's steps: the CPU kernels, or each GPU backend that runs here (common.our_labels,
+    probed with one clipped step)."""
+
+    def probe():
+        p = torch.zeros(8, device=device, requires_grad=True)
+        p.grad = torch.ones_like(p)
+        fused.optim.AdamW([p], max_grad_norm=1.0).step()
+
+    return list(our_labels(device, probe).items())
 
 
 def impls(name, shapes, dtype, device, hyper):

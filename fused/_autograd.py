@@ -12,7 +12,7 @@ import torch
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _traced(tensors) -> bool:
+def traced(tensors) -> bool:
     """Whether a call must go through the dispatcher: compiling, a functorch transform or a dispatch mode active, or
     a tensor of a subclass other than nn.Parameter (FakeTensor, FunctionalTensor, DTensor)."""
     return (
@@ -65,7 +65,7 @@ def register_autograd(name: str, backward, setup_context):
 
     def call(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if _traced(tensors):
+        if traced(tensors):
             return op(*args, **kwargs)
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             with torch._C._AutoDispatchBelowAutograd():  # no gradient: the kernel, past the autograd wrapper

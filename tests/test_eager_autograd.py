@@ -97,8 +97,8 @@ def test_traced_calls_go_through_the_op():
     # under a functorch transform the op runs (torch.library's autograd, which torch.func.grad does not take
     # either: an autograd.Function without setup_context)
     seen.clear()
-    torch.func.vmap(lambda t: seen.append(_autograd._traced([t])) or t)(x.detach())
-    assert seen == [True] and not _autograd._traced([x, torch.nn.Parameter(x.detach())])
+    torch.func.vmap(lambda t: seen.append(_autograd.traced([t])) or t)(x.detach())
+    assert seen == [True] and not _autograd.traced([x, torch.nn.Parameter(x.detach())])
 
 
 @pytest.mark.parametrize("retain", [False, True])

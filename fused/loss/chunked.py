@@ -13,6 +13,7 @@ import functools
 import torch
 
 from fused import _checks
+from fused._autograd import traced
 
 # The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
 # a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
@@ -259,5 +260,5 @@ def forward_grads(ctx, grad_loss, needed):
     if grads is None or any(need and not done for need, done in zip(needed, ctx.computed)):
         return None
     # In place on plain tensors (eager); out of place when traced (torch.compile's fake and functional tensors).
-    in_place = type(grad_loss) is torch.Tensor and all(type(g) is torch.Tensor for g in grads)
+    in_place = not traced([grad_loss, *grads])
     return [g.mul_(grad_loss) if in_place else g * grad_loss for g in grads]
