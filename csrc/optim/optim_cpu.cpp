@@ -214,7 +214,7 @@ template <typename T> struct GradTransform {
 };
 
 // body(vector index i, count) over [0, n): full vectors, then the tail (count < size).
-template <typename T, typename F> inline void for_vectors(int64_t n, const F& body) {
+template <typename T, typename F> C10_ALWAYS_INLINE void for_vectors(int64_t n, const F& body) {
   int64_t i = 0;
   for (; i + Vec<T>::size() <= n; i += Vec<T>::size()) body(i, Vec<T>::size());
   if (i < n) body(i, n - i);
@@ -411,31 +411,60 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
   for (const auto& s : steps) *s.data_ptr<float>() += 1.f;  // CPU scalars: no dispatch per tensor
 }
 
-// The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), one quantization
-// block at a time: moments(i, cnt, m, root) takes m and root decoded (exp_avg and sqrt(exp_avg_sq)) and leaves them
-// updated; they wait in L1 until the block's scales (their max) are known, and step(i, cnt, m, root) moves the
-// parameter with them in a loop of its own (a short one, so that the division overlaps across many vectors) before
-// they are encoded.
-template <typename Moments, typename Step>
-void adam_codes(const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
-                const at::Tensor& v_scales, int64_t offset, int64_t len, const Moments& moments, const Step& step) {
+// One tensor's Adam update as plain values: the 8-bit loop below copies them into locals, so they stay in
+// registers (its code stores may alias anything reached through a pointer or reference).
+struct AdamScalars {
+  GradTransform<float> tr;
+  bool write_back, decoupled;
+  float b1c, b2, b2c, eps, weight_decay, decay, neg_step, inv_bc2;
+};
+
+// The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), p and g the
+// parameter and gradient of those elements, one quantization block at a time. Each vector of a block decodes m
+// and sqrt(v), updates them and the parameter, and leaves the new moments in L1 until the block's scales (their
+// max) are known; then they are encoded. The arithmetic is that of the float update in adam_step_cpu, op for op.
+// kPlain: the gradient is taken as it is (no loss scale, clipping, maximize or write-back: their factors are
+// exactly 1), two multiplies a vector fewer in a loop that the multiply ports bound. Out of line, so that the loop
+// gets registers of its own rather than the caller's spills.
+template <bool kPlain>
+C10_NOINLINE void adam_codes(const AdamScalars& scalars, float* p, float* g, const at::Tensor& m_codes,
+                             const at::Tensor& m_scales, const at::Tensor& v_codes, const at::Tensor& v_scales,
+                             int64_t offset, int64_t len) {
   using V = FloatVec;
-  int8_t* const m_code0 = m_codes.data_ptr<int8_t>();
-  uint8_t* const v_code0 = v_codes.data_ptr<uint8_t>();
-  float* const m_scale0 = m_scales.data_ptr<float>();
-  float* const v_scale0 = v_scales.data_ptr<float>();
+  const AdamScalars h = scalars;
+  const V b1c(h.b1c), b2(h.b2), b2c(h.b2c), eps(h.eps), weight_decay(h.weight_decay), decay(h.decay),
+      neg_step(h.neg_step), inv_bc2(h.inv_bc2);
+  int8_t* const m_code0 = m_codes.data_ptr<int8_t>() + offset;
+  uint8_t* const v_code0 = v_codes.data_ptr<uint8_t>() + offset;
+  float* const m_scale0 = m_scales.data_ptr<float>() + offset / kQuantBlock;
+  float* const v_scale0 = v_scales.data_ptr<float>() + offset / kQuantBlock;
   for (int64_t q = 0; q < len; q += kQuantBlock) {
-    const int64_t n = std::min(kQuantBlock, len - q), e = offset + q, block = e / kQuantBlock;
-    int8_t* mq = m_code0 + e;
-    uint8_t* vq = v_code0 + e;
-    float* m_scale = m_scale0 + block;
-    float* v_scale = v_scale0 + block;
+    const int64_t n = std::min(kQuantBlock, len - q);
+    int8_t* const mq = m_code0 + q;
+    uint8_t* const vq = v_code0 + q;
+    float* const m_scale = m_scale0 + q / kQuantBlock;
+    float* const v_scale = v_scale0 + q / kQuantBlock;
+    float* const pq = p + q;
+    float* const gq = g + q;
     const V ms = code_step<int8_t>(*m_scale), vs = code_step<uint8_t>(*v_scale);
     alignas(64) float m_new[kQuantBlock], root_new[kQuantBlock];
     V m_max(0.f), root_max(0.f);
-    for_vectors<float>(n, [&](int64_t i, int64_t cnt) {
+    for_vectors<float>(n, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
+      V pv = ld(pq + i, cnt);
+      V gv = ld(gq + i, cnt);
+      if constexpr (!kPlain) {
+        gv = h.tr.clipped(gv);
+        if (h.write_back) st(gv, gq + i, cnt);
+        gv = h.tr.signed_(gv);
+      }
+      if (h.weight_decay != 0) {  // AdamW decays p, Adam adds the L2 penalty to the gradient
+        if (h.decoupled) pv = pv * decay;
+        else gv = at::vec::fmadd(pv, weight_decay, gv);
+      }
       V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
-      moments(q + i, cnt, m, root);
+      m = at::vec::fmadd(gv - m, b1c, m);
+      root = at::vec::fmadd(gv * gv, b2c, root * root * b2).sqrt();
+      st(at::vec::fmadd(neg_step, m / at::vec::fmadd(root, inv_bc2, eps), pv), pq + i, cnt);
       if (cnt < V::size()) {  // lanes past the block stay out of its max
         m = V::set(V(0.f), m, cnt);
         root = V::set(V(0.f), root, cnt);
@@ -445,8 +474,6 @@ void adam_codes(const at::Tensor& m_codes, const at::Tensor& m_scales, const at:
       m_max = max_magnitude(m_max, m);
       root_max = max_magnitude(root_max, root);
     });
-    for_vectors<float>(n,
-                       [&](int64_t i, int64_t cnt) { step(q + i, cnt, V::loadu(m_new + i), V::loadu(root_new + i)); });
     encode_block(m_new, mq, *m_scale = block_scale(m_max), n);
     encode_block(root_new, vq, *v_scale = block_scale(root_max), n);
   }
@@ -539,18 +566,20 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    };
                    if constexpr (std::is_same_v<T, float>) {
                      if (codes) {
-                       adam_codes(
-                           exp_avgs[t], m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
-                           [&](int64_t i, int64_t cnt, V& m, V& root) {
-                             V p = ld(b[0] + i, cnt);  // read for the L2 penalty; decayed by the step below
-                             moments(grad_at(p, i, cnt), m, root);
-                             root = root.sqrt();
-                           },
-                           [&](int64_t i, int64_t cnt, V m, V root) {
-                             V p = ld(b[0] + i, cnt);
-                             decay_into(p, m);  // AdamW's decay of p (the L2 penalty went into the moments)
-                             st(stepped(p, m, root), b[0] + i, cnt);
-                           });
+                       const AdamScalars h{tr,
+                                           s->write_back,
+                                           decoupled,
+                                           float(1 - beta1),
+                                           float(beta2),
+                                           float(1 - beta2),
+                                           float(eps),
+                                           float(weight_decay),
+                                           float(1 - lr * weight_decay),
+                                           float(-step_size[t]),
+                                           float(1 / bc2_sqrt[t])};
+                       const bool plain_grad = tr.identity() && !s->write_back;
+                       (plain_grad ? adam_codes<true> : adam_codes<false>)(h, b[0], b[1], exp_avgs[t], m_scales[t],
+                                                                           exp_avg_sqs[t], v_scales[t], off, len);
                        return;
                      }
                    }
