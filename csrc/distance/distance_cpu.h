@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "common/checks.h"
 #include "common/cpu_utils.h"
@@ -112,12 +113,32 @@ template <typename T> struct MatmulOperands {
   at::Tensor ac, bc;  // centered
   at::Tensor na, nb;  // squared norms of the centered rows
   MatmulOperands(const at::Tensor& a_, const at::Tensor& b_) : a(a_), b(b_) {
-    at::Tensor center = b.size(0) ? b.mean(0, /*keepdim=*/true) : at::zeros({1, b.size(1)}, b.options());
+    at::Tensor center = b.size(0) ? b.mean(0) : at::zeros({b.size(1)}, b.options());
     if (!center.isfinite().all().item<bool>()) center.zero_();  // inf/NaN rows: the recompute handles them
-    ac = a - center;
-    bc = b - center;
-    na = ac.square().sum(1).contiguous();
-    nb = bc.square().sum(1).contiguous();
+    std::tie(ac, na) = centered(a, center);
+    std::tie(bc, nb) = centered(b, center);
+  }
+  // x - center row by row and the squared norms of the results, in one pass over x (no temporaries the size of x).
+  static std::pair<at::Tensor, at::Tensor> centered(const at::Tensor& x_in, const at::Tensor& center) {
+    using V = Vec<T>;
+    const at::Tensor x = x_in.contiguous();
+    const int64_t rows = x.size(0), D = x.size(1);
+    at::Tensor xc = at::empty_like(x), n = at::empty({rows}, x.options());
+    const T *src = x.template data_ptr<T>(), *c = center.template data_ptr<T>();
+    T *dst = xc.template data_ptr<T>(), *np = n.template data_ptr<T>();
+    at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        V acc(T(0));
+        for (int64_t d = 0; d < D; d += V::size()) {
+          const int64_t cnt = std::min<int64_t>(V::size(), D - d);
+          const V v = V::loadu(src + r * D + d, cnt) - V::loadu(c + d, cnt);  // lanes past D: 0 - 0
+          v.store(dst + r * D + d, cnt);
+          acc = at::vec::fmadd(v, v, acc);
+        }
+        np[r] = at::vec::vec_reduce_all<T>([](V p, V q) { return p + q; }, acc);
+      }
+    });
+    return {xc, n};
   }
 };
 
