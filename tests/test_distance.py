@@ -424,6 +424,36 @@ def test_topk_gemm_path_is_exact(dtype, squared, largest):
             torch.testing.assert_close(v, rv.to(dtype), rtol=1e-14 if dtype == torch.float64 else 2**-7, atol=0)
 
 
+@pytest.mark.parametrize("largest", [False, True])
+def test_topk_gemm_path_splits_columns_across_threads(largest):
+    """Few rows against many columns: the GEMM path splits the columns among the threads, each split keeping its
+    own candidates; the merged answer is the float64 search's, for 1, 2 and 3 threads, with near-ties and exact
+    ties falling in different splits, and padded batches."""
+    g = torch.Generator().manual_seed(96)
+    b = torch.randn(2, 4700, 40, generator=g, dtype=torch.float64)
+    a = torch.randn(2, 7, 40, generator=g, dtype=torch.float64)
+    b[0, 4600] = b[0, 3]  # an exact tie across splits
+    b[0, 2500] = b[0, 3] * (1 + 2.0**-30)  # and a near-tie
+    a[0, 0] = b[0, 3]
+    a[1, 1] = b[1, 4000] + 1e-3
+    a, b = a.float(), b.float()
+    la, lb = torch.tensor([7, 3]), torch.tensor([4700, 4100])
+    expect = [
+        ref.pairwise_topk(a.double(), b.double(), 20, largest=largest),
+        ref.pairwise_topk(a.double(), b.double(), 20, largest=largest, lengths_a=la, lengths_b=lb),
+    ]
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            for lengths, (rv, ri) in zip(((None, None), (la, lb)), expect):
+                v, i = fused.pairwise_topk(a, b, 20, largest=largest, lengths_a=lengths[0], lengths_b=lengths[1])
+                assert torch.equal(i, ri), threads
+                assert torch.equal(v, rv.float()), threads
+    finally:
+        torch.set_num_threads(old)
+
+
 def test_topk_gemm_path_non_finite_rows():
     """inf and NaN in rows of a and b at D = 64 (no GEMM bound holds for them): ranked as torch.topk ranks them."""
     a, b = make((6, 64), torch.float64, seed=92), make((40, 64), torch.float64, seed=93)

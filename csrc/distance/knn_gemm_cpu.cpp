@@ -5,7 +5,8 @@
 // columns whose lower bound (d^2 - err) is within `bound`, the k-th smallest upper bound (d^2 + err) seen so far:
 // every true k-best column has a lower bound at or below the final bound, so it is kept. The kept columns are then
 // ranked by their distance in double from the uncentered inputs (exact differences and squares of float inputs):
-// the same indices as a float64 search, ties to the lower index, whatever the GEMM's rounding.
+// the same indices as a float64 search, ties to the lower index, whatever the GEMM's rounding. Threads take tiles
+// of rows; with few rows for the threads, the columns are split among them too, and a row's lists are merged.
 #include "distance/knn_gemm_cpu.h"
 
 #include <algorithm>
@@ -103,76 +104,138 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
     col_terms.push_back(c);
   }
 
-  const int64_t chunks = (N + kRows - 1) / kRows;
-  at::parallel_for(0, x.B * chunks, 1, [&](int64_t t0, int64_t t1) {
+  // Work items: a chunk of kRows rows of a against a range of columns of b. The columns are split only where the
+  // chunks are few for the threads (few query rows against many columns), each split keeping its own lists.
+  const int64_t chunks = (N + kRows - 1) / kRows, threads = at::get_num_threads();
+  const int64_t items = std::max<int64_t>(1, x.B * chunks);
+  int64_t max_cols = 0;
+  for (int64_t bi = 0; bi < x.B; ++bi) max_cols = std::max(max_cols, lb(bi));
+  // At least 4 work items a thread where the columns allow, so that a few chunks still balance.
+  const int64_t splits =
+      threads == 1
+          ? 1
+          : std::clamp<int64_t>(std::min((4 * threads + items - 1) / items, max_cols / (4 * kCols)), 1, 4 * threads);
+
+  // The GEMM filter of rows [r0, r0 + valid) of batch bi against its columns [c_begin, c_end), into kept[0, valid).
+  auto filter = [&](int64_t bi, int64_t r0, int64_t valid, int64_t c_begin, int64_t c_end, Kept<T>* kept,
+                    std::vector<T>& tile) {
+    for (int64_t i = 0; i < valid; ++i) kept[i].reset(k);
+    if (valid == 0) return;
+    const MatmulOperands<T>& op = ops[bi];
+    const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
+    const T* cj = col_terms[bi].template data_ptr<T>();
+    for (int64_t c0 = c_begin; c0 < c_end; c0 += kCols) {
+      const int64_t nc = std::min(kCols, c_end - c0);
+      at::Tensor out = at::from_blob(tile.data(), {valid, nc}, op.a.options());
+      at::mm_out(out, op.ac.narrow(0, r0, valid), op.bc.narrow(0, c0, nc).t());
+      for (int64_t i = 0; i < valid; ++i) {
+        if (!(na[i] <= limit)) continue;  // a non-finite row: re-ranked against every column below
+        Kept<T>& row = kept[i];
+        const T ci = na[i] * (sign - g) - floor;
+        const T* dot = tile.data() + i * nc;
+        // The score's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
+        const V m(T(-2) * sign);
+        T thr = row.bound - ci;
+        auto take = [&](int64_t j) {
+          const T s = na[i] + nb[c0 + j], score = sign * (s - T(2) * dot[j]), err = g * s + floor;
+          row.add(score - err, score + err, c0 + j);
+          thr = row.bound - ci;
+        };
+        int64_t j = 0;
+        for (; j + L <= nc; j += L) {
+          const V lo = at::vec::fmadd(m, V::loadu(dot + j), V::loadu(cj + c0 + j));
+          for (int mask = (lo <= V(thr)).zero_mask() ^ ((1 << L) - 1); mask; mask &= mask - 1) {
+            const int64_t l = j + __builtin_ctz(mask);
+            if (cj[c0 + l] - T(2) * sign * dot[l] <= thr) take(l);  // thr may have tightened in this vector
+          }
+        }
+        for (; j < nc; ++j)
+          if (cj[c0 + j] - T(2) * sign * dot[j] <= thr) take(j);
+      }
+    }
+  };
+
+  // Exact re-rank of rows [r0, r0 + rows) of batch bi: each valid row's kept columns of every split (kept[s * kRows
+  // + i]) within the tightest of their bounds (each split's k-th smallest upper bound is at or above the k-th
+  // smallest of all), every column for a non-finite row.
+  auto rerank = [&](int64_t bi, int64_t r0, int64_t rows, int64_t valid, std::vector<Kept<T>>& kept,
+                    std::vector<Key>& keys) {
+    const MatmulOperands<T>& op = ops[bi];
+    const T* na = op.na.template data_ptr<T>() + r0;
+    const T* a = op.a.template data_ptr<T>() + r0 * D;
+    const T* b = op.b.template data_ptr<T>();
+    for (int64_t i = valid; i < rows; ++i) {
+      const int64_t row = (bi * N + r0 + i) * width;
+      write_missing(vp + row, ip + row, width, largest);
+    }
+    for (int64_t i = 0; i < valid; ++i) {
+      keys.clear();
+      auto rank = [&](int64_t j) { keys.push_back(order.key(exact_distance(a + i * D, b + j * D, D, squared), j)); };
+      if (na[i] <= limit) {
+        T bound = std::numeric_limits<T>::infinity();
+        for (int64_t sp = 0; sp < splits; ++sp) {
+          Kept<T>& part = kept[sp * kRows + i];
+          part.prune();
+          bound = std::min(bound, part.bound);
+        }
+        for (int64_t sp = 0; sp < splits; ++sp)
+          for (const auto& e : kept[sp * kRows + i].list)
+            if (e.lo <= bound) rank(e.j);
+        for (int64_t j : bad_cols[bi]) rank(j);
+      } else {
+        for (int64_t j = 0; j < lb(bi); ++j) rank(j);
+      }
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(keys.size()), k);
+      std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
+      const int64_t row = (bi * N + r0 + i) * width;
+      for (int64_t s = 0; s < n; ++s) {
+        vp[row + s] = static_cast<scalar_t>(order.value(keys[s]));
+        ip[row + s] = static_cast<int64_t>(static_cast<uint64_t>(keys[s]));
+      }
+      write_missing(vp + row + n, ip + row + n, width - n, largest);
+    }
+  };
+  auto rows_of = [&](int64_t t, int64_t& bi, int64_t& r0, int64_t& rows, int64_t& valid) {
+    bi = t / chunks, r0 = (t % chunks) * kRows;
+    rows = std::min(kRows, N - r0), valid = std::clamp<int64_t>(la(bi) - r0, 0, rows);
+  };
+  // The columns [begin, end) of split sp: multiples of kCols.
+  auto split_range = [&](int64_t bi, int64_t sp, int64_t& begin, int64_t& end) {
+    const int64_t span = ((lb(bi) + splits - 1) / splits + kCols - 1) / kCols * kCols;
+    begin = std::min(lb(bi), sp * span), end = std::min(lb(bi), begin + span);
+  };
+
+  if (splits == 1) {  // a chunk at a time, filter then re-rank, its lists reused
+    at::parallel_for(0, x.B * chunks, 1, [&](int64_t t0, int64_t t1) {
+      std::vector<T> tile(kRows * kCols);
+      std::vector<Kept<T>> kept(kRows);
+      std::vector<Key> keys;
+      for (int64_t t = t0; t < t1; ++t) {
+        int64_t bi, r0, rows, valid;
+        rows_of(t, bi, r0, rows, valid);
+        filter(bi, r0, valid, 0, lb(bi), kept.data(), tile);
+        rerank(bi, r0, rows, valid, kept, keys);
+      }
+    });
+    return;
+  }
+  // Every (chunk, split) filtered in parallel, then each chunk re-ranked from its splits' lists.
+  std::vector<std::vector<Kept<T>>> kept(x.B * chunks, std::vector<Kept<T>>(splits * kRows));
+  at::parallel_for(0, x.B * chunks * splits, 1, [&](int64_t t0, int64_t t1) {
     std::vector<T> tile(kRows * kCols);
-    std::vector<Kept<T>> kept(kRows);
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t bi, r0, rows, valid, begin, end;
+      rows_of(t / splits, bi, r0, rows, valid);
+      split_range(bi, t % splits, begin, end);
+      filter(bi, r0, valid, begin, end, kept[t / splits].data() + (t % splits) * kRows, tile);
+    }
+  });
+  at::parallel_for(0, x.B * chunks, 1, [&](int64_t t0, int64_t t1) {
     std::vector<Key> keys;
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t bi = t / chunks, r0 = (t % chunks) * kRows;
-      const int64_t rows = std::min(kRows, N - r0), valid = std::clamp<int64_t>(la(bi) - r0, 0, rows);
-      const int64_t cols = lb(bi);
-      const MatmulOperands<T>& op = ops[bi];
-      for (int64_t i = valid; i < rows; ++i) {
-        const int64_t row = (bi * N + r0 + i) * width;
-        write_missing(vp + row, ip + row, width, largest);
-      }
-      if (valid == 0) continue;
-      const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
-      const T* cj = col_terms[bi].template data_ptr<T>();
-      for (int64_t i = 0; i < valid; ++i) kept[i].reset(k);
-      for (int64_t c0 = 0; c0 < cols; c0 += kCols) {
-        const int64_t nc = std::min(kCols, cols - c0);
-        at::Tensor out = at::from_blob(tile.data(), {valid, nc}, op.a.options());
-        at::mm_out(out, op.ac.narrow(0, r0, valid), op.bc.narrow(0, c0, nc).t());
-        for (int64_t i = 0; i < valid; ++i) {
-          if (!(na[i] <= limit)) continue;  // a non-finite row: re-ranked against every column below
-          Kept<T>& row = kept[i];
-          const T ci = na[i] * (sign - g) - floor;
-          const T* dot = tile.data() + i * nc;
-          // The score's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
-          const V m(T(-2) * sign);
-          T thr = row.bound - ci;
-          auto take = [&](int64_t j) {
-            const T s = na[i] + nb[c0 + j], score = sign * (s - T(2) * dot[j]), err = g * s + floor;
-            row.add(score - err, score + err, c0 + j);
-            thr = row.bound - ci;
-          };
-          int64_t j = 0;
-          for (; j + L <= nc; j += L) {
-            const V lo = at::vec::fmadd(m, V::loadu(dot + j), V::loadu(cj + c0 + j));
-            for (int mask = (lo <= V(thr)).zero_mask() ^ ((1 << L) - 1); mask; mask &= mask - 1) {
-              const int64_t l = j + __builtin_ctz(mask);
-              if (cj[c0 + l] - T(2) * sign * dot[l] <= thr) take(l);  // thr may have tightened in this vector
-            }
-          }
-          for (; j < nc; ++j)
-            if (cj[c0 + j] - T(2) * sign * dot[j] <= thr) take(j);
-        }
-      }
-      // Exact re-rank of the kept columns within the final bound (every column for a non-finite row).
-      const T* a = op.a.template data_ptr<T>() + r0 * D;
-      const T* b = op.b.template data_ptr<T>();
-      for (int64_t i = 0; i < valid; ++i) {
-        keys.clear();
-        auto rank = [&](int64_t j) { keys.push_back(order.key(exact_distance(a + i * D, b + j * D, D, squared), j)); };
-        if (na[i] <= limit) {
-          Kept<T>& row = kept[i];
-          row.prune();
-          for (const auto& e : row.list) rank(e.j);
-          for (int64_t j : bad_cols[bi]) rank(j);
-        } else {
-          for (int64_t j = 0; j < cols; ++j) rank(j);
-        }
-        const int64_t n = std::min<int64_t>(static_cast<int64_t>(keys.size()), k);
-        std::partial_sort(keys.begin(), keys.begin() + n, keys.end());
-        const int64_t row = (bi * N + r0 + i) * width;
-        for (int64_t s = 0; s < n; ++s) {
-          vp[row + s] = static_cast<scalar_t>(order.value(keys[s]));
-          ip[row + s] = static_cast<int64_t>(static_cast<uint64_t>(keys[s]));
-        }
-        write_missing(vp + row + n, ip + row + n, width - n, largest);
-      }
+      int64_t bi, r0, rows, valid;
+      rows_of(t, bi, r0, rows, valid);
+      rerank(bi, r0, rows, valid, kept[t], keys);
     }
   });
 }
