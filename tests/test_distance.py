@@ -542,6 +542,21 @@ def test_topk_large_m_without_the_matrix():
     assert (i == ri).float().mean() > 0.99  # float32 rounding may swap near-ties
 
 
+def test_matmul_path_copies_b_only_to_center_it():
+    """The p = 2 matmul path centers the points at b's mean only where that mean is large against b's rows (points
+    far from the origin); otherwise the GEMM reads a and b as they are, and a call allocates far less than b."""
+
+    def allocated_mb(a, b):
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+            fused.pairwise_topk(a, b, 4)
+        return sum(max(e.cpu_memory_usage, 0) for e in prof.events() if e.cpu_memory_usage) / 2**20
+
+    a, b = make((8, 64), seed=97), make((20000, 64), seed=98)
+    b_mb = b.numel() * b.element_size() / 2**20
+    assert allocated_mb(a, b) < b_mb / 4
+    assert allocated_mb(a + 100, b + 100) >= b_mb
+
+
 def test_topk_memory_does_not_grow_with_n_times_m():
     """In a fresh process: pairwise_topk over 16384 x 16384 pairs (the matrix would take 1 GiB) raises the peak
     resident memory by far less than the matrix, on both the direct and the matmul path."""

@@ -107,32 +107,47 @@ template <typename T> inline T direct_pair_p2(const T* a, const T* b, int64_t D,
 
 // ---- the p=2 matmul path for one batch ----
 // a, b: [N, D], [M, D] in the math type. Centering both at the mean of b (distances are translation invariant)
-// keeps |a|^2 + |b|^2 - 2 a.b small for point clouds far from the origin.
+// keeps |a|^2 + |b|^2 - 2 a.b small for point clouds far from the origin. Where that mean is small against b's rows
+// (|mean|^2 <= mean |row|^2 / 9), centering would change the norms by little and the operands are used as they are,
+// with no copy of b.
 template <typename T> struct MatmulOperands {
   at::Tensor a, b;    // uncentered, for the direct recompute
-  at::Tensor ac, bc;  // centered
-  at::Tensor na, nb;  // squared norms of the centered rows
-  MatmulOperands(const at::Tensor& a_, const at::Tensor& b_) : a(a_), b(b_) {
-    at::Tensor center = b.size(0) ? b.mean(0) : at::zeros({b.size(1)}, b.options());
-    if (!center.isfinite().all().item<bool>()) center.zero_();  // inf/NaN rows: the recompute handles them
+  at::Tensor ac, bc;  // the GEMM's operands: centered, or a and b themselves
+  at::Tensor na, nb;  // squared norms of their rows
+  MatmulOperands(const at::Tensor& a_, const at::Tensor& b_) : a(a_.contiguous()), b(b_.contiguous()) {
+    std::tie(bc, nb) = centered(b, {});
+    const int64_t M = b.size(0);
+    const double spread = M ? nb.sum(at::kDouble).template item<double>() / M : 0.0;
+    at::Tensor center = M ? b.mean(0) : at::zeros({b.size(1)}, b.options());
+    const double offset = center.square().sum(at::kDouble).template item<double>();
+    if (!std::isfinite(offset) || 9 * offset <= spread) {  // inf/NaN rows: the recompute handles them
+      std::tie(ac, na) = centered(a, {});
+      return;
+    }
     std::tie(ac, na) = centered(a, center);
     std::tie(bc, nb) = centered(b, center);
   }
-  // x - center row by row and the squared norms of the results, in one pass over x (no temporaries the size of x).
-  static std::pair<at::Tensor, at::Tensor> centered(const at::Tensor& x_in, const at::Tensor& center) {
+  // x - center row by row (x itself when center is undefined) and the squared norms of the results, in one pass
+  // over x (no temporaries the size of x).
+  static std::pair<at::Tensor, at::Tensor> centered(const at::Tensor& x, const at::Tensor& center) {
     using V = Vec<T>;
-    const at::Tensor x = x_in.contiguous();
     const int64_t rows = x.size(0), D = x.size(1);
-    at::Tensor xc = at::empty_like(x), n = at::empty({rows}, x.options());
-    const T *src = x.template data_ptr<T>(), *c = center.template data_ptr<T>();
+    const bool shift = center.defined();
+    // detach: the GEMM may run on a worker thread, outside the caller's no-autograd guard, and refuses out=
+    // arguments that require grad
+    at::Tensor xc = shift ? at::empty_like(x) : x.detach(), n = at::empty({rows}, x.options());
+    const T *src = x.template data_ptr<T>(), *c = shift ? center.template data_ptr<T>() : nullptr;
     T *dst = xc.template data_ptr<T>(), *np = n.template data_ptr<T>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
         V acc(T(0));
         for (int64_t d = 0; d < D; d += V::size()) {
           const int64_t cnt = std::min<int64_t>(V::size(), D - d);
-          const V v = V::loadu(src + r * D + d, cnt) - V::loadu(c + d, cnt);  // lanes past D: 0 - 0
-          v.store(dst + r * D + d, cnt);
+          V v = V::loadu(src + r * D + d, cnt);  // lanes past D: 0
+          if (shift) {
+            v = v - V::loadu(c + d, cnt);
+            v.store(dst + r * D + d, cnt);
+          }
           acc = at::vec::fmadd(v, v, acc);
         }
         np[r] = at::vec::vec_reduce_all<T>([](V p, V q) { return p + q; }, acc);
