@@ -160,14 +160,15 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   // smallest of all), every column for a non-finite row.
   auto rerank = [&](int64_t bi, int64_t r0, int64_t rows, int64_t valid, std::vector<Kept<T>>& kept,
                     std::vector<Key>& keys) {
-    const MatmulOperands<T>& op = ops[bi];
-    const T* na = op.na.template data_ptr<T>() + r0;
-    const T* a = op.a.template data_ptr<T>() + r0 * D;
-    const T* b = op.b.template data_ptr<T>();
     for (int64_t i = valid; i < rows; ++i) {
       const int64_t row = (bi * N + r0 + i) * width;
       write_missing(vp + row, ip + row, width, largest);
     }
+    if (valid == 0) return;
+    const MatmulOperands<T>& op = ops[bi];
+    const T* na = op.na.template data_ptr<T>() + r0;
+    const T* a = op.a.template data_ptr<T>() + r0 * D;
+    const T* b = op.b.template data_ptr<T>();
     for (int64_t i = 0; i < valid; ++i) {
       keys.clear();
       auto rank = [&](int64_t j) { keys.push_back(order.key(exact_distance(a + i * D, b + j * D, D, squared), j)); };
