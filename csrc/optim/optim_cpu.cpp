@@ -226,6 +226,12 @@ template <typename T> inline void st(Vec<T> v, T* p, int64_t cnt) {
   if (cnt == Vec<T>::size()) v.store(p);
   else v.store(p, cnt);
 }
+// The cnt gradient elements at g as an update takes them: clipped (and stored back at g when write_back), then signed.
+template <typename T> inline Vec<T> grad_taken(const GradTransform<T>& tr, T* g, int64_t cnt, bool write_back) {
+  const Vec<T> c = tr.clipped(ld(g, cnt));
+  if (write_back) st(c, g, cnt);
+  return tr.signed_(c);
+}
 
 // Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
 // a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Element i of tensor t
@@ -394,9 +400,7 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
                    const auto tr = GradTransform<T>::of(*s, maximize);
                    for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
                      V p = ld(b[0] + i, cnt);
-                     V d = tr.clipped(ld(b[1] + i, cnt));
-                     if (s->write_back) st(d, b[1] + i, cnt);
-                     d = tr.signed_(d);
+                     V d = grad_taken(tr, b[1] + i, cnt, s->write_back);
                      if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
                      if (use_momentum) {
                        V buf =
@@ -469,12 +473,9 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
     V m_max(0.f), root_max(0.f);
     for_vectors<float>(n, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
       V pv = ld(pq + i, cnt);
-      V gv = ld(gq + i, cnt);
-      if constexpr (!kPlain) {
-        gv = tr.clipped(gv);
-        if (write_back) st(gv, gq + i, cnt);
-        gv = tr.signed_(gv);
-      }
+      V gv;
+      if constexpr (kPlain) gv = ld(gq + i, cnt);
+      else gv = grad_taken(tr, gq + i, cnt, write_back);
       gv = math.decay_into(pv, gv);
       V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
       V v = root * root;
@@ -554,9 +555,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
           const auto math = AdamMath<T>::of(lr, beta1, beta2, eps, weight_decay, decoupled, step_size[t], bc2_sqrt[t]);
           // the gradient element i.. as the moments take it (written back clipped), p decayed in place
           auto grad_at = [&](V& p, int64_t i, int64_t cnt) {
-            V g = tr.clipped(ld(b[1] + i, cnt));
-            if (s->write_back) st(g, b[1] + i, cnt);
-            return math.decay_into(p, tr.signed_(g));
+            return math.decay_into(p, grad_taken(tr, b[1] + i, cnt, s->write_back));
           };
           if constexpr (std::is_same_v<T, float>) {
             if (codes) {
