@@ -24,7 +24,7 @@ setup:
 test: setup lint cuda-check torch-headers-check
 	$(PYTHON) -m pytest -q tests
 
-# make bench: a representative case per op and dtype (about 10 minutes on 2 CPU cores); make bench FULL=1: all.
+# make bench: a representative case per op and dtype (4-5 minutes on 2 CPU cores); make bench FULL=1: all.
 bench: setup
 	$(PYTHON) -m benchmarks.run $(if $(FULL),--full)
 

@@ -273,6 +273,30 @@ def test_unary_chain_matches_reference(dev, chain, dtype):
     assert_accuracy(gx, ex, rx, slack=2.0)
 
 
+# Chains of arithmetic ops only, whose CPU backward keeps the group in registers and dispatches once per run of
+# equal ops (the same op and scalar): run boundaries by scalar, by op, runs of one, a last run longer than one.
+INLINE_CHAINS = [
+    [("add", 0.5), ("add", 0.5), ("add", 0.25), "square", "square"],
+    ["square", "square", "neg", "abs", "abs", ("mul", 1.5)],
+    [("clamp_min", 0.1), "sqrt", "sqrt", "rsqrt", "reciprocal", "reciprocal", ("clamp_max", 3.0), ("clamp_max", 3.0)],
+    ["relu"],
+]
+
+
+@pytest.mark.parametrize("chain", INLINE_CHAINS, ids=lambda c: "-".join(o if isinstance(o, str) else o[0] for o in c))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_unary_chain_backward_of_runs(chain, dtype):
+    x = make((3, 5, 131), dtype, low=-1.5, high=1.5)  # groups of 8 vectors and a tail in every block
+    g = make(x.shape, dtype, seed=6)
+    ours = torch.ops.fused.unary_chain_backward(g, x, fused.elementwise.encode_ops(chain))
+    xg = x.detach().requires_grad_()
+    (eager,) = torch.autograd.grad(ref.unary_chain(xg, chain), xg, g)
+    x64 = x.detach().double().requires_grad_()
+    (ref64,) = torch.autograd.grad(ref.unary_chain(x64, chain), x64, g.double())
+    assert ours.dtype == dtype
+    assert_accuracy(ours, eager, ref64, slack=2.0)
+
+
 def test_unary_chain_long_noncontiguous_empty(dev):
     x = noncontiguous(make((50, 30), torch.float32, dev, low=-1, high=1))
     chain = [("mul", 0.9), "sin"] * 40  # 80 ops: two launches of the CUDA C++ kernel

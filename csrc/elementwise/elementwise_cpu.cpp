@@ -2,6 +2,9 @@
 // on L1-sized blocks with at::vec, parallel over blocks with at::parallel_for.
 #include <torch/library.h>
 
+#include <algorithm>
+#include <utility>
+
 #include "common/cpu_utils.h"
 #include "common/philox.h"
 #include "elementwise/elementwise_args.h"
@@ -336,6 +339,92 @@ template <typename T> void chain_grad(T* out, const T* grad, const T* x, int64_t
   }
 }
 
+// Chains made only of ops computed inline (arithmetic, no vector-math call: ten x*x, say) take their backward with
+// the group in registers. The loop above keeps g and v in memory between two ops (the compiler joins the
+// dispatch's cases there), a store and a load per vector and op; here the group's vectors are indexed by
+// compile-time constants and a run of equal ops (the same op and scalar) is dispatched once, its loop in
+// registers. Ten x*x backward, 8M floats, 2 threads, AVX2: 24-34 to 16-20 ms (interleaved, beside another job).
+// Chains with a call (exp, tanh, ...) keep the loop above: the call spills the registers anyway, and in this form
+// they measured up to 2x slower.
+struct ChainRun {
+  UnaryOp op;
+  double scalar;
+  int count;
+};
+
+std::vector<ChainRun> runs_of(const Chain& chain) {
+  std::vector<ChainRun> runs;
+  for (auto [op, s] : chain) {
+    if (!runs.empty() && runs.back().op == op && runs.back().scalar == s) ++runs.back().count;
+    else runs.push_back({op, s, 1});
+  }
+  return runs;
+}
+
+constexpr bool computed_inline(UnaryOp op) {
+  switch (op) {
+    case UnaryOp::neg:
+    case UnaryOp::abs:
+    case UnaryOp::square:
+    case UnaryOp::sqrt:
+    case UnaryOp::rsqrt:
+    case UnaryOp::relu:
+    case UnaryOp::reciprocal:
+    case UnaryOp::add:
+    case UnaryOp::mul:
+    case UnaryOp::clamp_min:
+    case UnaryOp::clamp_max: return true;
+    default: return false;
+  }
+}
+
+bool all_computed_inline(const Chain& chain) {
+  return std::all_of(chain.begin(), chain.end(), [](const auto& op) { return computed_inline(op.first); });
+}
+
+// f(u) for u = 0 .. U-1, u a compile-time constant (std::integral_constant).
+template <typename F, size_t... u> inline void each_of(F&& f, std::index_sequence<u...>) {
+  (f(std::integral_constant<size_t, u>{}), ...);
+}
+template <int U, typename F> inline void for_each_vector(F&& f) { each_of(f, std::make_index_sequence<U>{}); }
+
+// chain_grad for chains whose ops are all computed_inline.
+template <typename T>
+void chain_grad_in_registers(T* out, const T* grad, const T* x, int64_t len, const Chain& chain,
+                             const std::vector<ChainRun>& runs) {
+  using V = Vec<T>;
+  constexpr int64_t kStep = kChainGroup * V::size();
+  int64_t i = 0;
+  for (; i + kStep <= len; i += kStep) {
+    V v[kChainGroup], g[kChainGroup];
+    for_each_vector<kChainGroup>([&](auto u) {
+      v[u] = V::loadu(x + i + u * V::size());
+      g[u] = V::loadu(grad + i + u * V::size());
+    });
+    for (size_t k = 0; k < runs.size(); ++k) {
+      const ChainRun& run = runs[k];
+      visit_unary(run.op, [&](auto tag) {
+        constexpr UnaryOp O = decltype(tag)::value;
+        if constexpr (computed_inline(O)) {
+          const V sv(static_cast<T>(run.scalar));
+          // every op but the chain's last recomputes v for the next
+          const int recomputed = k + 1 == runs.size() ? run.count - 1 : run.count;
+          for (int r = 0; r < recomputed; ++r) {
+            for_each_vector<kChainGroup>([&](auto u) {
+              g[u] = g[u] * unary_grad<O>(v[u], sv);
+              v[u] = unary_fwd<O>(v[u], sv);
+            });
+          }
+          if (recomputed < run.count)
+            for_each_vector<kChainGroup>([&](auto u) { g[u] = g[u] * unary_grad<O>(v[u], sv); });
+        }
+      });
+    }
+    for_each_vector<kChainGroup>([&](auto u) { g[u].store(out + i + u * V::size()); });
+  }
+  if (i < len) chain_grad(out + i, grad + i, x + i, len - i, chain);  // the tail
+}
+
 at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string>& ops) {
   const Chain chain = parse_chain("unary_chain", ops);
   check_floating("unary_chain", "x", x_in);
@@ -361,6 +450,8 @@ at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string
 at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor& x_in,
                                     const std::vector<std::string>& ops) {
   const Chain chain = parse_chain("unary_chain_backward", ops);
+  const bool in_registers = all_computed_inline(chain);
+  const std::vector<ChainRun> runs = runs_of(chain);
   check_floating("unary_chain_backward", "x", x_in);
   check_grad_like("unary_chain_backward", grad_in, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
@@ -374,7 +465,9 @@ at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor&
     parallel_blocks(n, [&](int64_t i, int64_t len) {
       T x_local[kBlock], g_local[kBlock], out_local[kBlock];
       T* out = work_buffer(gxp + i, out_local);
-      chain_grad(out, math_view(gp + i, g_local, len), math_view(xp + i, x_local, len), len, chain);
+      const T *gv = math_view(gp + i, g_local, len), *xv = math_view(xp + i, x_local, len);
+      if (in_registers) chain_grad_in_registers(out, gv, xv, len, chain, runs);
+      else chain_grad(out, gv, xv, len, chain);
       store_block(out, gxp + i, len);
     });
   });
