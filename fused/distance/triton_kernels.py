@@ -197,7 +197,7 @@ def _matmul_tile(
         dot = tl.dot(at, tl.trans(bt), dot, input_precision=PREC)
     s = na[:, None] + nb[None, :]
     d2 = s - 2.0 * dot
-    redo = (d2 <= RECOMPUTE * s) | (d2 != d2) | (tl.abs(d2) == float("inf"))
+    redo = (d2 <= s * RECOMPUTE) | (d2 != d2) | (tl.abs(d2) == float("inf"))
     redo = redo & mask_n[:, None] & mask_m[None, :]
     if tl.max(redo.to(tl.int32)) > 0:
         exact = _direct_tile(a_rows, b_rows, mask_n, mask_m, D, 2.0, P2, tl.float32, BN, BM)
