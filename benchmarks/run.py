@@ -12,6 +12,12 @@ every case, 5 rounds.
 pages). On Linux with THP in madvise mode, a fresh 32 MB output otherwise costs 8192 page faults, each zeroing
 4 KB in the kernel: that is most of the time of every memory-bound op here (eager, compiled and ours alike), and
 --thp shows what the kernels themselves cost. The default run measures the default environment.
+
+--keep-heap makes glibc's malloc keep what it frees (no mmap for large blocks, no trimming of the heap's top), as
+a caching allocator (jemalloc, tcmalloc) does: a call then reuses the memory its previous call freed. By default,
+whether a call reuses freed memory or page-faults in fresh memory turns on glibc's thresholds and on what ran
+before it, so the same case's ratio can move by 3x with the order of the run; with --keep-heap no
+implementation's steady state faults, and the figures no longer depend on that order.
 """
 
 import argparse
@@ -208,6 +214,7 @@ def main(argv=None):
     p.add_argument("--full", action="store_true", help="every case (default: a representative case per op and dtype)")
     p.add_argument("--rounds", type=int, help="interleaved timing rounds per case, median kept (default 3; --full 5)")
     p.add_argument("--thp", action="store_true", help="CPU: transparent huge pages for large tensors (see above)")
+    p.add_argument("--keep-heap", action="store_true", help="CPU: malloc keeps freed memory (see above)")
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
     p.add_argument("--budget-s", type=float, help="start no new case after this many seconds")
     args = p.parse_args(argv)
@@ -215,6 +222,8 @@ def main(argv=None):
         # torch reads the variable once, at its first allocation: start again with it set.
         os.environ["THP_MEM_ALLOC_ENABLE"] = "1"
         os.execv(sys.executable, [sys.executable, "-m", "benchmarks.run", *(sys.argv[1:] if argv is None else argv)])
+    if args.keep_heap:
+        keep_freed_heap()
     if args.device == "cpu":
         torch.set_num_threads(args.threads)
     from rich.progress import Progress
@@ -265,6 +274,20 @@ def main(argv=None):
     write(results, args, copy_gbps, final=True)
 
 
+def keep_freed_heap():
+    """--keep-heap: glibc's malloc serves every block from its heap (no mmap) and never trims the heap's top."""
+    import ctypes
+
+    M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4  # malloc.h
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        ok = libc.mallopt(M_MMAP_MAX, 0) and libc.mallopt(M_TRIM_THRESHOLD, 2**31 - 1)
+    except (OSError, AttributeError):
+        ok = False
+    if not ok:
+        sys.exit("benchmarks.run: --keep-heap needs glibc's mallopt")
+
+
 def write(results, args, copy_gbps, final):
     import fused
 
@@ -273,11 +296,13 @@ def write(results, args, copy_gbps, final):
     header = (
         f"## Benchmarks on {name} ({date}; torch {torch.__version__}, fused backend "
         f"{fused.get_backend()}{', THP_MEM_ALLOC_ENABLE=1' if args.thp else ''}"
+        f"{', freed heap kept' if args.keep_heap else ''}"
         f"{', quick' if args.quick else ''}{', full' if args.full else ''})"
     )
     slug = (
         re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
         + ("-thp" if args.thp else "")
+        + ("-keep-heap" if args.keep_heap else "")
         + ("-quick" if args.quick else "")
     )
     title = header[3:]

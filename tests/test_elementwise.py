@@ -297,6 +297,16 @@ def test_unary_chain_backward_of_runs(chain, dtype):
     assert_accuracy(ours, eager, ref64, slack=2.0)
 
 
+@pytest.mark.parametrize("chain", INLINE_CHAINS, ids=lambda c: "-".join(o if isinstance(o, str) else o[0] for o in c))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_unary_chain_forward_of_runs(chain, dtype):
+    """The forward of chains of inline ops, one dispatch per run of equal ops: the same run boundaries."""
+    x = make((3, 5, 131), dtype, low=-1.5, high=1.5)
+    ours = fused.unary_chain(x, chain)
+    assert ours.dtype == dtype
+    assert_accuracy(ours, ref.unary_chain(x, chain), ref.unary_chain(x.double(), chain), slack=2.0)
+
+
 def test_unary_chain_long_noncontiguous_empty(dev):
     x = noncontiguous(make((50, 30), torch.float32, dev, low=-1, high=1))
     chain = [("mul", 0.9), "sin"] * 40  # 80 ops: two launches of the CUDA C++ kernel

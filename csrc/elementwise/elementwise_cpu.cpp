@@ -425,8 +425,35 @@ void chain_grad_in_registers(T* out, const T* grad, const T* x, int64_t len, con
   if (i < len) chain_grad(out + i, grad + i, x + i, len - i, chain);  // the tail
 }
 
+// chain_fwd for chains whose ops are all computed_inline: the group in registers, one dispatch per run of equal
+// ops, as chain_grad_in_registers (in chain_fwd the per-op dispatch keeps the group in stack slots).
+template <typename T>
+void chain_fwd_in_registers(T* out, const T* in, int64_t len, const Chain& chain, const std::vector<ChainRun>& runs) {
+  using V = Vec<T>;
+  constexpr int64_t kStep = kChainGroup * V::size();
+  int64_t i = 0;
+  for (; i + kStep <= len; i += kStep) {
+    V v[kChainGroup];
+    for_each_vector<kChainGroup>([&](auto u) { v[u] = V::loadu(in + i + u * V::size()); });
+    for (const ChainRun& run : runs) {
+      visit_unary(run.op, [&](auto tag) {
+        constexpr UnaryOp O = decltype(tag)::value;
+        if constexpr (computed_inline(O)) {
+          const V sv(static_cast<T>(run.scalar));
+          for (int r = 0; r < run.count; ++r)
+            for_each_vector<kChainGroup>([&](auto u) { v[u] = unary_fwd<O>(v[u], sv); });
+        }
+      });
+    }
+    for_each_vector<kChainGroup>([&](auto u) { v[u].store(out + i + u * V::size()); });
+  }
+  if (i < len) chain_fwd_tail(out + i, in + i, len - i, chain);  // the tail
+}
+
 at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string>& ops) {
   const Chain chain = parse_chain("unary_chain", ops);
+  const bool in_registers = all_computed_inline(chain);
+  const std::vector<ChainRun> runs = runs_of(chain);
   check_floating("unary_chain", "x", x_in);
   at::Tensor x = x_in.contiguous();
   at::Tensor y = at::empty_like(x);
@@ -439,7 +466,9 @@ at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string
     parallel_blocks(n, [&](int64_t i, int64_t len) {
       T in_local[kBlock], out_local[kBlock];
       T* out = work_buffer(yp + i, out_local);
-      chain_fwd(out, math_view(xp + i, in_local, len), len, chain);
+      const T* in = math_view(xp + i, in_local, len);
+      if (in_registers) chain_fwd_in_registers(out, in, len, chain, runs);
+      else chain_fwd(out, in, len, chain);
       store_block(out, yp + i, len);
     });
   });
