@@ -14,10 +14,10 @@ pages). On Linux with THP in madvise mode, a fresh 32 MB output otherwise costs 
 --thp shows what the kernels themselves cost. The default run measures the default environment.
 
 --keep-heap makes glibc's malloc keep what it frees (no mmap for large blocks, no trimming of the heap's top), as
-a caching allocator (jemalloc, tcmalloc) does: a call then reuses the memory its previous call freed. By default,
-whether a call reuses freed memory or page-faults in fresh memory turns on glibc's thresholds and on what ran
-before it, so the same case's ratio can move by 3x with the order of the run; with --keep-heap no
-implementation's steady state faults, and the figures no longer depend on that order.
+a caching allocator (jemalloc, tcmalloc) does: after a few calls, a call reuses the memory its previous call
+freed. By default, whether a call reuses freed memory or page-faults in fresh memory turns on glibc's thresholds
+and on what ran before it, so the same case's ratio can move by 3x with the order of the run. With --keep-heap
+the timed calls rarely fault, and the figures depend far less on that order.
 """
 
 import argparse

@@ -2,7 +2,12 @@
 so that the benchmark suite cannot rot unnoticed."""
 
 import importlib
+import os
 import pkgutil
+import platform
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -217,3 +222,33 @@ def test_bench_default_is_a_case_per_op_and_dtype():
     assert picked == [names[0], names[3], names[4]]
     marked = [{"name": n, "default": i == 2} for i, n in enumerate(names)]
     assert [c["name"] for c in default_cases(marked)] == [names[2]]
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="--keep-heap sets glibc's malloc options")
+def test_benchmark_keep_heap_reuses_freed_memory(tmp_path):
+    """--keep-heap: malloc keeps what it frees, so 32 MB tensors made and freed in turn reuse pages once glibc has
+    settled (by default each comes from mmap and faults in 8192 fresh pages), and the files say which run it was."""
+    code = textwrap.dedent(
+        f"""
+        import resource, sys, types, torch
+        from benchmarks import run
+        case = {{"name": "tiny", "impls": {{"eager": lambda: None}}}}
+        tiny = types.SimpleNamespace(cases=lambda device, quick: [case])
+        run.discover = lambda only: [tiny]
+        sys.modules["matplotlib"] = None
+        run.main(["--device", "cpu", "--quick", "--keep-heap", "--out", {str(tmp_path)!r}])
+        for _ in range(10):  # glibc settles in a few calls
+            torch.empty(2**23).fill_(1.0)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(4):
+            torch.empty(2**23).fill_(1.0)
+        print("faults", resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        """
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    faults = int(done.stdout.split("faults")[-1])
+    assert faults <= 2 * 8192, faults  # 4 x 8192 when each tensor is fresh memory
+    assert ["-keep-heap" in p.name for p in tmp_path.iterdir() if p.suffix == ".md"] == [True]
+    assert "freed heap kept" in done.stdout
