@@ -512,12 +512,15 @@ def test_memory_16bit_weight_gradient(monkeypatch, upcast):
     eager = peak_memory_mb(lambda: torch.autograd.grad(lce_ref(x, w, b, t), (x, w, b)), "cpu")
     weight_mb = w.numel() * 2 / 2**20
     grads_mb = (x.numel() + w.numel() + b.numel()) * 2 / 2**20
-    # torch's own bf16 GEMM may take scratch beyond its output: where it goes to oneDNN (CPUs with AVX512-BF16), a
-    # packed copy of the weight-sized operand; none on CPUs without
-    rows, logits = 8, torch.ones(8, w.shape[0], dtype=w.dtype)
-    gemms = (lambda: x[:rows] @ w.T, lambda: logits @ w, lambda: logits.T @ x[:rows])
-    outputs_mb = (rows * w.shape[0], rows * w.shape[1], w.numel())
-    gemm_scratch_mb = max(peak_memory_mb(g, "cpu") - n * 2 / 2**20 for g, n in zip(gemms, outputs_mb))
+    # torch's own GEMM may take scratch beyond its output: a bf16 one that goes to oneDNN (CPUs with AVX512-BF16)
+    # packs the weight-sized operand; none elsewhere. Measured on the loop's GEMMs: its chunk rows, its GEMM dtype.
+    gemm = chunked.gemm_dtype(x)
+    rows = chunked.chunk_rows(2048, w, gemm != torch.float32, gemm)
+    xg, wg = x.detach()[:rows].to(gemm), w.detach().to(gemm)
+    logits = torch.ones(rows, w.shape[0], dtype=gemm)
+    gemms = (lambda: xg @ wg.T, lambda: logits @ wg, lambda: logits.T @ xg)
+    outputs_mb = [n * logits.element_size() / 2**20 for n in (logits.numel(), xg.numel(), wg.numel())]
+    gemm_scratch_mb = max(peak_memory_mb(g, "cpu") - out for g, out in zip(gemms, outputs_mb))
     # grads_mb counts the bf16 weight gradient: the chunk's weight size in the loop, its own at the end (+ the
     # class slices' 16-bit part, 8 KiB, and per-row vectors)
     assert ours <= grads_mb + 2 * weight_mb + max(gemm_scratch_mb, 0.0) + 0.1, (

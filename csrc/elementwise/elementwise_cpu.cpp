@@ -426,7 +426,7 @@ void chain_grad_in_registers(T* out, const T* grad, const T* x, int64_t len, con
 }
 
 // chain_fwd for chains whose ops are all computed_inline: the group in registers, one dispatch per run of equal
-// ops, as chain_grad_in_registers (in chain_fwd the per-op dispatch keeps the group in stack slots).
+// ops, as chain_grad_in_registers. Ten x*x forward, 8M floats, 2 threads, AVX-512: 2.1-2.6 to 1.5 ms (interleaved).
 template <typename T>
 void chain_fwd_in_registers(T* out, const T* in, int64_t len, const Chain& chain, const std::vector<ChainRun>& runs) {
   using V = Vec<T>;
