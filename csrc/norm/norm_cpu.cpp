@@ -17,24 +17,42 @@ namespace fused {
 namespace norm {
 namespace {
 
-// Sum over [0, len) of f(i, m), the Vec<T> of elements i .. i + m (m < V::size() only at the tail, whose lanes
-// past m are dropped here), in four vector accumulators.
-template <typename T, typename F> double block_sum(int64_t len, const F& f) {
+// Sums over [0, len) of f(i, m, s0, s1), which sets s0 and s1 to two Vec<T>s of elements i .. i + m (m < V::size()
+// only at the tail, whose lanes past m are dropped here), in four vector accumulators each: one pass for two sums.
+template <typename T, typename F> std::pair<double, double> block_sums(int64_t len, const F& f) {
   using V = Vec<T>;
   constexpr int64_t W = V::size();
-  V a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+  V a[4] = {V(T(0)), V(T(0)), V(T(0)), V(T(0))}, b[4] = {V(T(0)), V(T(0)), V(T(0)), V(T(0))};
   int64_t i = 0;
-  for (; i + 4 * W <= len; i += 4 * W) {
-    a0 += f(i, W);
-    a1 += f(i + W, W);
-    a2 += f(i + 2 * W, W);
-    a3 += f(i + 3 * W, W);
-  }
+  for (; i + 4 * W <= len; i += 4 * W)
+    for (int u = 0; u < 4; ++u) {
+      V s0, s1;
+      f(i + u * W, W, s0, s1);
+      a[u] += s0;
+      b[u] += s1;
+    }
   for (; i < len; i += W) {
     const int64_t m = std::min<int64_t>(W, len - i);
-    a0 += m == W ? f(i, W) : V::set(V(T(0)), f(i, m), m);
+    V s0, s1;
+    f(i, m, s0, s1);
+    a[0] += m == W ? s0 : V::set(V(T(0)), s0, m);
+    b[0] += m == W ? s1 : V::set(V(T(0)), s1, m);
   }
-  return static_cast<double>(at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, (a0 + a1) + (a2 + a3)));
+  auto total = [](const V* acc) {
+    return static_cast<double>(
+        at::vec::vec_reduce_all<T>([](V x, V y) { return x + y; }, (acc[0] + acc[1]) + (acc[2] + acc[3])));
+  };
+  return {total(a), total(b)};
+}
+
+// The sum over [0, len) of f(i, m), one Vec<T> of elements i .. i + m, as block_sums adds it.
+template <typename T, typename F> double block_sum(int64_t len, const F& f) {
+  return block_sums<T>(len,
+                       [&](int64_t i, int64_t m, Vec<T>& s0, Vec<T>& s1) {
+                         s0 = f(i, m);
+                         s1 = Vec<T>(T(0));
+                       })
+      .first;
 }
 
 // The weight and bias as the math type (any floating dtype), or empty.
@@ -191,6 +209,60 @@ template <typename T> void sum_chunks(const T* partial, int64_t chunks, int64_t 
   });
 }
 
+// One row of the backward: dh = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) (+ grad_sum), xhat = (h - mean) *
+// rstd, gw = grad * weight (RMSNorm: mean 0, no mean(gw) term), and the row's terms of the weight and bias gradients
+// added into acc_w / acc_b (either may be null). The pointers are arguments, so the compiler keeps them in registers
+// across the stores, and every loop runs whole vectors with one tail.
+template <typename T, bool kWeight, typename S, typename R>
+void grad_row(const S* g_row, const R* h_row, const R* gs_row, R* dh_row, const T* w, T mean, T rstd, bool rms,
+              T* acc_w, T* acc_b, int64_t C) {
+  using V = Vec<T>;
+  constexpr int64_t W = V::size();
+  const V mv(mean), rv(rstd);
+  double sum_gw_xhat = 0, sum_gw = 0;
+  for (int64_t j = 0; j < C; j += kBlock) {  // block sums over kBlock elements, as the forward's
+    const int64_t len = std::min(kBlock, C - j);
+    auto gw_xhat = [&](int64_t i, int64_t m, V& s0, V& s1) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const V gv = load_math<T>(g_row + j + i, m);
+      // rounded, as below: mean(gw) and gw then cancel exactly
+      if constexpr (kWeight) s1 = rounded(gv * V::loadu(w + j + i, m));
+      else s1 = gv;
+      s0 = s1 * ((load_math<T>(h_row + j + i, m) - mv) * rv);
+    };
+    if (rms) {
+      sum_gw_xhat += block_sum<T>(len, [&](int64_t i, int64_t m) C10_ALWAYS_INLINE_ATTRIBUTE {
+        V s0, s1;
+        gw_xhat(i, m, s0, s1);
+        return s0;
+      });
+    } else {  // both sums in one pass
+      const auto sums = block_sums<T>(len, gw_xhat);
+      sum_gw_xhat += sums.first;
+      sum_gw += sums.second;
+    }
+  }
+  const V a(static_cast<T>(sum_gw_xhat / C)), b(static_cast<T>(sum_gw / C));
+  for (int64_t j = 0; j < C; j += kBlock) {
+    const int64_t len = std::min(kBlock, C - j);
+    T out_local[kBlock];
+    T* dh = work_buffer(dh_row + j, out_local);
+    auto body = [&](int64_t i, int64_t m) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const V gv = load_math<T>(g_row + j + i, m), xh = (load_math<T>(h_row + j + i, m) - mv) * rv;
+      V gw = gv;
+      if constexpr (kWeight) gw = rounded(gv * V::loadu(w + j + i, m));
+      V d = rv * ((gw - b) - xh * a);
+      if (gs_row) d = d + load_math<T>(gs_row + j + i, m);
+      d.store(dh + i, m);
+      if (acc_w) (V::loadu(acc_w + j + i, m) + gv * xh).store(acc_w + j + i, m);
+      if (acc_b) (V::loadu(acc_b + j + i, m) + gv).store(acc_b + j + i, m);
+    };
+    int64_t i = 0;
+    for (; i + W <= len; i += W) body(i, W);
+    if (i < len) body(i, len - i);
+    store_block(dh, dh_row + j, len);
+  }
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     const at::Tensor& grad_in, const std::optional<at::Tensor>& grad_sum_in, const at::Tensor& h_in,
     const at::Tensor& mean_in, const at::Tensor& rstd_in, const std::optional<at::Tensor>& weight,
@@ -208,7 +280,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     using S = decltype(s_tag);
     using R = decltype(r_tag);
     using T = at::opmath_type<S>;
-    using V = Vec<T>;
     const at::Tensor w_t = param_in_math<T>(weight, bw.h);
     const T* w = ptr_or_null<T>(w_t);
     const S* gp = bw.grad.data_ptr<S>();
@@ -226,37 +297,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
         if (acc_w) std::fill(acc_w, acc_w + C, T(0));
         if (acc_b) std::fill(acc_b, acc_b + C, T(0));
         for (int64_t r = c * per_chunk; r < std::min(rows, (c + 1) * per_chunk); ++r) {
-          const R* h_row = hp + r * C;
-          const S* g_row = gp + r * C;
-          const V mv(mp ? mp[r] : T(0)), rv(rs[r]);
-          // xhat = (h - mean) * rstd, gw = grad * weight; dh = rstd * (gw - mean(gw) - xhat * mean(gw * xhat))
-          double sum_gw_xhat = 0, sum_gw = 0;
-          for (int64_t j = 0; j < C; j += kBlock) {  // block sums over kBlock elements, as the forward's
-            const int64_t len = std::min(kBlock, C - j);
-            auto gw = [&](int64_t i, int64_t m) {  // rounded, as below: mean(gw) and gw then cancel exactly
-              const V gv = load_math<T>(g_row + j + i, m);
-              return w ? rounded(gv * V::loadu(w + j + i, m)) : gv;
-            };
-            sum_gw_xhat += block_sum<T>(
-                len, [&](int64_t i, int64_t m) { return gw(i, m) * ((load_math<T>(h_row + j + i, m) - mv) * rv); });
-            if (!rms) sum_gw += block_sum<T>(len, gw);
-          }
-          const V a(static_cast<T>(sum_gw_xhat / C)), b(static_cast<T>(sum_gw / C));
-          for (int64_t j = 0; j < C; j += kBlock) {
-            const int64_t len = std::min(kBlock, C - j);
-            T out_local[kBlock];
-            T* dh = work_buffer(dhp + r * C + j, out_local);
-            for (int64_t i = 0; i < len; i += V::size()) {
-              const int64_t m = std::min<int64_t>(V::size(), len - i);
-              const V gv = load_math<T>(g_row + j + i, m), xh = (load_math<T>(h_row + j + i, m) - mv) * rv;
-              V d = rv * (((w ? rounded(gv * V::loadu(w + j + i, m)) : gv) - b) - xh * a);
-              if (gsp) d = d + load_math<T>(gsp + r * C + j + i, m);
-              d.store(dh + i, m);
-              if (acc_w) (V::loadu(acc_w + j + i, m) + gv * xh).store(acc_w + j + i, m);
-              if (acc_b) (V::loadu(acc_b + j + i, m) + gv).store(acc_b + j + i, m);
-            }
-            store_block(dh, dhp + r * C + j, len);
-          }
+          const auto row = [&](auto has_weight) {
+            grad_row<T, decltype(has_weight)::value>(gp + r * C, hp + r * C, gsp ? gsp + r * C : nullptr, dhp + r * C,
+                                                     w, mp ? mp[r] : T(0), rs[r], rms, acc_w, acc_b, C);
+          };
+          if (w) row(std::true_type{});
+          else row(std::false_type{});
         }
       }
     });
