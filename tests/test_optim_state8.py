@@ -72,6 +72,38 @@ def test_codes_within_their_bound_and_match_the_torch_encoder():
     )
 
 
+def near_half_codes():
+    """Values whose coded ratio lands just beside a rounding boundary of the code: sqrt(|x| / a) * levels within 1e-7
+    to 6e-4 of k + 0.5 for every k (a = 1 per block, set by a first element of 1), both signs, for both codes (the
+    kernel rounds there from a square-root estimate only where the estimate cannot cross the boundary)."""
+    offsets = torch.tensor([1e-7, 1e-6, 1e-5, 1e-4, 3e-4, 4.8e-4, 5e-4, 6e-4], dtype=torch.float64)
+    offsets = torch.cat([offsets, -offsets])
+    values = []
+    for levels in (127, 255):
+        k = torch.arange(levels, dtype=torch.float64)
+        y = (k[:, None] + 0.5 + offsets[None, :]).flatten()
+        values.append(((y / levels) ** 2).clamp(max=1.0))
+    x = torch.cat(values).float()
+    x = x[: (x.numel() // 255) * 255].view(-1, 255)
+    x = torch.cat([torch.ones(x.shape[0], 1), x], dim=1)  # scale 1 in every block of 256
+    x = x.flatten()
+    x[1::2] = -x[1::2]
+    return x
+
+
+def test_codes_beside_rounding_boundaries_match_the_torch_encoder():
+    x = near_half_codes()
+    assert x.numel() >= quantize.MIN_NUMEL
+    state = quantized_by_kernel(x)
+    # exp_avg codes sqrt(|m| / a) with a = 1; exp_avg_sq codes sqrt(sqrt(v) / u) = sqrt(|x|): the same ratios
+    for key, coded in [("exp_avg", x), ("exp_avg_sq", x * x)]:
+        codes, scales = torch.empty_like(state[key]), torch.empty_like(state[key + "_scale"])
+        quantize.encode_(codes, scales, coded)
+        assert torch.equal(scales, state[key + "_scale"]), key
+        mismatch = (codes != state[key]).nonzero().flatten()
+        assert mismatch.numel() == 0, (key, mismatch[:8], x[mismatch[:8]])
+
+
 def test_nonfinite_block_decodes_to_nan():
     x = torch.randn(N)
     x[300] = math.inf

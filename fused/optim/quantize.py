@@ -24,25 +24,40 @@ def zero_scales(codes):
     return torch.zeros(-(-codes.numel() // BLOCK), dtype=torch.float32, device=codes.device)
 
 
-def encode_(codes, scales, values):
-    """Writes codes (int8 or uint8, as the kernel would) and scales of `values` (float, shaped like codes)."""
+def _sqrt(x):
+    """The correctly rounded float32 square root, as the kernels take it: torch's CPU sqrt of float32 is not (it
+    differs from IEEE in about 1 of 5 results), and a root of float input taken in float64 rounds right."""
+    return x.double().sqrt().float()
+
+
+def encode_(codes, scales, values, rows_per_chunk=16384):
+    """Writes codes (int8 or uint8, as the kernel would) and scales of `values` (float, shaped like codes), in chunks
+    of rows_per_chunk blocks (the float64 roots stay small)."""
     x = torch.empty_like(codes, dtype=torch.float32).copy_(values)
     n, blocks = codes.numel(), scales.numel()
     padded = torch.zeros(blocks * BLOCK, dtype=torch.float32, device=codes.device)
     padded[:n] = _flat(x)
     padded = padded.view(blocks, BLOCK)
-    signed = codes.dtype == torch.int8
-    mag = padded.abs() if signed else padded.sqrt()
+    q = torch.empty_like(padded)
+    for r0 in range(0, blocks, rows_per_chunk):
+        rows = padded[r0 : r0 + rows_per_chunk]
+        q[r0 : r0 + rows_per_chunk], scales[r0 : r0 + rows_per_chunk] = _encode_rows(rows, codes.dtype)
+    _flat(codes).copy_(q.flatten()[:n].to(codes.dtype))
+
+
+def _encode_rows(rows, dtype):
+    """The codes (as float) and scales of whole blocks, one a row."""
+    signed = dtype == torch.int8
+    mag = rows.abs() if signed else _sqrt(rows)
     scale = mag.amax(dim=1)  # NaN propagates, as in the kernel
     usable = (scale > 0) & (scale <= torch.finfo(torch.float32).max)
     inv = 1.0 / scale[:, None]  # mag / scale as mag * (1 / scale), but for a denormal scale (inverse inf)
     ratio = torch.where(torch.isinf(inv), mag / scale[:, None], mag * inv)
-    q = torch.round(ratio.sqrt() * LEVELS[codes.dtype])
+    q = torch.round(_sqrt(ratio) * LEVELS[dtype])
     q = torch.where(usable[:, None], q, 0.0)
     if signed:
-        q = torch.where(padded < 0, -q, q)
-    _flat(codes).copy_(q.flatten()[:n].to(codes.dtype))
-    scales.copy_(scale)
+        q = torch.where(rows < 0, -q, q)
+    return q, scale
 
 
 def decode(codes, scales):
