@@ -77,3 +77,19 @@ def register_autograd(name: str, backward, setup_context):
     call.__name__ = name
     call.__doc__ = f"torch.ops.fused.{name}, through a torch.autograd.Function when called eagerly with a gradient."
     return call
+
+
+def public(name: str, composite):
+    """The eager entry point of the composite op fused::<name>: `composite` itself (the code the dispatcher would run
+    for torch.ops.fused.<name>, without its round trip into Python, about 4 us a call), or the op through the
+    dispatcher while the autograd profiler records eagerly, so that profiles name fused::<name>."""
+    op = getattr(torch.ops.fused, name)
+    profiling = torch._C._autograd._profiler_enabled
+
+    def call(*args, **kwargs):
+        if not torch.compiler.is_compiling() and profiling():
+            return op(*args, **kwargs)
+        return composite(*args, **kwargs)
+
+    call.__name__ = name
+    return call

@@ -108,7 +108,7 @@ std::pair<T, T> norm_row(const U* h, S* out, const T* w, const T* b, int64_t C, 
   }
   const T rstd = static_cast<T>(1.0 / std::sqrt(ms / C + eps));
   const V mv(mean), rv(rstd);
-  auto normed = [&](int64_t j, int64_t m) {    // elements j .. j + m of the output, in the math type
+  auto normed = [&](int64_t j, int64_t m) C10_ALWAYS_INLINE_ATTRIBUTE {  // elements j .. j + m, in the math type
     V v = (load_math<T>(h + j, m) - mv) * rv;  // mean is 0 for RMSNorm: h - 0 is h, bit for bit
     if (w) v = v * V::loadu(w + j, m);
     if (b) v = v + V::loadu(b + j, m);
@@ -124,10 +124,9 @@ std::pair<T, T> norm_row(const U* h, S* out, const T* w, const T* b, int64_t C, 
     const int64_t len = std::min(kBlock, C - c);
     T local[kBlock];
     T* y = work_buffer(out + c, local);
-    for (int64_t i = 0; i < len; i += V::size()) {
-      const int64_t m = std::min<int64_t>(V::size(), len - i);
-      normed(c + i, m).store(y + i, m);
-    }
+    int64_t i = 0;
+    for (; i + V::size() <= len; i += V::size()) normed(c + i, V::size()).store(y + i);
+    if (i < len) normed(c + i, len - i).store(y + i, len - i);
     store_block(y, out + c, len);
   }
   return {mean, rstd};
@@ -167,10 +166,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> norm_fwd_cpu(
                 const int64_t len = std::min(kBlock, C - c);
                 T local[kBlock];
                 T* hb = work_buffer(h_row + c, local);
-                for (int64_t i = 0; i < len; i += V::size()) {
-                  const int64_t m = std::min<int64_t>(V::size(), len - i);
+                auto add = [&](int64_t i, int64_t m) C10_ALWAYS_INLINE_ATTRIBUTE {
                   (load_math<T>(x_row + c + i, m) + load_math<T>(r_row + c + i, m)).store(hb + i, m);
-                }
+                };
+                int64_t i = 0;
+                for (; i + V::size() <= len; i += V::size()) add(i, V::size());
+                if (i < len) add(i, len - i);
                 store_block(hb, h_row + c, len);
               }
               stats = norm_row(static_cast<const R*>(h_row), outp + r * C, w, b, C, eps, rms);

@@ -1,4 +1,7 @@
-"""The fused elementwise family: bias + activation, gated units, bias-dropout-residual, pointwise chains."""
+"""The fused elementwise family: bias + activation, gated units, bias-dropout-residual, pointwise chains.
+
+bias_dropout_add runs the composite that torch.ops.fused.bias_dropout_add runs, without the dispatcher's round trip
+into Python (about 4 us a call; fused._autograd.public)."""
 
 from typing import Optional, Sequence, Tuple, Union
 
@@ -26,7 +29,7 @@ def bias_dropout_add(
 ) -> torch.Tensor:
     """residual + dropout(x + bias, p) in one pass. The mask comes from a counter-based RNG seeded from torch's
     default generator (reproducible under torch.manual_seed) and is regenerated in backward, never stored."""
-    return torch.ops.fused.bias_dropout_add(x, bias, residual, p, training)
+    return _ops.bias_dropout_add(x, bias, residual, p, training)
 
 
 def encode_ops(ops: Sequence[Op]) -> list:

@@ -4,7 +4,7 @@ fused ops), and the CUDA-device routing between the CUDA C++ and Triton kernels.
 import torch
 
 from fused import _checks
-from fused._autograd import register_autograd
+from fused._autograd import public, register_autograd
 from fused._backend import register_gpu
 from fused._codes import MAX_CHAIN, parse_op
 
@@ -169,6 +169,7 @@ def _bias_dropout_add(x, bias, residual, p=0.1, training=True):
 
 _lib = torch.library.Library("fused", "IMPL")
 _lib.impl("bias_dropout_add", _bias_dropout_add, "CompositeImplicitAutograd")
+bias_dropout_add = public("bias_dropout_add", _bias_dropout_add)
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----

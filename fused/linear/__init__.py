@@ -1,10 +1,13 @@
-"""The fused linear family: act(x @ weight.T + bias) as one GEMM with the bias and activation in its epilogue."""
+"""The fused linear family: act(x @ weight.T + bias) as one GEMM with the bias and activation in its epilogue.
+
+linear_act runs the composite that torch.ops.fused.linear_act runs, without the dispatcher's round trip into Python
+(about 4 us a call; fused._autograd.public)."""
 
 from typing import Optional
 
 import torch
 
-from fused.linear import ops as _ops  # noqa: F401  registers fake kernels, autograd, GPU routing
+from fused.linear import ops as _ops  # registers the composite, fake kernels, autograd, GPU routing
 
 
 def linear_act(
@@ -14,7 +17,7 @@ def linear_act(
     bias [out_features]. act: identity, relu, gelu (erf), gelu_tanh, silu, sigmoid, tanh.
     Autograd saves the pre-activation only for gelu, gelu_tanh and silu (the others differentiate from the
     output); the backward runs the activation derivative and the bias reduction in one pass, then two GEMMs."""
-    return torch.ops.fused.linear_act(x, weight, bias, act)
+    return _ops.linear_act(x, weight, bias, act)
 
 
 __all__ = ["linear_act"]

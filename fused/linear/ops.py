@@ -6,7 +6,7 @@ import math
 import torch
 
 from fused import _checks
-from fused._autograd import register_autograd
+from fused._autograd import public, register_autograd
 from fused._backend import register_gpu
 from fused._codes import ACT_CODES
 from fused.elementwise.ops import bias_act
@@ -120,6 +120,7 @@ def _linear_act(x, weight, bias=None, act="identity"):
 
 _lib = torch.library.Library("fused", "IMPL")
 _lib.impl("linear_act", _linear_act, "CompositeImplicitAutograd")
+linear_act = public("linear_act", _linear_act)
 
 
 # ---- CUDA tensors: CUDA C++ (cuBLAS GEMM + fused epilogue pass) or Triton (epilogue inside the GEMM) ----

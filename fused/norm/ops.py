@@ -7,7 +7,7 @@ import math
 import torch
 
 from fused import _checks
-from fused._autograd import register_autograd
+from fused._autograd import public, register_autograd
 from fused._backend import register_gpu
 
 TRITON = "fused.norm.triton_kernels"
@@ -207,6 +207,15 @@ for _name, _fn in (
     ("add_layer_norm", _add_layer_norm),
 ):
     _lib.impl(_name, _fn, "CompositeImplicitAutograd")
+rms_norm, layer_norm, add_rms_norm, add_layer_norm = (
+    public(n, f)
+    for n, f in (
+        ("rms_norm", _rms_norm),
+        ("layer_norm", _layer_norm),
+        ("add_rms_norm", _add_rms_norm),
+        ("add_layer_norm", _add_layer_norm),
+    )
+)
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----
