@@ -260,6 +260,13 @@ def test_bf16_state_is_stochastically_rounded_and_reproducible():
     assert torch.equal(a, b)
     up = (a > 1.0).float().mean().item()
     assert abs(up - 2**-3) < 0.02, up  # 2^-10 of the way to a step of 2^-7: rounds up 1/8 of the time
+    # the state draws two elements from each 32-bit word (its two halves): each half unbiased, neighbours independent
+    # (4096 pairs: a rate's sd is 0.005, both-up's 0.002; halves sharing bits would give both-up 1/8)
+    pairs = (a > 1.0).view(-1, 2)
+    for half in (0, 1):
+        assert abs(pairs[:, half].float().mean().item() - 2**-3) < 0.03, half
+    both = (pairs[:, 0] & pairs[:, 1]).float().mean().item()
+    assert abs(both - 2**-6) < 0.01, both
 
 
 # ---------------------------------------------------------------- GPU: the int8 state on every GPU backend of

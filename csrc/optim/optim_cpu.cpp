@@ -234,28 +234,45 @@ template <typename T> inline Vec<T> grad_taken(const GradTransform<T>& tr, T* g,
 }
 
 // Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
-// a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Element i of tensor t
-// uses Philox4x32-10 word i % 4 of counter i / 4 under key seed + t * golden (csrc/common/philox.h), top 16 bits.
+// a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Parameters (and model
+// copies): element i of tensor t uses the top 16 bits of Philox4x32-10 word i % 4 of counter i / 4 under key
+// seed + t * golden (csrc/common/philox.h), as the CUDA kernels do. bf16 optimizer state (CPU only) uses every
+// word's two halves: element i takes word (i / 2) % 4 of counter i / 8, its high half for even i and its low half
+// for odd i, so that a step draws one word per moment and parameter rather than two.
 struct Rounding {
   bool stochastic = false;
-  uint64_t key = 0;  // this tensor's Philox key
+  uint64_t key = 0;         // this tensor's Philox key
+  bool half_words = false;  // two elements a word (state) rather than one (parameters)
 };
 constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kStateKeyStep = 0xD1B54A32D192ED03ull;
 
-// index0: the tensor element of src[0], a multiple of 4 (chunks and blocks start at multiples of 1024).
-void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key) {
-  TORCH_INTERNAL_ASSERT(index0 % 4 == 0);
+// index0: the tensor element of src[0], a multiple of 8 (chunks and blocks start at multiples of 1024).
+void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
+                           bool half_words) {
+  TORCH_INTERNAL_ASSERT(index0 % 8 == 0);
+  const int64_t per_call = half_words ? 512 : 256;  // elements of one philox64 call's 256 words
   uint32_t words[256];
-  for (int64_t j = 0; j < n; j += 256) {
-    philox64(uint64_t(index0 + j) / 4, key, words);
-    const int64_t len = std::min<int64_t>(256, n - j);
+  // element e's addend (e < per_call), in the low 16 bits
+  auto addend = [&](int64_t e) {
+    return half_words ? (e & 1 ? words[e >> 1] & 0xFFFFu : words[e >> 1] >> 16) : words[e] >> 16;
+  };
+  for (int64_t j = 0; j < n; j += per_call) {
+    philox64(uint64_t(index0 + j) / (half_words ? 8 : 4), key, words);
+    const int64_t len = std::min<int64_t>(per_call, n - j);
     int64_t e = 0;
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
     for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
       __m512i bits = _mm512_loadu_si512(src + j + e);
       const __m512 x = _mm512_castsi512_ps(bits);
-      const __m512i r = _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
+      __m512i r;
+      if (half_words) {  // words e/2 .. e/2 + 7, each as (high half, low half) in two lanes
+        const __m512i w = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2)));
+        r = _mm512_or_si512(_mm512_srli_epi64(w, 16),
+                            _mm512_slli_epi64(_mm512_and_si512(w, _mm512_set1_epi64(0xFFFF)), 32));
+      } else {
+        r = _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
+      }
       bits = _mm512_mask_mov_epi32(_mm512_add_epi32(bits, r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
                                    _mm512_set1_epi32(0x7FC00000));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
@@ -264,7 +281,14 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
     for (; e + 8 <= len; e += 8) {  // the scalar loop below, 8 lanes at a time
       __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j + e));
       const __m256 x = _mm256_castsi256_ps(bits);
-      const __m256i r = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
+      __m256i r;
+      if (half_words) {
+        const __m256i w = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words + e / 2)));
+        r = _mm256_or_si256(_mm256_srli_epi64(w, 16),
+                            _mm256_slli_epi64(_mm256_and_si256(w, _mm256_set1_epi64x(0xFFFF)), 32));
+      } else {
+        r = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
+      }
       const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
       bits = _mm256_srli_epi32(_mm256_blendv_epi8(_mm256_add_epi32(bits, r), _mm256_set1_epi32(0x7FC00000), nan), 16);
       // the high halves (< 2^16, so the unsigned saturation keeps them) as 8 bf16
@@ -276,7 +300,7 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
       uint32_t bits;
       std::memcpy(&bits, src + j + e, 4);
       const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-      bits = nan ? 0x7FC00000u : bits + (words[e] >> 16);  // inf stays inf; NaN stays NaN
+      bits = nan ? 0x7FC00000u : bits + addend(e);  // inf stays inf; NaN stays NaN
       dst[j + e] = c10::BFloat16(uint16_t(bits >> 16), c10::BFloat16::from_bits());
     }
   }
@@ -308,7 +332,7 @@ template <typename T> void store_any(const T* src, const Operand& o, int64_t off
   const at::Tensor& t = *o.t;
   if constexpr (std::is_same_v<T, float>) {
     if (o.rnd.stochastic && t.scalar_type() == at::kBFloat16)
-      return store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, o.rnd.key);
+      return store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, o.rnd.key, o.rnd.half_words);
     if (t.scalar_type() == at::kChar)
       return quantize(src, t.data_ptr<int8_t>(), o.scales->data_ptr<float>(), offset, n);
     if (t.scalar_type() == at::kByte)
@@ -355,7 +379,7 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
 // is given, each with its own Philox key.
 Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor, int k = 0) {
   if (!seed) return {};
-  return {true, *seed + uint64_t(tensor) * kTensorKeyStep + uint64_t(k) * kStateKeyStep};
+  return {true, *seed + uint64_t(tensor) * kTensorKeyStep + uint64_t(k) * kStateKeyStep, k > 0};
 }
 
 // The checks the SGD and Adam kernels share: parameters, gradients (with master weights, alongside the model
