@@ -84,7 +84,8 @@ def public(name: str, composite):
     for torch.ops.fused.<name>, without its round trip into Python, about 4 us a call), or the op through the
     dispatcher while the autograd profiler records eagerly, so that profiles name fused::<name>."""
     op = getattr(torch.ops.fused, name)
-    profiling = torch._C._autograd._profiler_enabled
+    # a private function of torch's: where a torch lacks it, every call takes the dispatcher
+    profiling = getattr(torch._C._autograd, "_profiler_enabled", lambda: True)
 
     def call(*args, **kwargs):
         if not torch.compiler.is_compiling() and profiling():
