@@ -200,22 +200,15 @@ def _add_layer_norm(x, residual, normalized_shape, weight=None, bias=None, eps=1
 
 
 _lib = torch.library.Library("fused", "IMPL")
-for _name, _fn in (
-    ("rms_norm", _rms_norm),
-    ("layer_norm", _layer_norm),
-    ("add_rms_norm", _add_rms_norm),
-    ("add_layer_norm", _add_layer_norm),
-):
+_COMPOSITES = {
+    "rms_norm": _rms_norm,
+    "layer_norm": _layer_norm,
+    "add_rms_norm": _add_rms_norm,
+    "add_layer_norm": _add_layer_norm,
+}
+for _name, _fn in _COMPOSITES.items():
     _lib.impl(_name, _fn, "CompositeImplicitAutograd")
-rms_norm, layer_norm, add_rms_norm, add_layer_norm = (
-    public(n, f)
-    for n, f in (
-        ("rms_norm", _rms_norm),
-        ("layer_norm", _layer_norm),
-        ("add_rms_norm", _add_rms_norm),
-        ("add_layer_norm", _add_layer_norm),
-    )
-)
+rms_norm, layer_norm, add_rms_norm, add_layer_norm = (public(n, f) for n, f in _COMPOSITES.items())
 
 
 # ---- CUDA tensors: CUDA C++ (fused::cuda_<op>, when compiled) or Triton ----
