@@ -139,10 +139,7 @@ def plain_adamw_impls(shapes, device, with_torchao=False):
     add("torch.optim.AdamW(fused=True)", lambda p: torch.optim.AdamW(p, lr=1e-3, fused=True))
     for label, backend in ours(device):
         add(label, lambda p: fused.optim.AdamW(p, lr=1e-3), backend)
-        kinds = [("int8", "int8")]
-        if device == "cpu":  # bf16 state: the CPU kernel only (the GPU kernels refuse it by name)
-            kinds.insert(0, ("bf16", torch.bfloat16))
-        for kind, state_dtype in kinds:
+        for kind, state_dtype in (("bf16", torch.bfloat16), ("int8", "int8")):
             make = lambda p, s=state_dtype: fused.optim.AdamW(p, lr=1e-3, state_dtype=s)  # noqa: E731
             add(f"{label} state_dtype={kind}", make, backend)
     try:

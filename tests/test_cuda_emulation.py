@@ -884,6 +884,8 @@ def update_code(emu, param, grad, state, model):
     c = code(low.dtype)
     if state is not None and state.dtype == torch.int8:
         c |= emu.INT8_STATE
+    if state is not None and state.dtype == torch.bfloat16 and param.dtype != torch.bfloat16:
+        c |= emu.BF16_STATE
     if model is not None:
         c |= emu.MASTER
     elif state is not None and is16(param) and state.dtype == torch.float32:
@@ -918,10 +920,11 @@ def emu_update(
     sr_seed=None,
     hyper=None,
     write_grads=False,
+    **adam_only,
 ):
     """An update launch as optim_cuda.cpp makes it: lists [params, grads, state lists...] (and the model params of
     master weights), dtype codes from each param's first state (states None: no state), then the op's
-    hyperparameters, clip_value, the op's flags and the arguments every update takes."""
+    hyperparameters, clip_value, the op's flags and the arguments every update takes (adam_only: state_seed)."""
     params, grads = lists[0], lists[1]
     codes = [
         update_code(emu, p, g, states[i] if states else None, model_params[i] if model_params else None)
@@ -931,6 +934,10 @@ def emu_update(
     lists = lists + ([model_params] if model_params else [])
     numels = [p.numel() for p in params]
     common = (stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
+    if kernel.__name__ == "adam_step":
+        state_seed, state_stochastic = seed_of(adam_only.pop("state_seed", None))
+        common += (state_stochastic, state_seed)
+    assert not adam_only, f"unexpected arguments {list(adam_only)}"
     optim_launch(ws, kernel, lists, numels, codes, steps, hyper_rows(hyper), ws, *hparams, clip_value, *flags, *common)
 
 
@@ -1331,6 +1338,49 @@ def test_adam_step_int8_state(emu, ws, case, mode):
     blocks = cpu_st["exp_avg"][1][0]
     assert not blocks[-1].isfinite() and blocks[:-1].isfinite().all()  # the inf gradient's block only
     assert (cpu_st["exp_avg"][0][0][-113:] == 0).all()
+
+
+@pytest.mark.parametrize("mode", ["float32", "bfloat16 stochastic", "float16 fp32 grads", "master"])
+@pytest.mark.parametrize("case", range(len(ADAM_CASES)))
+def test_adam_step_bf16_state(emu, ws, case, mode):
+    """bf16 moments rounded stochastically (state_dtype=torch.bfloat16) beside params of each dtype: the CPU kernel's
+    half-word scheme (element i: half i % 2 of Philox word (i / 2) % 4 of counter i / 8, under the key of its tensor
+    and moment), so its bits for the moments, params and gradients written back, over three steps (scaled, value-
+    and norm-clipped) with an inf gradient in step 1 and a skipped step 2 (found_inf: everything as it was)."""
+    h = ADAM_CASES[case]
+    keys = 3 if h["amsgrad"] else 2
+    low = {"bfloat16 stochastic": torch.bfloat16, "float16 fp32 grads": torch.float16}
+    gen = torch.Generator().manual_seed(18)
+    params0 = [torch.randn(s, generator=gen).to(low.get(mode, torch.float32)) for s in INT8_SHAPES]
+    model0 = params0 if mode == "master" else None
+    params0 = [p.float() for p in params0] if model0 else params0
+    moments = [[torch.randn(p.shape, generator=gen) * 1e-2 for p in params0] for _ in range(keys)]
+    moments = [[(m if k == 0 else m.abs()).to(torch.bfloat16) for m in ms] for k, ms in enumerate(moments)]
+    cpu_p, emu_p = [p.clone() for p in params0], [buf(p) for p in params0]
+    cpu_m, emu_m = ([m.clone() for m in model0], [out(m.shape, m.dtype) for m in model0]) if model0 else ([], [])
+    cpu_st, emu_st = [[t.clone() for t in ms] for ms in moments], [[buf(t) for t in ms] for ms in moments]
+    cpu_st += [[]] * (3 - keys)
+    emu_st += [[]] * (3 - keys)
+    cpu_s, emu_s = [torch.full((), 2.0) for _ in params0], [buf(torch.full((), 2.0)) for _ in params0]
+    seed = torch.tensor(-55555) if mode == "bfloat16 stochastic" else None
+    for step in range(3):
+        gdtype = torch.float32 if mode == "float16 fp32 grads" else (model0 or params0)[0].dtype
+        grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params0]
+        if step == 1:
+            grads[0][70000 - 3] = math.inf
+        found = float(step == 2)
+        args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
+        clip_value = math.inf if step == 1 else 30.0  # step 1: the inf reaches the moments
+        cpu_g, emu_g = [g.clone() for g in grads], [buf(g) for g in grads]
+        cpu_lists, emu_lists = (cpu_p, cpu_g, *cpu_st, cpu_s), (emu_p, emu_g, *emu_st, emu_s)
+        kw = dict(sr_seed=seed, state_seed=torch.tensor(424242 + step), write_grads=True)
+        step_both("adam", emu, ws, cpu_lists, emu_lists, args, 0.5, 64.0, found, clip_value, (cpu_m, emu_m), **kw)
+        for a, b in zip(emu_p + emu_g + emu_m + sum(emu_st, []), cpu_p + cpu_g + cpu_m + sum(cpu_st, [])):
+            assert_same(a, b)
+        assert cpu_st[0][0].dtype == torch.bfloat16
+        assert [s.item() for s in emu_s] == [s.item() for s in cpu_s] == [3.0 + min(step, 1)] * len(INT8_SHAPES)
+    finite = cpu_st[0][0].isfinite()
+    assert not finite[70000 - 3] and finite.sum() == finite.numel() - 1  # the inf gradient's element only
 
 
 # ---------------------------------------------------------------- norm

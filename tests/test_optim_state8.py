@@ -348,34 +348,81 @@ def check_steps_same_bits(step, device, mode, amsgrad):
         assert not dev["st"]["exp_avg"][1][0][-1].isfinite() and dev["st"]["exp_avg"][1][0][:-1].isfinite().all()
 
 
+def check_bf16_state_same_bits(step, device, mode, amsgrad):
+    """step (adam_step_ on `device`) against the CPU op with bf16 moments rounded stochastically under a state seed
+    (fused.optim state_dtype=torch.bfloat16): the CPU kernel's half-word scheme, so its bits for params, moments,
+    the gradients written back and the model params, through an inf gradient (step 1) and a skipped step (2)."""
+    low = {"bfloat16": torch.bfloat16, "stochastic": torch.bfloat16, "master": torch.bfloat16, "float16": torch.float16}
+    pdtype = low.get(mode, torch.float32)
+    gen = torch.Generator().manual_seed(5)
+    model = [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES] if mode == "master" else []
+    params = [m.float() for m in model] or [torch.randn(s, generator=gen).to(pdtype) for s in GPU_SHAPES]
+    moments = [[torch.randn(p.shape, generator=gen) * 1e-2 for p in params] for _ in range(3 if amsgrad else 2)]
+    moments = [[(m if k == 0 else m.abs()).to(torch.bfloat16) for m in ms] for k, ms in enumerate(moments)]
+    cpu = dict(p=params, m=model, st=moments, steps=[torch.full((), 2.0) for _ in params])
+    dev = {k: [t.to(device, copy=True) for t in v] for k, v in cpu.items() if k != "st"}
+    dev["st"] = [[t.to(device, copy=True) for t in ms] for ms in moments]
+    seed = torch.tensor(-42) if mode == "stochastic" else None
+    for n in range(3):
+        grads = [(torch.randn(p.shape, generator=gen) * 100).to((model or params)[0].dtype) for p in params]
+        if n == 1:
+            grads[0][69997] = math.inf
+        found, clip_value = float(n == 2), math.inf if n == 1 else 30.0
+        for side, fn in ((cpu, torch.ops.fused.adam_step_), (dev, step)):
+            on = side["p"][0].device
+            side["g"] = [g.to(on, copy=True) for g in grads]
+            fn(
+                side["p"], side["g"], *side["st"], *([] if amsgrad else [[]]), side["steps"], 1e-2, 0.9, 0.99, 1e-8,
+                0.1, amsgrad, True, False, torch.tensor(0.5, dtype=torch.float64, device=on),
+                torch.tensor(64.0, device=on), torch.tensor(found, device=on), clip_value, side["m"], seed, None, True,
+                state_seed=torch.tensor(1000 + n),
+            )  # fmt: skip
+        for key in ("p", "g", "m", "steps"):
+            for a, b in zip(dev[key], cpu[key]):
+                assert_same(a, b)
+        for a, b in zip(sum(dev["st"], []), sum(cpu["st"], [])):
+            assert b.dtype == torch.bfloat16
+            assert_same(a, b)
+    assert not cpu["st"][0][0][69997].isfinite() and cpu["st"][0][0].isfinite().sum() == 70000
+
+
 MODES = ["float32", "bfloat16", "master", "stochastic", "plain float16"]
+BF16_STATE_MODES = ["float32", "bfloat16", "stochastic", "master", "float16"]
+# (state, mode): 8-bit state (check_steps_same_bits) and bf16 state (check_bf16_state_same_bits) in their modes
+LOW_BIT_CASES = [("int8", m) for m in MODES] + [("bf16", m) for m in BF16_STATE_MODES]
+
+
+def check_low_bit_same_bits(step, device, state, mode, amsgrad):
+    check = check_steps_same_bits if state == "int8" else check_bf16_state_same_bits
+    check(step, device, mode, amsgrad)
 
 
 @pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("mode", MODES)
-def test_gpu_int8_step_same_bits_as_cpu(gpu, mode, amsgrad):
-    check_steps_same_bits(torch.ops.fused.adam_step_, "cuda", mode, amsgrad)
+@pytest.mark.parametrize("state,mode", LOW_BIT_CASES)
+def test_gpu_low_bit_step_same_bits_as_cpu(gpu, state, mode, amsgrad):
+    check_low_bit_same_bits(torch.ops.fused.adam_step_, "cuda", state, mode, amsgrad)
 
 
 @requires_triton
-@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the Triton kernel runs in test_gpu_int8_step_same_bits_as_cpu")
+@pytest.mark.skipif(HAS_CUDA, reason="on a GPU the Triton kernel runs in test_gpu_low_bit_step_same_bits_as_cpu")
 @pytest.mark.parametrize("amsgrad", [False, True])
-@pytest.mark.parametrize("mode", MODES + ["plain float64"])
-def test_triton_int8_step_same_bits_as_cpu(mode, amsgrad):
+@pytest.mark.parametrize("state,mode", LOW_BIT_CASES + [("int8", "plain float64")])
+def test_triton_low_bit_step_same_bits_as_cpu(state, mode, amsgrad):
     """The Triton launcher under the interpreter on CPU tensors; also its plain-state paths (float16 params with
     float16 state and float32 state of small tensors, float64 params: its bias corrections are the CPU's, on the
     GPU they are CUDA's pow, as the CUDA C++ kernel's)."""
     from fused.optim import triton_kernels
 
-    check_steps_same_bits(triton_kernels.adam_step_, "cpu", mode, amsgrad)
+    check_low_bit_same_bits(triton_kernels.adam_step_, "cpu", state, mode, amsgrad)
 
 
 @requires_triton
 def test_triton_adam_compiles_for_sm90():
     """The Triton adam_step_ builds for sm_90 through its launcher (tests/triton_sm90.py: a stand-in sm_90 driver,
-    compile only): 8-bit state, stochastic rounding, master weights, float64; correctly rounded division and
-    square roots only, and no fma but the kernel's own tl.fma (96 over the float32 variants, 32 in float64): with
-    Triton's default contraction of a * b + c (176 and 44) the GPU bit-for-bit tests failed on an H200."""
+    compile only): 8-bit state, stochastic rounding of params and of bf16 state, master weights, float64; correctly
+    rounded division and square roots only, and no fma but the kernel's own tl.fma (32 in each of the four float32
+    variants and in the float64 one): with Triton's default contraction of a * b + c (44 a variant) the GPU
+    bit-for-bit tests failed on an H200."""
     import re
 
     stdout = compile_for_sm90(["optim"])
@@ -384,8 +431,8 @@ def test_triton_adam_compiles_for_sm90():
         r"fma.rn.f64 (\d+)",
         stdout,
     )
-    assert stats and int(stats[1]) == 4 and int(stats[2]) == 0 and int(stats[4]) > 0, stdout
-    assert (int(stats[3]), int(stats[5])) == (96, 32), stdout
+    assert stats and int(stats[1]) == 5 and int(stats[2]) == 0 and int(stats[4]) > 0, stdout
+    assert (int(stats[3]), int(stats[5])) == (128, 32), stdout
 
 
 def gpu_pair(dtype=torch.float32, seed=0):
@@ -409,14 +456,16 @@ def assert_states_same(a, b, cpu, gpu):
             assert_same(b.state[q][k], v)
 
 
+@pytest.mark.parametrize("state_dtype", ["int8", torch.bfloat16], ids=["int8", "bf16"])
 @pytest.mark.parametrize("amsgrad", [False, True])
-def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
-    """fused.optim.AdamW(state_dtype="int8") with a GradScaler and value clipping, on the CPU and the GPU: the
-    same bits step after step (no norm clipping: its coefficient's last bit depends on the summation order); a
-    step skipped on an inf gradient leaves params and quantized state bit-identical."""
+def test_gpu_low_bit_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad, state_dtype):
+    """fused.optim.AdamW(state_dtype="int8" or torch.bfloat16) with a GradScaler and value clipping, on the CPU
+    and the GPU: the same bits step after step (no norm clipping: its coefficient's last bit depends on the
+    summation order; bf16 state: the same seed drawn for both); a step skipped on an inf gradient leaves params
+    and the low-bit state bit-identical."""
     cpu, gpu_ps = gpu_pair()
-    a = fused.optim.AdamW(cpu, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
-    b = fused.optim.AdamW(gpu_ps, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype="int8")
+    a = fused.optim.AdamW(cpu, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype=state_dtype)
+    b = fused.optim.AdamW(gpu_ps, lr=1e-2, amsgrad=amsgrad, clip_value=0.5, state_dtype=state_dtype)
     scalers = fused.amp.GradScaler("cpu", init_scale=2.0**8), fused.amp.GradScaler("cuda", init_scale=2.0**8)
     for step in range(4):
         for scaler, ps in zip(scalers, (cpu, gpu_ps)):
@@ -427,6 +476,7 @@ def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
             before = copy.deepcopy(b.state_dict())
             kept = [q.detach().clone() for q in gpu_ps]
         for scaler, opt in zip(scalers, (a, b)):
+            torch.manual_seed(step)  # the bf16 state's rounding seed
             scaler.step(opt)
             scaler.update()
         if step == 2:
@@ -436,7 +486,9 @@ def test_gpu_int8_optimizer_with_scaler_same_bits_as_cpu(gpu, amsgrad):
                     assert_same(after["state"][i][k], v.cpu())
             assert all(torch.equal(q.detach(), k) for q, k in zip(gpu_ps, kept))
         assert_states_same(a, b, cpu, gpu_ps)
-    assert b.state[gpu_ps[0]]["exp_avg"].dtype == torch.int8 and b.state[gpu_ps[2]]["exp_avg"].dtype == torch.float32
+    kinds = [b.state[q]["exp_avg"].dtype for q in gpu_ps]
+    assert kinds[0] == (torch.int8 if state_dtype == "int8" else torch.bfloat16)
+    assert kinds[2] == (torch.float32 if state_dtype == "int8" else torch.bfloat16)  # (37, 5): small
 
 
 @pytest.mark.parametrize(

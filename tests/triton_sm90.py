@@ -223,23 +223,25 @@ def logprob():
 
 def optim():
     """adam_step_: 8-bit state (amsgrad, value clipping, loss scale), bf16 params rounded stochastically, master
-    weights, float64 params with their own state."""
+    weights, bf16 state rounded stochastically, float64 params with their own state."""
     from fused.optim import quantize
     from fused.optim import triton_kernels as tk
 
-    def step(dt, codes, amsgrad=False, master=False, seed=None):
+    def step(dt, codes, amsgrad=False, master=False, seed=None, state_seed=None):
         p = torch.randn(5000, dtype=torch.float32 if master else dt)
         g = torch.randn(5000, dtype=dt)
-        state = [torch.zeros(5000, dtype=quantize.CODES[k] if codes else p.dtype) for k in quantize.CODES]
+        plain = torch.bfloat16 if state_seed is not None else p.dtype
+        state = [torch.zeros(5000, dtype=quantize.CODES[k] if codes else plain) for k in quantize.CODES]
         scales = {k + "_scales": [quantize.zero_scales(s)] for k, s in zip(quantize.CODES, state)} if codes else {}
         one = torch.ones(())
         tk.adam_step_(
             [p], [g], [state[0]], [state[1]], [state[2]] if amsgrad else [], [torch.zeros(())], 1e-3, 0.9, 0.999,
             1e-8, 0.01, amsgrad, True, False, torch.ones((), dtype=torch.float64), one * 64, one * 0, 1.0,
-            [torch.empty(5000, dtype=dt)] if master else [], seed, None, True, **scales,
+            [torch.empty(5000, dtype=dt)] if master else [], seed, None, True, **scales, state_seed=state_seed,
         )  # fmt: skip
 
     step(torch.float32, True, amsgrad=True)
+    step(torch.float32, False, amsgrad=True, state_seed=torch.tensor(9))
     step(torch.bfloat16, True, seed=torch.tensor(7))
     step(torch.bfloat16, True, master=True)
     step(torch.float64, False)

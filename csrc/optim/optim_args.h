@@ -154,10 +154,11 @@ inline void check_accumulate(const char* op, at::TensorList accs, at::TensorList
 }
 
 // The stochastic-rounding seed: an int64 CPU scalar, read on the host (no device sync); none without sr_seed.
-inline std::optional<uint64_t> seed_value(const char* op, const std::optional<at::Tensor>& sr_seed) {
+inline std::optional<uint64_t> seed_value(const char* op, const std::optional<at::Tensor>& sr_seed,
+                                          const char* name = "sr_seed") {
   if (!sr_seed) return std::nullopt;
   TORCH_CHECK(sr_seed->device().is_cpu() && sr_seed->scalar_type() == at::kLong && sr_seed->numel() == 1, "fused.", op,
-              ": sr_seed must be an int64 tensor with one element on the CPU");
+              ": ", name, " must be an int64 tensor with one element on the CPU");
   return uint64_t(sr_seed->item<int64_t>());
 }
 

@@ -12,6 +12,7 @@
 #include "common/philox_cpu.h"
 #include "optim/optim_args.h"
 #include "optim/quantize_cpu.h"
+#include "optim/rounding_keys.h"
 
 namespace fused {
 namespace {
@@ -236,16 +237,14 @@ template <typename T> inline Vec<T> grad_taken(const GradTransform<T>& tr, T* g,
 // Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
 // a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Parameters (and model
 // copies): element i of tensor t uses the top 16 bits of Philox4x32-10 word i % 4 of counter i / 4 under key
-// seed + t * golden (csrc/common/philox.h), as the CUDA kernels do. bf16 optimizer state (CPU only) uses every
-// word's two halves: element i takes word (i / 2) % 4 of counter i / 8, its high half for even i and its low half
-// for odd i, so that a step draws one word per moment and parameter rather than two.
+// rounding_key(seed, t) (optim/rounding_keys.h). bf16 optimizer state uses every word's two halves: element i takes
+// word (i / 2) % 4 of counter i / 8, its high half for even i and its low half for odd i, so that a step draws one
+// word per moment and parameter rather than two. The CUDA and Triton kernels draw the same bits.
 struct Rounding {
   bool stochastic = false;
   uint64_t key = 0;         // this tensor's Philox key
   bool half_words = false;  // two elements a word (state) rather than one (parameters)
 };
-constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
-constexpr uint64_t kStateKeyStep = 0xD1B54A32D192ED03ull;
 
 // index0: the tensor element of src[0], a multiple of 8 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
@@ -379,7 +378,7 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
 // is given, each with its own Philox key.
 Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor, int k = 0) {
   if (!seed) return {};
-  return {true, *seed + uint64_t(tensor) * kTensorKeyStep + uint64_t(k) * kStateKeyStep, k > 0};
+  return {true, rounding_key(*seed, tensor, k), k > 0};
 }
 
 // The checks the SGD and Adam kernels share: parameters, gradients (with master weights, alongside the model
@@ -530,7 +529,7 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
                    const OptionalTensorList& max_exp_avg_sq_scales, const std::optional<at::Tensor>& state_seed) {
   const char* op = "adam_step_";
   const auto seed = check_update(op, params, grads, model_params, sr_seed);
-  const auto state_key = seed_value(op, state_seed);
+  const auto state_key = seed_value(op, state_seed, "state_seed");
   const at::TensorList m_scales = or_empty(exp_avg_scales), v_scales = or_empty(exp_avg_sq_scales),
                        max_scales = or_empty(max_exp_avg_sq_scales);
   check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);

@@ -163,6 +163,9 @@ std::vector<uint8_t> update_codes(const char* op, at::TensorList params, at::Ten
     const at::Tensor& low = model.empty() ? params[i] : model[i];
     uint8_t d = dtype_code(op, low);
     if (!state.empty() && state[i].scalar_type() == at::kChar) d |= oc::kInt8State;
+    // bf16 state of a parameter of another dtype (a bf16 parameter's own dtype needs no flag)
+    if (!state.empty() && state[i].scalar_type() == at::kBFloat16 && params[i].scalar_type() != at::kBFloat16)
+      d |= oc::kBF16State;
     if (!model.empty()) d |= oc::kMaster;
     else if (!state.empty() && is_16bit(params[i]) && state[i].scalar_type() == at::kFloat) d |= oc::kF32State;
     if (is_16bit(low) && grads[i].scalar_type() == at::kFloat) d |= oc::kF32Grad;
@@ -265,9 +268,6 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                     const OptionalTensorList& exp_avg_scales, const OptionalTensorList& exp_avg_sq_scales,
                     const OptionalTensorList& max_exp_avg_sq_scales, const std::optional<at::Tensor>& state_seed) {
   const char* op = "adam_step_";
-  TORCH_CHECK(!state_seed, "fused.", op,
-              ": stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no CUDA kernel "
-              "yet; step on the CPU or use state_dtype=None or \"int8\"");
   if (params.empty()) return;
   const at::Device device = check_update(op, params, grads, model_params, clip_coef, found_inf, clip_value);
   const at::TensorList m_scales = or_empty(exp_avg_scales), v_scales = or_empty(exp_avg_sq_scales),
@@ -275,13 +275,14 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);
   check_state_list(op, "exp_avg_sqs", exp_avg_sqs, params, at::kByte, v_scales);
   if (amsgrad) check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
-  bool any_codes = false;
+  bool any_codes = false, any_bf16 = false;
   for (size_t i = 0; i < params.size(); ++i) {
-    // the kernel reads every state tensor of a param as one type: 8-bit codes (int8 exp_avg, uint8 others), or
-    // the param's dtype (float32 for 16-bit params)
-    const bool codes = exp_avgs[i].scalar_type() == at::kChar;
+    // the kernel reads every state tensor of a param as one type: 8-bit codes (int8 exp_avg, uint8 others),
+    // bf16, or the param's dtype (float32 for 16-bit params)
+    const bool codes = exp_avgs[i].scalar_type() == at::kChar, bf16 = exp_avgs[i].scalar_type() == at::kBFloat16;
     any_codes |= codes;
-    if (!codes) {
+    any_bf16 |= bf16 && params[i].scalar_type() != at::kBFloat16;
+    if (!codes && !bf16) {
       check_alongside(op, "exp_avgs", i, exp_avgs[i], params[i]);
       check_alongside(op, "exp_avg_sqs", i, exp_avg_sqs[i], params[i]);
     }
@@ -291,6 +292,9 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                 amsgrad ? std::to_string(i) + "]" : std::string(),
                 " must have one dtype, or be int8 and uint8 codes (8-bit state)");
   }
+  const auto state_key = seed_value(op, state_seed, "state_seed");
+  TORCH_CHECK(!any_codes || !(any_bf16 || state_key), "fused.", op,
+              ": 8-bit state and stochastically rounded bf16 state in one call; step them in separate calls");
   check_steps(op, steps, params.size(), device);
   const auto rows = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
   for (const auto& h : rows) check_adam_hyper(op, h);
@@ -320,7 +324,10 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                           seed.has_value(),
                           seed.value_or(0),
                           write_grads,
-                          any_codes};
+                          any_codes,
+                          any_bf16,
+                          state_key.has_value(),
+                          state_key.value_or(0)};
   const oc::StepScalars scalars{clip_coef.const_data_ptr<double>(), scale, found_inf.const_data_ptr<float>()};
   check_launch(op, oc::launch_adam_step(dl, workspace(device), args, scalars, num_sms(device.index()), stream));
 }

@@ -224,9 +224,15 @@ __device__ void advance_steps(const TensorLists& L, Workspace ws) {
   for (int t = threadIdx.x; t < L.num_tensors; t += blockDim.x) *L.steps[t] += 1.f;
 }
 
+// The low-bit state forms a kernel instance takes besides plain state (Adam's kInt8State or kBF16State tensors).
+// An instance is launched only where some tensor has its form: the code and registers of these paths would
+// otherwise weigh on every step.
+enum class LowState { none, int8, bf16 };
+
 // Runs f(TP{}, TG{}, TS{}, TM{}): the types of parameter, gradient, state and (master weights) model parameter.
-// TS is int8_t for 8-bit state (kInt8State, only where kCodes: Adam; never with float64 parameters).
-template <bool kCodes, typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
+// TS is int8_t for 8-bit state and __nv_bfloat16 for kBF16State (where kLow allows them; never with float64
+// parameters).
+template <LowState kLow, typename F> __device__ __forceinline__ void dispatch_update(uint8_t d, F&& f) {
   dispatch(d, [&](auto tag) {
     using D = decltype(tag);
     auto with_grad = [&](auto p, auto s, auto m) {
@@ -234,8 +240,11 @@ template <bool kCodes, typename F> __device__ __forceinline__ void dispatch_upda
       else f(p, tag, s, m);
     };
     auto with_state = [&](auto p, auto m) {
-      if constexpr (kCodes && !std::is_same_v<D, double>) {
+      if constexpr (!std::is_same_v<D, double> && kLow == LowState::int8) {
         if (d & kInt8State) return with_grad(p, int8_t{}, m);
+      }
+      if constexpr (!std::is_same_v<D, double> && kLow == LowState::bf16) {
+        if (d & kBF16State) return with_grad(p, __nv_bfloat16{}, m);
       }
       if (d & (kMaster | kF32State)) with_grad(p, float{}, m);
       else with_grad(p, tag, m);
@@ -258,6 +267,38 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
       for (int k = 0; k < 4; ++k) {
         const float x = float(in[k]);
         const unsigned bits = x != x ? 0x7FC00000u : __float_as_uint(x) + (w.v[k] >> 16);
+        r[k] = __uint_as_float(bits & 0xFFFF0000u);  // exact in bf16: the conversion below keeps it
+      }
+      store4(p, i, end, aligned, r);
+      return;
+    }
+  }
+  store4(p, i, end, aligned, in);
+}
+
+// Stores four updated moments: bf16 stochastically where kRounding and asked (element i + k uses half k % 2 of
+// Philox word (i / 2 + k / 2) % 4 of counter i / 8, the high half for even k: the CPU kernel's half-word scheme; i
+// is a multiple of 4), else rounded to nearest. kRounding: only the kernel for bf16 state carries the Philox code.
+template <bool kRounding, typename T, typename M>
+__device__ __forceinline__ void store_state4(T* p, int64_t i, int64_t end, bool aligned, const M in[4], bool stochastic,
+                                             uint64_t key) {
+  if constexpr (kRounding && std::is_same_v<T, __nv_bfloat16>) {
+    if (stochastic) {
+      // the key as if changed after the stores before: the words are drawn here, not hoisted beside the other
+      // moments' (drawing three interleaved spilled 1.4 KB a thread)
+#if defined(__CUDA_ARCH__)
+      asm volatile("" : "+l"(key)::"memory");
+#endif
+      const Philox4 w = philox4x32_10(uint64_t(i) / 8, key);
+      // words 0, 1 for i % 8 == 0, else 2, 3 (selected, not indexed: an indexed array would live in local memory)
+      const bool low = i % 8 == 0;
+      const unsigned words[2] = {low ? w.v[0] : w.v[2], low ? w.v[1] : w.v[3]};
+      float r[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const unsigned word = words[k / 2], half = k % 2 == 0 ? word >> 16 : word & 0xFFFFu;
+        const float x = float(in[k]);
+        const unsigned bits = x != x ? 0x7FC00000u : __float_as_uint(x) + half;
         r[k] = __uint_as_float(bits & 0xFFFF0000u);  // exact in bf16: the conversion below keeps it
       }
       store4(p, i, end, aligned, r);
@@ -313,8 +354,8 @@ template <typename TP, typename TG, typename TS, typename TM> struct UpdateTenso
 // What the SGD and Adam kernels share around their arithmetic: the whole step skipped on found_inf (false), the
 // scalars, the loop over this block's chunks with each tensor's hyperparameters, and the dispatch on its types.
 // body(r, a, s, tensor) runs one chunk.
-// kCodes: tensors with kInt8State may come (Adam's kernel for 8-bit state).
-template <bool kCodes = false, typename Args, typename F>
+// kLow: the low-bit state tensors that may come (Adam's kernels).
+template <LowState kLow = LowState::none, typename Args, typename F>
 __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Args& args, StepScalars in, F&& body) {
   if (*in.found_inf != 0.f) return false;  // every block sees the same flag
   const float inv = inverse_scale(in.grad_scale);
@@ -324,7 +365,7 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
     const ChunkRange r = chunk_range(L, c);
     const Args a = args_for(args, L, r.t);
     const bool master = (L.dtype[r.t] & kMaster) != 0;
-    dispatch_update<kCodes>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
+    dispatch_update<kLow>(L.dtype[r.t], [&](auto param_tag, auto grad_tag, auto state_tag, auto model_tag) {
       using TP = decltype(param_tag);
       using TG = decltype(grad_tag);
       using TM = decltype(model_tag);
@@ -333,7 +374,7 @@ __device__ __forceinline__ bool for_update_chunks(const TensorLists& L, const Ar
                                                             list_ptr<TP>(L, 0, r.t),
                                                             list_ptr<TG>(L, 1, r.t),
                                                             master ? list_ptr<TM>(L, L.num_lists - 1, r.t) : nullptr,
-                                                            a.sr_seed + uint64_t(r.t) * kTensorKeyStep};
+                                                            rounding_key(a.sr_seed, r.t)};
       body(r, a, s, u);
     });
   }
@@ -504,11 +545,11 @@ __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const Chu
   }
 }
 
-// kCodes: the kernel with the 8-bit state path, launched only where some tensor has it (its registers would
-// otherwise weigh on every Adam step).
-template <bool kCodes>
+// kLow: LowState::int8, the kernel with the 8-bit state path; LowState::bf16, the one with kBF16State tensors and
+// stochastically rounded bf16 state.
+template <LowState kLow>
 __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace ws, AdamArgs args, StepScalars in) {
-  const bool stepped = for_update_chunks<kCodes>(
+  const bool stepped = for_update_chunks<kLow>(
       L, args, in, [&](const ChunkRange& r, const AdamArgs& a, const UpdateScalars& s, const auto& u) {
         using UT = std::decay_t<decltype(u)>;
         using M = typename UT::M;
@@ -532,9 +573,12 @@ __global__ void __launch_bounds__(kThreads) adam_kernel(TensorLists L, Workspace
               adam_element(a, c, g[k], p[k], m[k], v[k], vmax[k]);
             }
             u.store_params(i, r.end, r.aligned, p, a.stochastic);
-            store4(exp_avg, i, r.end, r.aligned, m);
-            store4(exp_avg_sq, i, r.end, r.aligned, v);
-            if (a.amsgrad) store4(max_sq, i, r.end, r.aligned, vmax);
+            const bool sr = a.state_stochastic;
+            constexpr bool kRounding = kLow == LowState::bf16;
+            store_state4<kRounding>(exp_avg, i, r.end, r.aligned, m, sr, rounding_key(a.state_seed, r.t, 1));
+            store_state4<kRounding>(exp_avg_sq, i, r.end, r.aligned, v, sr, rounding_key(a.state_seed, r.t, 2));
+            if (a.amsgrad)
+              store_state4<kRounding>(max_sq, i, r.end, r.aligned, vmax, sr, rounding_key(a.state_seed, r.t, 3));
             if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
           }
         }
@@ -604,9 +648,11 @@ cudaError_t launch_sgd_step(const TensorLists& lists, Workspace ws, SgdArgs args
 
 cudaError_t launch_adam_step(const TensorLists& lists, Workspace ws, AdamArgs args, StepScalars scalars, int num_sms,
                              cudaStream_t stream) {
-  if (args.codes)
-    FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<true>)(lists, ws, args, scalars);
-  else FUSED_LAUNCH(grid_for(lists, num_sms), kThreads, 0, stream, adam_kernel<false>)(lists, ws, args, scalars);
+  const int grid = grid_for(lists, num_sms);
+  if (args.codes) FUSED_LAUNCH(grid, kThreads, 0, stream, adam_kernel<LowState::int8>)(lists, ws, args, scalars);
+  else if (args.bf16_state || args.state_stochastic)
+    FUSED_LAUNCH(grid, kThreads, 0, stream, adam_kernel<LowState::bf16>)(lists, ws, args, scalars);
+  else FUSED_LAUNCH(grid, kThreads, 0, stream, adam_kernel<LowState::none>)(lists, ws, args, scalars);
   return cudaGetLastError();
 }
 

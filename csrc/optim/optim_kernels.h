@@ -10,15 +10,21 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "optim/rounding_keys.h"
 
 namespace fused {
 namespace optim_cuda {
 
-// A tensor's dtype code, one byte packed into the device metadata: common/dtype.h's DType in the low three bits
+// A tensor's dtype code, one byte packed into the device metadata: common/dtype.h's DType in the low two bits
 // (kDTypeBits), the flags below or'ed in.
 constexpr uint8_t kF32 = uint8_t(DType::f32), kF16 = uint8_t(DType::f16), kBF16 = uint8_t(DType::bf16),
                   kF64 = uint8_t(DType::f64);
-constexpr uint8_t kDTypeBits = 0x07;
+constexpr uint8_t kDTypeBits = 0x03;
+static_assert(uint8_t(DType::f64) <= kDTypeBits, "every DType fits in kDTypeBits");
+// or'ed into an Adam tensor's dtype: bf16 state (fused.optim state_dtype=torch.bfloat16) whatever the parameter's
+// dtype, rounded stochastically on every write when AdamArgs::state_stochastic (the CPU kernel's half-word scheme:
+// store_state4 in optim_kernels.cu).
+constexpr uint8_t kBF16State = 0x04;
 // or'ed into an Adam tensor's dtype: 8-bit state (fused.optim state_dtype="int8"): exp_avg int8 codes, exp_avg_sq
 // (and max_exp_avg_sq) uint8 codes, each with float32 scales per kQuantBlock elements in the scale lists (see
 // launch_adam_step). The code maps are csrc/optim/quantize_cpu.h's; the kernel writes the CPU kernel's bits.
@@ -30,10 +36,8 @@ constexpr uint8_t kAligned = 0x10;  // or'ed into a dtype: every pointer of the 
 constexpr uint8_t kMaster = 0x20;
 constexpr uint8_t kF32State = 0x40;  // or'ed into a 16-bit parameter's dtype: its state is float32
 constexpr uint8_t kF32Grad = 0x80;   // or'ed into a 16-bit dtype: the gradient is float32 (accumulated sums)
-// Stochastic rounding: key of tensor t is seed + t * kTensorKeyStep (Philox, csrc/common/philox.h), as on the CPU.
-constexpr uint64_t kTensorKeyStep = 0x9E3779B97F4A7C15ull;
-constexpr int64_t kChunk = 65536;  // elements per chunk (a block's unit of work)
-constexpr int kMaxBlocks = 1024;   // grid size cap: the number of per-block partial slots
+constexpr int64_t kChunk = 65536;    // elements per chunk (a block's unit of work)
+constexpr int kMaxBlocks = 1024;     // grid size cap: the number of per-block partial slots
 constexpr int kThreads = 512;
 
 // Device-resident description of K parallel lists of n tensors (params, grads, state...), cut into chunks.
@@ -177,7 +181,10 @@ struct AdamArgs {
   bool stochastic;
   uint64_t sr_seed;
   bool write_grads;
-  bool codes;  // some tensor has kInt8State
+  bool codes;             // some tensor has kInt8State (then none has kBF16State, and no state_stochastic)
+  bool bf16_state;        // some tensor has kBF16State
+  bool state_stochastic;  // bf16 moments rounded stochastically with state_seed
+  uint64_t state_seed;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, their scales in the same order, where some
 // tensor has kInt8State][, model params with kMaster]; steps always. The scales of a tensor without kInt8State

@@ -453,7 +453,7 @@ class Adam(_FusedOptimizer):
     does (fp32, or the master's dtype); torch.bfloat16 keeps them in bf16, rounded stochastically on every write;
     "int8" keeps each tensor's moments of 4096 elements or more blockwise-quantized (fused.optim.quantize): codes
     under the state's own keys, an fp32 scale per 256 elements under "<key>_scale". float64 parameters keep
-    float64 state. Both low-bit forms are CPU-kernel only for now."""
+    float64 state. Both low-bit forms run on every backend (CPU, CUDA C++, Triton) with the same bits."""
 
     _decoupled = False
 

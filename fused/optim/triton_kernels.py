@@ -24,12 +24,17 @@ from fused.triton_utils import scalar_in, to_out
 QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
 ROWS = 4  # tile rows a program
 FLT_MAX = tl.constexpr(3.4028234663852886e38)
-# stochastic rounding key of tensor t: seed + t * 0x9E3779B97F4A7C15 mod 2^64 (optim_cpu.cpp), in int64 arithmetic
+# stochastic rounding keys (csrc/optim/rounding_keys.h) in int64 arithmetic: tensor t's parameter seed + t * 0x9E37...,
+# its k-th moment state_seed + t * 0x9E37... + k * 0xD1B5... (mod 2^64)
 TENSOR_KEY_STEP_I64 = tl.constexpr(0x9E3779B97F4A7C15 - 2**64)
-STATE_ERROR = (
-    "fused.adam_step_: stochastically rounded bf16 state (fused.optim state_dtype=torch.bfloat16) has no GPU "
-    'kernel yet; step on the CPU or use state_dtype=None or "int8"'
-)
+
+
+def _int64_bits(x):
+    x %= 2**64
+    return x - 2**64 if x >= 2**63 else x
+
+
+EXP_AVG_KEY, EXP_AVG_SQ_KEY, MAX_EXP_AVG_SQ_KEY = (tl.constexpr(_int64_bits(k * 0xD1B54A32D192ED03)) for k in (1, 2, 3))
 
 
 @triton.jit
@@ -85,26 +90,42 @@ def _load_state(ptr, scale_ptr, offs, rows, mask, row_mask, MATH: tl.constexpr, 
 
 
 @triton.jit
-def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, CODES: tl.constexpr, SIGNED: tl.constexpr):
+def _philox_word(key, counter, w):
+    """Word w (0..3, per element) of Philox4x32-10 at counter (per element, int64) under key."""
+    zero = tl.zeros_like(counter).to(tl.uint32)
+    lo, hi = (counter & 0xFFFFFFFF).to(tl.uint32), (counter >> 32).to(tl.uint32)
+    r0, r1, r2, r3 = tl.philox(key, lo, hi, zero, zero)
+    return tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
+
+
+@triton.jit
+def _store_bf16_rounded_up(x, ptr, offs, mask, addend):
+    """x (float32) stored as bf16 after adding addend (< 2^16) below its mantissa and truncating: stochastic
+    rounding for a uniform addend; NaN stays NaN, inf stays inf."""
+    bits = tl.where(x != x, 0x7FC00000, x.to(tl.uint32, bitcast=True) + addend)
+    tl.store(ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+
+
+@triton.jit
+def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, key, CODES: tl.constexpr, SIGNED: tl.constexpr,
+                 STOCHASTIC: tl.constexpr):  # fmt: skip
+    """8-bit codes, or bf16 moments stochastically (the CPU kernel's half words: element i takes half i % 2, the
+    high one for even i, of Philox word (i / 2) % 4 of counter i / 8 under key), or rounded to nearest even."""
     if CODES:
         _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED)
+    elif STOCHASTIC:
+        word = _philox_word(key, offs // 8, (offs // 2) % 4)
+        _store_bf16_rounded_up(x, ptr, offs, mask, tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF))
     else:
         tl.store(ptr + offs, to_out(x, ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def store_param(p, ptr, offs, mask, key, STOCHASTIC: tl.constexpr):
-    """bf16 stochastically (element i: Philox word i % 4 of counter i / 4 under key, its top 16 bits added below
-    the bf16 mantissa, then truncated; NaN stays NaN), else rounded to nearest even."""
+    """bf16 stochastically (element i: the top 16 bits of Philox word i % 4 of counter i / 4 under key), else
+    rounded to nearest even."""
     if STOCHASTIC:
-        c = offs // 4
-        zero = tl.zeros_like(c).to(tl.uint32)
-        r0, r1, r2, r3 = tl.philox(key, (c & 0xFFFFFFFF).to(tl.uint32), (c >> 32).to(tl.uint32), zero, zero)
-        w = offs % 4
-        word = tl.where(w == 0, r0, tl.where(w == 1, r1, tl.where(w == 2, r2, r3)))
-        bits = p.to(tl.uint32, bitcast=True) + (word >> 16)
-        bits = tl.where(p != p, 0x7FC00000, bits)
-        tl.store(ptr + offs, (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True), mask=mask)
+        _store_bf16_rounded_up(p, ptr, offs, mask, _philox_word(key, offs // 4, offs % 4) >> 16)
     else:
         tl.store(ptr + offs, to_out(p, ptr.dtype.element_ty), mask=mask)
 
@@ -160,13 +181,19 @@ def tensor_key(seed, t):
     return seed + t * TENSOR_KEY_STEP_I64
 
 
-@triton.jit(do_not_specialize=["n", "seed"])
+@triton.jit
+def _state_key(seed, t, moment: tl.constexpr):
+    """The key of one of tensor t's moments (moment: EXP_AVG_KEY, EXP_AVG_SQ_KEY or MAX_EXP_AVG_SQ_KEY)."""
+    return tensor_key(seed, t) + moment
+
+
+@triton.jit(do_not_specialize=["n", "seed", "state_seed"])
 def _adam_kernel(
-    table, tensor_of, n, terms_ptr, coef_ptr, scale_ptr, found_ptr, seed, clip_value: tl.float64,
+    table, tensor_of, n, terms_ptr, coef_ptr, scale_ptr, found_ptr, seed, state_seed, clip_value: tl.float64,
     P: tl.constexpr, G: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, MODEL: tl.constexpr,
     AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, MASTER: tl.constexpr,
-    WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
+    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, STATE_STOCHASTIC: tl.constexpr,
+    MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """One tile of ROWS x 256 elements of one tensor of the group (table: the lists params, grads, exp_avgs,
     exp_avg_sqs, max_exp_avg_sqs, their three scale lists, model_params); S1, S2: the dtypes of exp_avg and of
@@ -196,12 +223,14 @@ def _adam_kernel(
     v = _load_state(v_ptr, vs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
     m = tl.fma(g - m, (1.0 - beta1).to(MATH), m)
     v = tl.fma(g * g, (1.0 - beta2).to(MATH), v * beta2.to(MATH))
-    _store_state(m, m_ptr, ms_ptr, offs, rows, mask, row_mask, CODES, True)
-    _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, CODES, False)
+    m_key, v_key = _state_key(state_seed, t, EXP_AVG_KEY), _state_key(state_seed, t, EXP_AVG_SQ_KEY)
+    _store_state(m, m_ptr, ms_ptr, offs, rows, mask, row_mask, m_key, CODES, True, STATE_STOCHASTIC)
+    _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, v_key, CODES, False, STATE_STOCHASTIC)
     if AMSGRAD:
         x = _load_state(x_ptr, xs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
         v = tl.where(x > v, x, v)
-        _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, CODES, False)
+        x_key = _state_key(state_seed, t, MAX_EXP_AVG_SQ_KEY)
+        _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, x_key, CODES, False, STATE_STOCHASTIC)
     neg_step = tl.load(h + 5).to(MATH)
     inv_bc2 = tl.load(h + 6).to(MATH)
     denom = tl.fma(sqrt(v), inv_bc2, eps.to(MATH))
@@ -246,8 +275,6 @@ def adam_step_(
 ):  # fmt: skip
     """fused::adam_step_ on Triton: the op's arguments (csrc/optim/optim_schema.cpp); the CPU kernel's checks of
     the lists are not repeated here (the optimizers build them). One launch per combination of dtypes."""
-    if state_seed is not None:
-        raise RuntimeError(STATE_ERROR)
     if clip_value < 0:
         raise RuntimeError(f"fused.adam_step_: clip_value must be >= 0, got {clip_value}")
     if not params:
@@ -256,7 +283,7 @@ def adam_step_(
         n = len(params)
         rows = hyper.tolist() if hyper is not None else [[lr, beta1, beta2, eps, weight_decay]] * n
         terms = _tensor_terms(steps, rows, params[0].device)
-        seed = seed_of(sr_seed)
+        seed, state_key = seed_of(sr_seed), seed_of(state_seed)
         scale_lists = [exp_avg_scales, exp_avg_sq_scales, max_exp_avg_sq_scales if amsgrad else None]
         lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, *scale_lists]
         for grp in groups([*lists, model_params or None], ROWS * QBLOCK):
@@ -264,12 +291,13 @@ def adam_step_(
             _adam_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), terms, clip_coef,
                 grad_scale if grad_scale is not None else found_inf, found_inf, 0 if seed is None else seed,
-                float(clip_value),
+                0 if state_key is None else state_key, float(clip_value),
                 P=TL_DTYPES[p_t], G=TL_DTYPES[g_t], S1=TL_DTYPES[m_t], S2=TL_DTYPES[v_t],
                 MODEL=tl_dtype(grp.dtypes[8], p_t), AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled),
                 MAXIMIZE=bool(maximize), CODES=m_t == torch.int8, HAS_SCALE=grad_scale is not None,
                 CLIP=not math.isinf(clip_value), STOCHASTIC=seed is not None and p_t == torch.bfloat16,
-                MASTER=bool(model_params), WRITE_GRADS=bool(write_grads),
+                STATE_STOCHASTIC=state_key is not None and m_t == torch.bfloat16, MASTER=bool(model_params),
+                WRITE_GRADS=bool(write_grads),
                 MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS,
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
             )  # fmt: skip

@@ -249,6 +249,7 @@ void def_optim(py::module_& m) {
   m.attr("F32_STATE") = oc::kF32State;
   m.attr("F32_GRAD") = oc::kF32Grad;
   m.attr("INT8_STATE") = oc::kInt8State;
+  m.attr("BF16_STATE") = oc::kBF16State;
   // norm_dtype: the optimizer DType code of norm_out (the gradients' promoted dtype); coef_out is float64.
   m.def("grad_norm",
         [](const PtrLists& grads, const std::vector<int64_t>& numel, const Codes& dtype, Ptr ws, Ptr found_in,
@@ -276,19 +277,20 @@ void def_optim(py::module_& m) {
           const oc::StepScalars scalars{ptr<double>(coef), ptr<float>(grad_scale), ptr<float>(found_inf)};
           check("sgd_step", oc::launch_sgd_step(l.lists, oc::workspace_at(ptr(ws)), args, scalars, num_sms, nullptr));
         });
-  m.def("adam_step",
-        [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype, const std::vector<Ptr>& steps,
-           const std::vector<double>& hyper, Ptr ws, double lr, double beta1, double beta2, double eps,
-           double weight_decay, double clip_value, bool amsgrad, bool decoupled, bool maximize, bool stochastic,
-           uint64_t sr_seed, Ptr coef, Ptr grad_scale, Ptr found_inf, int num_sms, bool write_grads) {
-          const Lists l(lists, numel, dtype, steps, hyper, 5);
-          bool codes = false;
-          for (uint8_t d : dtype) codes |= (d & oc::kInt8State) != 0;
-          const oc::AdamArgs args{lr,        beta1,    beta2,      eps,     weight_decay, clip_value, amsgrad,
-                                  decoupled, maximize, stochastic, sr_seed, write_grads,  codes};
-          const oc::StepScalars scalars{ptr<double>(coef), ptr<float>(grad_scale), ptr<float>(found_inf)};
-          check("adam_step", oc::launch_adam_step(l.lists, oc::workspace_at(ptr(ws)), args, scalars, num_sms, nullptr));
-        });
+  m.def("adam_step", [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype,
+                        const std::vector<Ptr>& steps, const std::vector<double>& hyper, Ptr ws, double lr,
+                        double beta1, double beta2, double eps, double weight_decay, double clip_value, bool amsgrad,
+                        bool decoupled, bool maximize, bool stochastic, uint64_t sr_seed, Ptr coef, Ptr grad_scale,
+                        Ptr found_inf, int num_sms, bool write_grads, bool state_stochastic, uint64_t state_seed) {
+    const Lists l(lists, numel, dtype, steps, hyper, 5);
+    bool codes = false, bf16_state = false;
+    for (uint8_t d : dtype) codes |= (d & oc::kInt8State) != 0, bf16_state |= (d & oc::kBF16State) != 0;
+    const oc::AdamArgs args{
+        lr,       beta1,      beta2,   eps,         weight_decay, clip_value, amsgrad,          decoupled,
+        maximize, stochastic, sr_seed, write_grads, codes,        bf16_state, state_stochastic, state_seed};
+    const oc::StepScalars scalars{ptr<double>(coef), ptr<float>(grad_scale), ptr<float>(found_inf)};
+    check("adam_step", oc::launch_adam_step(l.lists, oc::workspace_at(ptr(ws)), args, scalars, num_sms, nullptr));
+  });
   m.def("accumulate_grads",
         [](const PtrLists& lists, const std::vector<int64_t>& numel, const Codes& dtype, bool overwrite, int num_sms) {
           const Lists l(lists, numel, dtype);
