@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "common/huge_pages.h"
 #include "common/op_codes.h"
 
 TORCH_LIBRARY(fused, m) {}
@@ -29,11 +30,23 @@ int add_names(PyObject* module, const char* attr, const char* const* names, int 
   return 0;
 }
 
+// advise_huge_pages(address, nbytes): common/huge_pages.h for buffers that Python code allocates (fused/_memory.py).
+PyObject* advise_huge_pages_py(PyObject*, PyObject* args) {
+  unsigned long long address = 0, nbytes = 0;
+  if (!PyArg_ParseTuple(args, "KK", &address, &nbytes)) return nullptr;
+  fused::advise_huge_pages(uintptr_t(address), uintptr_t(nbytes));
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"advise_huge_pages", advise_huge_pages_py, METH_VARARGS, "MADV_HUGEPAGE on the whole 2 MB pages of a CPU range"},
+    {nullptr, nullptr, 0, nullptr}};
+
 }  // namespace
 
 extern "C" PyObject* PyInit__C(void) {
   static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "fused kernels (ops register as torch.ops.fused.*)", -1,
-                                   nullptr};
+                                   methods};
   PyObject* module = PyModule_Create(&module_def);
   if (!module) return nullptr;
   using namespace fused;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/huge_pages.h"
 #include "common/vec_math.h"
 
 // The kernels' dtypes: body instantiated for scalar_t = float, double, at::Half, at::BFloat16 (math in

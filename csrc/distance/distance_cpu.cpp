@@ -106,8 +106,8 @@ at::Tensor pairwise_distances_cpu(const at::Tensor& a_in, const at::Tensor& b_in
   const BothLengths lengths = both_lengths(op, lengths_a, lengths_b, a_in, b_in, x);
   const Lengths la(lengths.a, x.N), lb(lengths.b, x.M);
   // Padded pairs are 0: only the valid block of each batch is computed.
-  at::Tensor out = lengths.a.defined() || lengths.b.defined() ? at::zeros(out_shape(x, x.M), a_in.options())
-                                                              : at::empty(out_shape(x, x.M), a_in.options());
+  at::Tensor out = empty_output(out_shape(x, x.M), a_in.options());
+  if (lengths.a.defined() || lengths.b.defined()) out.zero_();  // padding rows and columns read 0
   if (out.numel() == 0) return out;
   const Metric metric = metric_of(p);
   FUSED_DISPATCH_FLOATING(out.scalar_type(), "pairwise_distances", [&] {

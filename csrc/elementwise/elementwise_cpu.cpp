@@ -23,7 +23,7 @@ at::Tensor bias_act_cpu(const at::Tensor& x_in, const std::optional<at::Tensor>&
   const Act a = parse_act("bias_act", act);
   check_x_bias("bias_act", x_in, bias_in);
   at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = empty_output_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
   FUSED_DISPATCH_FLOATING(x.scalar_type(), "bias_act", [&] {
@@ -113,7 +113,7 @@ at::Tensor glu_cpu(const at::Tensor& gate_in, const at::Tensor& up_in, c10::stri
   const Act a = parse_act("glu", act);
   check_glu("glu", gate_in, up_in);
   Rows g = as_rows(gate_in), u = as_rows(up_in);
-  at::Tensor y = at::empty(gate_in.sizes(), gate_in.options());
+  at::Tensor y = empty_output(gate_in.sizes(), gate_in.options());
   if (y.numel() == 0) return y;
   FUSED_DISPATCH_FLOATING(y.scalar_type(), "glu", [&] {
     using T = at::opmath_type<scalar_t>;
@@ -141,8 +141,8 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
   check_grad_like("glu_backward", grad_in, "gate", gate_in);
   Rows g = as_rows(gate_in), u = as_rows(up_in);
   at::Tensor grad = grad_in.contiguous();
-  at::Tensor grad_gate = at::empty(gate_in.sizes(), gate_in.options());
-  at::Tensor grad_up = at::empty(gate_in.sizes(), gate_in.options());
+  at::Tensor grad_gate = empty_output(gate_in.sizes(), gate_in.options());
+  at::Tensor grad_up = empty_output(gate_in.sizes(), gate_in.options());
   if (grad.numel() == 0) return {grad_gate, grad_up};
   FUSED_DISPATCH_FLOATING(grad.scalar_type(), "glu_backward", [&] {
     using T = at::opmath_type<scalar_t>;
@@ -196,7 +196,7 @@ at::Tensor bias_dropout_add_seeded_cpu(const at::Tensor& x_in, const std::option
   check_bias_dropout_add(op, x_in, bias_in, residual_in);
   const uint64_t seed = dropout_seed(op, p, seed_t);
   at::Tensor x = x_in.contiguous(), res = residual_in.contiguous();
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = empty_output_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
   const uint64_t threshold = dropout_threshold(p);
@@ -456,7 +456,7 @@ at::Tensor unary_chain_cpu(const at::Tensor& x_in, const std::vector<std::string
   const std::vector<ChainRun> runs = runs_of(chain);
   check_floating("unary_chain", "x", x_in);
   at::Tensor x = x_in.contiguous();
-  at::Tensor y = at::empty_like(x);
+  at::Tensor y = empty_output_like(x);
   const int64_t n = x.numel();
   if (n == 0) return y;
   FUSED_DISPATCH_FLOATING(x.scalar_type(), "unary_chain", [&] {
@@ -484,7 +484,7 @@ at::Tensor unary_chain_backward_cpu(const at::Tensor& grad_in, const at::Tensor&
   check_floating("unary_chain_backward", "x", x_in);
   check_grad_like("unary_chain_backward", grad_in, "x", x_in);
   at::Tensor x = x_in.contiguous(), grad = grad_in.contiguous();
-  at::Tensor gx = at::empty_like(x);
+  at::Tensor gx = empty_output_like(x);
   const int64_t n = x.numel();
   if (n == 0) return gx;
   FUSED_DISPATCH_FLOATING(x.scalar_type(), "unary_chain_backward", [&] {

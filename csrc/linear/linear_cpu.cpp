@@ -37,9 +37,9 @@ std::tuple<at::Tensor, at::Tensor> linear_act_fwd_cpu(const at::Tensor& x, const
   const at::Tensor x2 = x.reshape({c10::multiply_integers(x.sizes().slice(0, x.dim() - 1)), K});
   const at::Tensor wt = weight.t();
   const int64_t M = x2.size(0);
-  at::Tensor y = at::empty({M, N}, x.options());
+  at::Tensor y = empty_output({M, N}, x.options());
   const bool keep_pre = save_pre && act_needs_pre(a);
-  at::Tensor pre = keep_pre ? at::empty({M, N}, x.options()) : at::empty({0}, x.options());
+  at::Tensor pre = keep_pre ? empty_output({M, N}, x.options()) : at::empty({0}, x.options());
   // 16-bit outputs take the bias inside the GEMM (rounded once, as nn.Linear does); fp32 / fp64 add it in the
   // activation pass, which saves addmm's extra pass over the output.
   const bool round_once = x.element_size() < 4;
@@ -72,7 +72,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_grad_pre_cpu(const at::Tensor& gra
   check_grad_pre("linear_act_grad_pre", grad_in, saved_in);
   const at::Tensor grad = grad_in.contiguous(), saved = saved_in.contiguous();
   const int64_t N = grad.size(-1), n = grad.numel();
-  at::Tensor grad_pre = at::empty_like(grad);
+  at::Tensor grad_pre = empty_output_like(grad);
   at::Tensor grad_bias = at::zeros({bias_grad ? N : 0}, grad.options());
   if (n == 0) return {grad_pre, grad_bias};
   FUSED_DISPATCH_FLOATING(grad.scalar_type(), "linear_act_grad_pre", [&] {

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "common/checks.h"
+#include "common/huge_pages.h"
 #include "common/registration.h"
 
 // The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
@@ -104,8 +105,8 @@ inline Forward prepare_fwd(const at::Tensor& x_in, const std::optional<at::Tenso
   f.x = x_in.contiguous();
   if (residual_in) f.residual = residual_in->contiguous();
   const auto math = at::toOpMathType(f.x.scalar_type());
-  f.out = at::empty(f.x.sizes(), f.x.options());
-  f.sum = f.residual.defined() ? at::empty(f.x.sizes(), f.residual.options()) : at::empty({0}, f.x.options());
+  f.out = empty_output(f.x.sizes(), f.x.options());
+  f.sum = f.residual.defined() ? empty_output(f.x.sizes(), f.residual.options()) : at::empty({0}, f.x.options());
   f.mean = at::empty({rms ? 0 : s.rows}, f.x.options().dtype(math));
   f.rstd = at::empty({s.rows}, f.x.options().dtype(math));
   if (s.rows > 0 && s.C == 0) {  // the statistics of an empty row are undefined
@@ -126,7 +127,7 @@ inline Backward prepare_backward(const at::Tensor& grad, const std::optional<at:
   Backward b{grad.contiguous(), grad_sum ? grad_sum->contiguous() : at::Tensor(), h.contiguous(), mean.contiguous(),
              rstd.contiguous()};
   const auto options = h.options().dtype(at::toOpMathType(grad.scalar_type()));
-  b.grad_h = at::empty(h.sizes(), h.options());
+  b.grad_h = empty_output(h.sizes(), h.options());
   b.grad_w = at::zeros(weight_grad ? normalized_shape : at::IntArrayRef{0}, options);
   b.grad_b = at::zeros(bias_grad ? normalized_shape : at::IntArrayRef{0}, options);
   return b;

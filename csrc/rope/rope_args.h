@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include "common/checks.h"
+#include "common/huge_pages.h"
 #include "common/registration.h"
 
 // The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
@@ -63,7 +64,7 @@ struct Outputs {
   at::Tensor q, k;
 };
 inline Outputs alloc_outputs(const at::Tensor& q, const at::Tensor& k) {
-  return {at::empty_like(q), at::empty_like(k)};
+  return {empty_output_like(q), empty_output_like(k)};
 }
 
 // x with unit stride along head_dim (a copy only when it has not: the kernels read rows by strides otherwise).

@@ -14,6 +14,7 @@ import torch
 
 from fused import _checks
 from fused._autograd import traced
+from fused._memory import advised
 
 # The logits of one chunk of rows take at most this, or a quarter of linear_weight's size when that is larger:
 # a few hundred rows or more per chunk, so that the GEMMs stay efficient, for a fraction of the memory the weight
@@ -166,11 +167,13 @@ def _chunk_loop(input, linear_weight, linear_bias, row_kernel, n_outputs, grads,
     V = linear_weight.shape[0]
     acc, gemm = math_dtype(input), gemm_dtype(input)
     rows = chunk_rows(N, linear_weight, grad_weight and gemm != acc, gemm)
-    logits = input.new_empty(min(rows, N), V, dtype=gemm)
-    teacher_logits = None if teacher is None else teacher[0].new_empty(min(rows, N), V, dtype=gemm_dtype(teacher[0]))
+    logits = advised(input.new_empty(min(rows, N), V, dtype=gemm))
+    teacher_logits = (
+        None if teacher is None else advised(teacher[0].new_empty(min(rows, N), V, dtype=gemm_dtype(teacher[0])))
+    )
     outputs = [input.new_empty(N, dtype=acc) for _ in range(n_outputs)]
-    gi = input.new_empty(N, D) if grad_input else input.new_empty(0)
-    gw = input.new_zeros(V, D, dtype=acc) if grad_weight else input.new_empty(0)
+    gi = advised(input.new_empty(N, D)) if grad_input else input.new_empty(0)
+    gw = advised(input.new_empty(V, D, dtype=acc)).zero_() if grad_weight else input.new_empty(0)
     gb = input.new_zeros(V, dtype=acc) if grad_bias else input.new_empty(0)
     # Upcast GEMMs take each weight by slices of classes through one float32 scratch buffer. 16-bit GEMMs give a
     # chunk's weight gradient in 16 bits (fp32 inside), a slice of classes at a time into `part`, added into gw in
@@ -178,9 +181,9 @@ def _chunk_loop(input, linear_weight, linear_bias, row_kernel, n_outputs, grads,
     upcast = gemm != linear_weight.dtype or (teacher is not None and gemm_dtype(teacher[0]) != teacher[1].dtype)
     widest = max(D, 0 if teacher is None else teacher[1].shape[1])
     scratch_elements = min(max(CHUNK_BYTES // 4, widest), V * widest)  # a slice's budget, or the whole weight
-    scratch = input.new_empty(scratch_elements, dtype=torch.float32) if upcast else None
+    scratch = advised(input.new_empty(scratch_elements, dtype=torch.float32)) if upcast else None
     slice_classes = max(1, CHUNK_BYTES // max(1, D * 4))
-    part = input.new_empty(min(V, slice_classes), D, dtype=gemm) if grad_weight and gemm != acc else None
+    part = advised(input.new_empty(min(V, slice_classes), D, dtype=gemm)) if grad_weight and gemm != acc else None
     for r0 in range(0, N, rows):
         r1 = min(N, r0 + rows)
         x, buf = input[r0:r1].to(gemm), logits[: r1 - r0]  # upcast once a chunk where the GEMMs run in float32
