@@ -56,13 +56,16 @@ def advised(t):
 
 
 def outputs(rows):
-    """Each family's output of rows x 1024 float32 (32 MiB at 8192 rows): elementwise, norm, rope, linear, and
-    the loss's weight gradient (a Python-allocated buffer)."""
+    """Each family's output of rows x 1024 float32 (32 MiB at 8192 rows): elementwise, norm, rope, linear, the
+    loss's weight gradient (a Python-allocated buffer), and two backward kernels' input gradients."""
     x = torch.randn(rows, 1024)
     q = torch.randn(rows // 512, 16, 128, 256)  # [b, h, s, d]: rows x 1024 floats
     cos = torch.randn(1, 128, 256)
     w = torch.randn(rows, 1024, requires_grad=True)  # a vocabulary of `rows` classes
     fused.linear_cross_entropy(torch.randn(64, 1024), w, torch.randint(rows, (64,))).backward()
+    xs = [torch.randn(rows, 1024, requires_grad=True) for _ in range(2)]
+    fused.bias_act(xs[0], torch.randn(1024)).backward(x)
+    fused.rms_norm(xs[1], (1024,)).backward(x)
     return {
         "unary_chain": fused.unary_chain(x, ["square", "sin"]),
         "rms_norm": fused.rms_norm(x, (1024,)),
@@ -70,6 +73,8 @@ def outputs(rows):
         "rope": fused.rope(q, q, cos, cos)[0],
         "linear_act": fused.linear_act(x[:, :64], torch.randn(1024, 64), act="gelu"),
         "linear_cross_entropy grad": w.grad,
+        "bias_act grad": xs[0].grad,
+        "rms_norm grad": xs[1].grad,
     }
 
 

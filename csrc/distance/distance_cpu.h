@@ -135,7 +135,7 @@ template <typename T> struct MatmulOperands {
     const bool shift = center.defined();
     // detach: the GEMM may run on a worker thread, outside the caller's no-autograd guard, and refuses out=
     // arguments that require grad
-    at::Tensor xc = shift ? at::empty_like(x) : x.detach(), n = at::empty({rows}, x.options());
+    at::Tensor xc = shift ? empty_output_like(x) : x.detach(), n = at::empty({rows}, x.options());
     const T *src = x.template data_ptr<T>(), *c = shift ? center.template data_ptr<T>() : nullptr;
     T *dst = xc.template data_ptr<T>(), *np = n.template data_ptr<T>();
     at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {

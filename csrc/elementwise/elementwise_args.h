@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/checks.h"
+#include "common/huge_pages.h"
 #include "common/registration.h"
 
 // The family's ops, each registered from <family>_cpu.cpp and <family>_cuda.cpp (common/registration.h).
@@ -74,7 +75,7 @@ inline void check_bias_dropout_add(const char* op, const at::Tensor& x, const st
 
 // bias_act_backward's outputs: grad_x like x and grad_bias like bias ([0] without one), zeroed when x is empty.
 inline std::tuple<at::Tensor, at::Tensor> bias_act_grads(const at::Tensor& x, const std::optional<at::Tensor>& bias) {
-  at::Tensor grad_x = at::empty_like(x);
+  at::Tensor grad_x = empty_output_like(x);
   at::Tensor grad_bias = bias ? at::empty_like(*bias) : at::empty({0}, x.options());
   if (x.numel() == 0) grad_bias.zero_();
   return {grad_x, grad_bias};
@@ -89,7 +90,7 @@ struct DropoutGrads {
 inline DropoutGrads dropout_grads(const at::Tensor& grad_in, bool bias_grad) {
   at::Tensor grad = grad_in.contiguous();
   const int64_t C = bias_grad ? grad.size(-1) : 0;
-  return {grad, at::empty_like(grad), at::zeros({C}, grad.options()), C};
+  return {grad, empty_output_like(grad), at::zeros({C}, grad.options()), C};
 }
 
 inline void check_glu(const char* op, const at::Tensor& gate, const at::Tensor& up) {
