@@ -920,11 +920,12 @@ def emu_update(
     sr_seed=None,
     hyper=None,
     write_grads=False,
-    **adam_only,
+    extra=(),
 ):
     """An update launch as optim_cuda.cpp makes it: lists [params, grads, state lists...] (and the model params of
     master weights), dtype codes from each param's first state (states None: no state), then the op's
-    hyperparameters, clip_value, the op's flags and the arguments every update takes (adam_only: state_seed)."""
+    hyperparameters, clip_value, the op's flags, the arguments every update takes and the op's own last ones
+    (extra)."""
     params, grads = lists[0], lists[1]
     codes = [
         update_code(emu, p, g, states[i] if states else None, model_params[i] if model_params else None)
@@ -933,11 +934,7 @@ def emu_update(
     seed, stochastic = seed_of(sr_seed)
     lists = lists + ([model_params] if model_params else [])
     numels = [p.numel() for p in params]
-    common = (stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads)
-    if kernel.__name__ == "adam_step":
-        state_seed, state_stochastic = seed_of(adam_only.pop("state_seed", None))
-        common += (state_stochastic, state_seed)
-    assert not adam_only, f"unexpected arguments {list(adam_only)}"
+    common = (stochastic, seed, clip_coef, grad_scale, found_inf, NUM_SMS, write_grads, *extra)
     optim_launch(ws, kernel, lists, numels, codes, steps, hyper_rows(hyper), ws, *hparams, clip_value, *flags, *common)
 
 
@@ -972,15 +969,18 @@ def emu_adam_step_(
     *rest,
     **kw,
 ):
-    """F.adam_step_'s arguments; rest and kw: emu_update's from clip_coef on, and the scales of 8-bit state (lists
-    after the state lists, as the binding passes them where some state is 8-bit)."""
+    """F.adam_step_'s arguments; rest and kw: emu_update's from clip_coef on, the scales of 8-bit state (lists
+    after the state lists, as the binding passes them where some state is 8-bit) and state_seed (the launch's last
+    arguments)."""
     lists = [params, grads, exp_avgs, exp_avg_sqs] + ([max_exp_avg_sqs] if amsgrad else [])
     keys = ("exp_avg_scales", "exp_avg_sq_scales") + (("max_exp_avg_sq_scales",) if amsgrad else ())
     scales = [kw.pop(k, None) for k in keys]
     if any(s is not None for s in scales):
         lists += scales
     hparams, flags = (lr, beta1, beta2, eps, weight_decay), (amsgrad, decoupled, maximize)
-    emu_update(emu, ws, emu.adam_step, lists, exp_avgs, steps, hparams, flags, *rest, **kw)
+    state_seed, state_stochastic = seed_of(kw.pop("state_seed", None))
+    extra = (state_stochastic, state_seed)
+    emu_update(emu, ws, emu.adam_step, lists, exp_avgs, steps, hparams, flags, *rest, **kw, extra=extra)
 
 
 def step_both(opt, emu, ws, cpu_lists, emu_lists, args, clip_coef, grad_scale, found, clip_value, models, **kw):
