@@ -7,9 +7,24 @@ and an eager GPU training step is bound by that host time at the sizes a transfo
 runs eager calls through such a Function; traced calls (torch.compile, fake or functional tensors, functorch
 transforms, tensor subclasses) go through the op itself, which they see as one custom op."""
 
+import functools
+
 import torch
+import torch.autograd.forward_ad as forward_ad
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def check_no_forward_ad(name: str, tensors) -> None:
+    """Raises where a call would carry a forward-mode tangent (torch.func.jvp, dual tensors): the fused ops have no
+    forward derivatives, and torch would otherwise drop the tangent silently (zero for jvp, None for duals)."""
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    jvp = any(i.key() == torch._C._functorch.TransformType.Jvp for i in stack)
+    if jvp or (forward_ad._current_level >= 0 and any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)):
+        raise NotImplementedError(
+            f"fused.{name}: forward-mode AD (torch.func.jvp, forward_ad dual tensors) is not supported; "
+            "use reverse mode (backward, torch.func.grad is not supported either) or the torch reference ops"
+        )
 
 
 def traced(tensors) -> bool:
@@ -23,12 +38,49 @@ def traced(tensors) -> bool:
     )
 
 
+def first_order(name: str, backward):
+    """backward, as it runs under create_graph=True: the fused backward ops have no derivatives of their own, so the
+    gradients come out of a node that raises, naming the op, when a second derivative through them is asked for
+    (gradient penalties, Hessian-vector products) rather than silently leaving terms out. The node hangs on the
+    saved tensors and incoming gradients that require grad, so that autograd.grad(..., inputs=x) reaches it too."""
+    message = (
+        f"fused.{name}: second derivatives are not supported (its backward ran under create_graph=True and a "
+        "gradient of that backward's result was asked for); use the torch reference ops for double backward"
+    )
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        if not torch.is_grad_enabled():  # a plain backward: grad mode is on only under create_graph=True
+            return backward(ctx, *grads)
+        anchors = [
+            t.reshape(-1)[:0] for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor) and t.requires_grad
+        ]
+        with torch.no_grad():
+            result = backward(ctx, *grads)
+        outputs = result if isinstance(result, tuple) else (result,)
+        tensors = [t for t in outputs if isinstance(t, torch.Tensor)]
+        if not tensors:
+            return result
+        if not anchors:  # nothing to hang the node on: a second derivative could not be told apart from none
+            raise RuntimeError(message)
+        # leaves that require grad (as torch's once_differentiable passes them) plus the anchors: the node's outputs
+        delayed = torch._C._functions.DelayedError(message.encode(), len(tensors) + len(anchors))(
+            *(t.detach().requires_grad_() for t in tensors), *anchors
+        )
+        delayed = iter(delayed[: len(tensors)])
+        outputs = tuple(next(delayed) if isinstance(t, torch.Tensor) else t for t in outputs)
+        return outputs if isinstance(result, tuple) else outputs[0]
+
+    return wrapper
+
+
 def register_autograd(name: str, backward, setup_context):
     """Registers backward / setup_context as fused::<name>'s autograd (torch.library.register_autograd) and returns a
     callable with the op's signature. An eager call runs a torch.autograd.Function over the op's kernel below
     autograd when a gradient is wanted, the kernel alone when not; a traced one runs the op, whose registered
     autograd the dispatcher finds. setup_context gets what torch.library gives it: every positional argument
     (defaults filled in) and, for an op with keyword-only arguments, those as keyword_only_inputs."""
+    backward = first_order(name, backward)
     torch.library.register_autograd(f"fused::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.fused, name).default
     arguments = op._schema.arguments
@@ -66,7 +118,11 @@ def register_autograd(name: str, backward, setup_context):
     def call(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if traced(tensors):
+            if not torch.compiler.is_compiling() and torch._C._functorch.peek_interpreter_stack() is not None:
+                check_no_forward_ad(name, tensors)
             return op(*args, **kwargs)
+        if forward_ad._current_level >= 0:
+            check_no_forward_ad(name, tensors)
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             with torch._C._AutoDispatchBelowAutograd():  # no gradient: the kernel, past the autograd wrapper
                 return op(*args, **kwargs)

@@ -117,3 +117,56 @@ def test_backward_twice_and_retained_graph(retain):
     want = torch.autograd.grad(ref, (x, w))  # float64 math, float32 gradients
     for g, h in zip(first, want):
         torch.testing.assert_close(g, h, rtol=1e-5, atol=1e-7)
+
+
+def _second_order_cases():
+    """A scalar of each family's public op in float64, from x (and a weight w), both requiring grad."""
+    cos, sin = torch.ones(1, 5, 8, dtype=torch.float64), torch.zeros(1, 5, 8, dtype=torch.float64)
+    t = torch.tensor([0, 3, 1, 2, 3])
+    return {
+        "rms_norm": lambda x, w: fused.rms_norm(x, 8, w[0]).square().sum(),
+        "layer_norm": lambda x, w: fused.layer_norm(x, 8, w[0], w[1]).square().sum(),
+        "bias_act": lambda x, w: fused.bias_act(x, w[0], "gelu").square().sum(),
+        "glu": lambda x, w: fused.glu(x, x.cos(), "silu").square().sum(),  # up depends on x too
+        "unary_chain": lambda x, w: fused.unary_chain(x, ["sin", "square"]).sum(),
+        "linear_act": lambda x, w: fused.linear_act(x, w, None, "tanh").square().sum(),
+        "pairwise_distances": lambda x, w: fused.pairwise_distances(x, w).sum(),
+        "pairwise_topk": lambda x, w: fused.pairwise_topk(x, w, 2)[0].sum(),
+        "rope": lambda x, w: fused.rope(x.view(1, 1, 5, 8), x.view(1, 1, 5, 8), cos, sin)[0].square().sum(),
+        "linear_cross_entropy": lambda x, w: fused.linear_cross_entropy(x, w, t),
+        "linear_log_probs": lambda x, w: fused.linear_log_probs(x, w, t).sum(),
+    }
+
+
+@pytest.mark.parametrize("op", list(_second_order_cases()))
+def test_second_derivatives_raise_naming_the_op(op):
+    """The fused backward ops have no derivatives: under create_graph=True the first gradient is still right, and
+    asking for a second one through it raises (autograd.grad to x, and .backward() to every leaf) rather than
+    leaving the second-order terms out, which is what torch's fallback did (a gradient penalty off by 10x)."""
+    fn = _second_order_cases()[op]
+    x = make((5, 8), torch.float64, seed=21, requires_grad=True)
+    w = make((4, 8), torch.float64, seed=22, requires_grad=True)
+    plain = torch.autograd.grad(fn(x, w), x)[0]
+    first = torch.autograd.grad(fn(x, w), x, create_graph=True)[0]
+    assert torch.equal(first.detach(), plain)
+    with pytest.raises(RuntimeError, match=r"fused\.\w+: second derivatives are not supported"):
+        torch.autograd.grad(first.square().sum(), x)
+    first = torch.autograd.grad(fn(x, w), x, create_graph=True)[0]
+    with pytest.raises(RuntimeError, match="second derivatives are not supported"):
+        (fn(x, w) + first.square().sum()).backward()
+
+
+def test_forward_mode_ad_raises_naming_the_op():
+    """jvp and dual tensors would otherwise come back with a zero (jvp) or missing (dual) tangent."""
+    import torch.autograd.forward_ad as fwad
+
+    x, v = make((4, 8), torch.float64, seed=23), make((4, 8), torch.float64, seed=24)
+    with pytest.raises(NotImplementedError, match=r"fused\.norm_fwd: forward-mode AD"):
+        torch.func.jvp(lambda a: fused.rms_norm(a, 8), (x,), (v,))
+    with pytest.raises(NotImplementedError, match=r"fused\.bias_act: forward-mode AD"):
+        torch.func.vmap(lambda a: torch.func.jvp(lambda b: fused.bias_act(b, None, "gelu"), (a,), (a,))[1])(x)
+    with fwad.dual_level():
+        with pytest.raises(NotImplementedError, match=r"fused\.cross_entropy_fwd: forward-mode AD"):
+            fused.cross_entropy(fwad.make_dual(x, v), torch.tensor([0, 1, 2, 3]))
+        assert torch.equal(fused.rms_norm(x, 8), fused.rms_norm(x, 8))  # no tangent: runs
+    assert torch.func.vmap(lambda a: fused.bias_act(a, None, "gelu"))(x).shape == x.shape

@@ -175,3 +175,31 @@ def test_scaler_step_hook():
         assert p.grad is None
         torch.testing.assert_close(p, q, rtol=2e-5, atol=2e-6)
     assert opt.scaler_step(torch.tensor(1.0), torch.ones(())) is None  # no gradients left
+
+
+@pytest.mark.parametrize("scaler_cls", [fused.amp.GradScaler, torch.amp.GradScaler], ids=["fused", "torch"])
+def test_scaler_step_runs_optimizer_step_hooks_and_scheduler_tracking(scaler_cls):
+    """Both scalers go through optimizer.step(), as torch's drives optimizers: step pre/post hooks run, an LR
+    scheduler sees the step (no "lr_scheduler.step() before optimizer.step()" warning), wrappers of step are
+    called, and scaler.step(opt, None) passes the closure slot on as torch's does."""
+    import warnings
+
+    params = make()
+    opt = fused.optim.AdamW(params, lr=1e-2)
+    calls = []
+    opt.register_step_pre_hook(lambda *a: calls.append("pre"))
+    opt.register_step_post_hook(lambda *a: calls.append("post"))
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.5)
+    scaler = scaler_cls("cpu", init_scale=2.0**8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        for step in range(2):
+            opt.zero_grad()
+            backward(scaler, params, step, poison=step == 1)
+            scaler.step(opt, None)
+            scaler.update()
+            sched.step()
+    assert calls == ["pre", "post"] * 2
+    assert scaler.get_scale() == 2.0**7  # the inf of step 1 came back from the fused step's finite check
+    with pytest.raises(RuntimeError, match="[Cc]losure"):
+        scaler.step(opt, closure=lambda: None)

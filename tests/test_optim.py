@@ -500,3 +500,73 @@ def test_plain_step_is_one_pass_and_the_norm_is_there_when_asked(monkeypatch, op
         params[0].grad.view(-1)[5] = math.nan
         opt.step()
         assert params[0].detach().view(-1)[5].isnan() and params[0].detach().view(-1)[6].isfinite()
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "torch.save"])
+@pytest.mark.parametrize(
+    "name, hyper",
+    [("SGD", dict(lr=0.1)), ("AdamW", dict(lr=1e-2, max_grad_norm=0.5, clip_value=2.0, state_dtype="int8"))],
+)
+def test_copied_optimizer_steps_as_the_original(name, hyper, how):
+    """torch.optim.Optimizer pickles only defaults, state and param_groups: the fused options (clipping, state
+    dtype, accumulation buffers) ride along, so a deepcopy or torch.save of the optimizer (with its params) steps
+    to the same bits as the original."""
+    import io
+
+    params = make_params(shapes=[(70, 80), (5,)])
+    opt = getattr(fused.optim, name)(params, **hyper)
+    set_grads([params], 0)
+    opt.step()
+    if how == "deepcopy":
+        params2, opt2 = copy.deepcopy((params, opt))
+    else:
+        buffer = io.BytesIO()
+        torch.save((params, opt), buffer)
+        buffer.seek(0)
+        params2, opt2 = torch.load(buffer, weights_only=False)
+    assert (opt2.max_grad_norm, opt2.clip_value) == (opt.max_grad_norm, opt.clip_value)
+    for step in (1, 2):
+        set_grads([params, params2], step, scale=10.0)
+        opt.step()
+        opt2.step()
+    for p, q in zip(params, params2):
+        assert torch.equal(p, q)
+
+
+@pytest.mark.parametrize("name", ["SGD", "Adam", "AdamW"])
+def test_state_dict_of_an_older_torch_loads_and_steps(name):
+    """Group keys added in later torch versions (maximize, foreach, amsgrad, nesterov, differentiable, fused,
+    capturable, decoupled_weight_decay) missing from a saved state dict get their defaults on load, as torch's
+    optimizers' __setstate__ gives them; an Adam state dict loaded into AdamW decays decoupled, as torch.optim.AdamW."""
+    params, theirs = make_params(shapes=[(7, 3)]), make_params(shapes=[(7, 3)])
+    torch_cls = getattr(torch.optim, name)
+    ref = torch_cls(theirs, lr=1e-2, weight_decay=0.1)
+    ours = getattr(fused.optim, name)(params, lr=1e-2, weight_decay=0.1)
+    set_grads([theirs], 0)
+    ref.step()
+    state = copy.deepcopy(ref.state_dict())  # loading may keep the tensors it is given
+    for group in state["param_groups"]:
+        for key in ("maximize", "foreach", "amsgrad", "nesterov", "differentiable", "fused", "capturable"):
+            group.pop(key, None)
+    if name == "AdamW":
+        state["param_groups"][0]["decoupled_weight_decay"] = False  # an Adam state dict
+    ours.load_state_dict(state)
+    with torch.no_grad():
+        for p, q in zip(params, theirs):
+            p.copy_(q)
+    assert all(ours.param_groups[0][key] == value for key, value in ours.defaults.items() if key != "params")
+    for step in (1, 2):
+        set_grads([params, theirs], step)
+        ours.step()
+        ref.step()
+    assert_params_close(params, theirs)
+
+
+def test_complex_parameters_are_refused_naming_the_optimizer():
+    p = torch.zeros(3, dtype=torch.complex64, requires_grad=True)
+    for cls in (fused.optim.SGD, fused.optim.Adam, fused.optim.AdamW):
+        with raises(f"fused.optim.{cls.__name__}: params: complex parameters"):
+            cls([p], lr=0.1)
+        opt = cls([torch.zeros(3, requires_grad=True)], lr=0.1)
+        with raises(f"fused.optim.{cls.__name__}: params: complex parameters"):
+            opt.add_param_group({"params": [p]})

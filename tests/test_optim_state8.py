@@ -589,3 +589,25 @@ def test_gpu_int8_with_norm_clipping_exact_norm_same_bits(gpu):
         b.step()
         assert_same(b.last_grad_norm, a.last_grad_norm)
     assert_states_same(a, b, cpu, gpu_ps)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_small_tensors_of_16bit_params_keep_fp32_state(dtype):
+    """Tensors under 4096 elements are not quantized and keep fp32 moments, also for 16-bit parameters without
+    master weights (16-bit moments would underflow: an fp16 exp_avg_sq of 1e-4 gradients is 0): the moments equal
+    torch's fp32 AdamW's on the same gradients."""
+    g = torch.Generator().manual_seed(3)
+    p = torch.randn(100, generator=g).to(dtype).requires_grad_()
+    ref = p.detach().float().requires_grad_()
+    opt = fused.optim.AdamW([p], lr=1e-3, state_dtype="int8")
+    ref_opt = torch.optim.AdamW([ref], lr=1e-3)
+    for _ in range(3):
+        grad = torch.randn(100, generator=g) * 1e-4
+        p.grad, ref.grad = grad.to(dtype), grad.to(dtype).float()
+        opt.step()
+        ref_opt.step()
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert opt.state[p][key].dtype == torch.float32
+        torch.testing.assert_close(opt.state[p][key], ref_opt.state[ref][key], rtol=1e-6, atol=0)
+    eps = float(torch.finfo(dtype).eps)  # rounded on each of 3 steps, against once at the end
+    torch.testing.assert_close(p.float(), ref.detach().to(dtype).float(), rtol=2 * eps, atol=0)

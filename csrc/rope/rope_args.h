@@ -59,13 +59,16 @@ inline Shape check_rope(const char* op, const char* first, const char* second, c
   return sh;
 }
 
-// The outputs, laid out as the inputs (empty_like keeps a dense permuted layout, e.g. a transposed projection).
+// An output laid out as its input (empty_like keeps a dense permuted layout, e.g. a transposed projection) where
+// that layout has unit stride along head_dim, contiguous where not: the kernels write each row with unit stride.
+inline at::Tensor output_like(const at::Tensor& x) {
+  at::Tensor out = empty_output_like(x);
+  return out.size(-1) > 1 && out.stride(-1) != 1 ? empty_output(x.sizes(), x.options()) : out;
+}
 struct Outputs {
   at::Tensor q, k;
 };
-inline Outputs alloc_outputs(const at::Tensor& q, const at::Tensor& k) {
-  return {empty_output_like(q), empty_output_like(k)};
-}
+inline Outputs alloc_outputs(const at::Tensor& q, const at::Tensor& k) { return {output_like(q), output_like(k)}; }
 
 // x with unit stride along head_dim (a copy only when it has not: the kernels read rows by strides otherwise).
 inline at::Tensor unit_last_stride(const at::Tensor& x) {

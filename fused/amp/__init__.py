@@ -1,8 +1,7 @@
 """fused.amp.GradScaler: a drop-in for torch.amp.GradScaler. With a fused optimizer, step() hands the scale
 to the fused step (the finite check rides in its norm pass: no unscale pass, no host sync); update() is torch's,
 on the device. With any other optimizer it behaves exactly as torch's. unscale_() also unscales the fp32 sums of
-a fused optimizer's accumulate_grads(), which torch's cannot see. A fused optimizer is driven through its one
-public hook, scaler_step()."""
+a fused optimizer's accumulate_grads(), which torch's cannot see (through the optimizer's scaler_step hook)."""
 
 import torch
 from torch.amp.grad_scaler import OptState
@@ -16,7 +15,7 @@ class GradScaler(torch.amp.GradScaler):
     def step(self, optimizer, *args, **kwargs):
         if not self._enabled or not _is_fused(optimizer):
             return super().step(optimizer, *args, **kwargs)
-        if "closure" in kwargs or args:
+        if "closure" in kwargs:
             raise RuntimeError("fused.amp.GradScaler.step: closure use is not supported with a GradScaler")
         self._check_scale_growth_tracker("step")
         state = self._per_optimizer_states[id(optimizer)]
@@ -24,14 +23,23 @@ class GradScaler(torch.amp.GradScaler):
             raise RuntimeError("fused.amp.GradScaler.step: step() has already been called since the last update()")
         if state["stage"] is OptState.UNSCALED:  # the user called unscale_: gradients are unscaled already
             found = list(state["found_inf_per_device"].values())
-            found_inf = optimizer.scaler_step(None, sum(found[1:], found[0]) if found else None)
+            grad_scale, found_inf = None, (sum(found[1:], found[0]) if found else None)
         else:
-            found_inf = optimizer.scaler_step(self._scale, None)
+            grad_scale, found_inf = self._scale, None
+        # through optimizer.step(), as torch's scaler drives optimizers with _step_supports_amp_scaling, so that step
+        # hooks, LR schedulers' step tracking and wrappers of step see the step; the fused step reads the scale and
+        # the found_inf so far from these attributes and leaves its own finite check in _step_found_inf
+        optimizer.grad_scale, optimizer.found_inf, optimizer._step_found_inf = grad_scale, found_inf, None
+        try:
+            result = optimizer.step(*args, **kwargs)
+        finally:
+            del optimizer.grad_scale, optimizer.found_inf
+        found_inf = optimizer._step_found_inf
         if found_inf is None:  # no parameter has a gradient: nothing stepped
-            return None
+            return result
         state["found_inf_per_device"] = {found_inf.device: found_inf}
         state["stage"] = OptState.STEPPED
-        return None
+        return result
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):
         # After accumulate_grads() the gradients sit in the optimizer's fp32 sums (torch's unscale_ reads only

@@ -78,14 +78,58 @@ class _FusedOptimizer(torch.optim.Optimizer):
         self.last_grad_norm = None
         super().__init__(params, defaults)
 
+    # torch.optim.Optimizer pickles only defaults, state and param_groups: these ride along, so that a deepcopy,
+    # pickle or torch.save of the optimizer steps as the original does
+    _PICKLED = (
+        "max_grad_norm",
+        "clip_value",
+        "master_weights",
+        "stochastic_rounding",
+        "track_grad_norm",
+        "last_grad_norm",
+        "state_dtype",
+        "_grad_acc",
+        "_acc_live",
+    )
+
+    def __getstate__(self):
+        state = super().__getstate__()
+        state.update({k: self.__dict__[k] for k in self._PICKLED if k in self.__dict__})
+        return state
+
+    def __setstate__(self, state):
+        # as torch's optimizers do: groups of state dicts from older versions get the keys added since
+        super().__setstate__(state)
+        for group in self.param_groups:
+            for key, value in self.defaults.items():
+                group.setdefault(key, value)
+            self._fix_group(group)
+
+    def _fix_group(self, group):
+        pass
+
+    def add_param_group(self, param_group):
+        name = type(self).__name__
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)
+        for p in params:
+            if isinstance(p, torch.Tensor) and p.is_complex():
+                raise ValueError(
+                    f"fused.optim.{name}: params: complex parameters are not supported (got {p.dtype}); use "
+                    "torch.view_as_real on them, or torch.optim"
+                )
+        param_group["params"] = params
+        super().add_param_group(param_group)
+
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        # torch.amp.GradScaler sets grad_scale and found_inf on optimizers with _step_supports_amp_scaling.
-        self._fused_step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
+        # torch.amp.GradScaler (and fused.amp.GradScaler) set grad_scale and found_inf on optimizers with
+        # _step_supports_amp_scaling; fused.amp.GradScaler reads the step's finite check back from _step_found_inf.
+        self._step_found_inf = self._fused_step(getattr(self, "grad_scale", None), getattr(self, "found_inf", None))
         return loss
 
     @torch.no_grad()
@@ -291,8 +335,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return self.stochastic_rounding and p.dtype == torch.bfloat16 and not self._uses_master(p)
 
     def _fp32_state(self, p):
-        """Whether the state of p is kept in fp32 although p is 16-bit."""
-        return self._uses_master(p) or self._rounds_stochastically(p)
+        """Whether the state of p is kept in fp32 although p is 16-bit: with a master copy, stochastic rounding, or
+        (state_dtype="int8") for the tensors too small to quantize."""
+        small_of_int8 = getattr(self, "state_dtype", None) == "int8" and p.dtype in LOW_PRECISION
+        return self._uses_master(p) or self._rounds_stochastically(p) or small_of_int8
 
     def _state_like(self, p):
         """A zero state tensor: fp32 for a parameter with an fp32 master or stochastic rounding, else like it."""
@@ -591,6 +637,10 @@ class Adam(_FusedOptimizer):
                 state[key] = plain.to(kind or self._plain_state_dtype(p))
             elif kind == torch.bfloat16:
                 state[key] = value.to(torch.bfloat16)
+
+    def _fix_group(self, group):
+        if self._decoupled:  # as torch.optim.AdamW: an Adam state dict loaded into AdamW decays decoupled
+            group["decoupled_weight_decay"] = True
 
     def _plain_state_dtype(self, p):
         return torch.float32 if self._fp32_state(p) else p.dtype

@@ -63,17 +63,24 @@ def check_rope(op, first, second, q, k, cos, sin, unsqueeze_dim):
     return b, s, d, hq, kv.shape[1], r, cos_b
 
 
-# ---- fake kernels: outputs laid out as the inputs (empty_like, as the kernels) ----
+def output_like(x):
+    """An output laid out as x (empty_like) where that layout has unit stride along head_dim, contiguous where not:
+    every kernel writes rows with unit stride (csrc/rope/rope_args.h output_like)."""
+    out = torch.empty_like(x)
+    return out if out.stride(-1) == 1 or out.shape[-1] <= 1 else torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+# ---- fake kernels: outputs laid out as the kernels lay them out (output_like) ----
 @torch.library.register_fake("fused::rope")
 def _(q, k, cos, sin, unsqueeze_dim=1, *, interleaved=False):
     check_rope("rope", "q", "k", q, k, cos, sin, unsqueeze_dim)
-    return torch.empty_like(q), torch.empty_like(k)
+    return output_like(q), output_like(k)
 
 
 @torch.library.register_fake("fused::rope_backward")
 def _(grad_q, grad_k, cos, sin, unsqueeze_dim, interleaved):
     check_rope("rope_backward", "grad_q", "grad_k", grad_q, grad_k, cos, sin, unsqueeze_dim)
-    return torch.empty_like(grad_q), torch.empty_like(grad_k)
+    return output_like(grad_q), output_like(grad_k)
 
 
 # ---- autograd ----

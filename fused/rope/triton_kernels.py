@@ -7,7 +7,6 @@ BLOCK_H heads x the rotary features, reading q / k by strides (a transposed proj
 head blocks of q come first on grid axis 1, then k's. Features past r are copied. Math in float32 (float64 for
 float64), rounded once to the output dtype."""
 
-import torch
 import triton
 import triton.language as tl
 
@@ -108,7 +107,7 @@ def _rope(op, first, second, q, k, cos, sin, unsqueeze_dim, interleaved, backwar
             "use fused.set_backend('cuda')"
         )
     layout = _ops.layout_of(op, unsqueeze_dim)
-    out_q, out_k = torch.empty_like(q), torch.empty_like(k)
+    out_q, out_k = _ops.output_like(q), _ops.output_like(k)
     if b * s == 0 or d == 0 or hq + hk == 0:
         return out_q, out_k
     q, k = (x if x.stride(-1) == 1 or x.shape[-1] <= 1 else x.contiguous() for x in (q, k))
