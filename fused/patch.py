@@ -6,6 +6,8 @@ before anything is swapped, so a model that does not look as expected raises Val
 The attention modules keep transformers' own forward, run with `apply_rotary_pos_emb` bound to fused.rope.
 transformers is imported only here (`pip install fused[transformers]`)."""
 
+import contextlib
+import functools
 import inspect
 import types
 from dataclasses import dataclass
@@ -92,7 +94,23 @@ def _gate_up_mlp_forward(self, x):
     return self.down_proj(fused.glu(gate, up, self._fused_act))
 
 
+def _plain(module, cls_name: str) -> bool:
+    """Whether module is exactly torch's / transformers' `cls_name` with no hooks: its weight alone says what it
+    computes. An adapter (PEFT's LoRA replaces the layer by its own) or a hook makes the patched code call it."""
+    cls = type(module)
+    return (
+        cls.__name__ == cls_name
+        and cls.__module__.startswith(("torch.nn.", "transformers."))
+        and not module._forward_hooks
+        and not module._forward_pre_hooks
+        and not nn.modules.module._global_forward_hooks
+        and not nn.modules.module._global_forward_pre_hooks
+    )
+
+
 def _gpt2_mlp_forward(self, x):
+    if not _plain(self.c_fc, "Conv1D"):  # an adapted or hooked c_fc: called as it is, the activation fused after
+        return self.dropout(self.c_proj(fused.bias_act(self.c_fc(x), None, self._fused_act)))
     # Conv1D stores its weight as [in, out]: the transpose is nn.Linear's layout.
     h = fused.linear_act(x, self.c_fc.weight.t(), self.c_fc.bias, self._fused_act)
     return self.dropout(self.c_proj(h))
@@ -120,39 +138,67 @@ def _rope(q, k, cos, sin, unsqueeze_dim=1):
 LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
 
 
-def _causal_lm_forward(self, *args, **kwargs):
+def _causal_lm_forward(self, **kwargs):
     """In training with labels: the base model, then fused.linear_cross_entropy over the final hidden states (no
-    logits are made: the output's logits is None). Otherwise transformers' own forward."""
+    logits are made: the output's logits is None), the loss in float32 as transformers computes it from float32
+    logits. Otherwise (and where the output embedding is adapted or hooked) transformers' own forward."""
     labels = kwargs.get("labels")
-    if labels is None or not self.training:
-        return self._fused_base.forward(self, *args, **kwargs)
+    head = self.get_output_embeddings()
+    if labels is None or not self.training or not _plain(head, "Linear"):
+        return self._fused_base.forward(self, **kwargs)
     kwargs.pop("labels")
     kwargs.pop("logits_to_keep", None)
+    return_dict = kwargs.pop("return_dict", None)
+    if return_dict is None:
+        return_dict = getattr(self.config, "return_dict", True)
     loss_kwargs = {name: kwargs.pop(name) for name in LOSS_KWARGS if name in kwargs}
-    outputs = getattr(self, self.base_model_prefix)(*args, **kwargs)
+    outputs = getattr(self, self.base_model_prefix)(**kwargs, return_dict=True)
     hidden = outputs[0]
     ignore_index = loss_kwargs.get("ignore_index", -100)
     shift_labels = loss_kwargs.get("shift_labels")
     if shift_labels is None:  # as transformers' ForCausalLMLoss: position t predicts label t + 1
         shift_labels = nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
     num_items = loss_kwargs.get("num_items_in_batch")
-    head = self.get_output_embeddings()
-    loss = fused.linear_cross_entropy(
-        hidden.reshape(-1, hidden.shape[-1]),
-        head.weight,
-        shift_labels.reshape(-1).to(hidden.device),
-        linear_bias=head.bias,
-        reduction="mean" if num_items is None else "sum",
-        ignore_index=ignore_index,
-        softcap=getattr(self.config, "final_logit_softcapping", None),
-    ).float()
+    device = hidden.device.type
+    # a float32 loss from 16-bit hidden states: fused's loss ops return float32 under autocast (as torch's do)
+    float32_loss = hidden.dtype in (torch.float16, torch.bfloat16) and not torch.is_autocast_enabled(device)
+    with torch.autocast(device, dtype=hidden.dtype) if float32_loss else contextlib.nullcontext():
+        loss = fused.linear_cross_entropy(
+            hidden.reshape(-1, hidden.shape[-1]),
+            head.weight,
+            shift_labels.reshape(-1).to(hidden.device),
+            linear_bias=head.bias,
+            reduction="mean" if num_items is None else "sum",
+            ignore_index=ignore_index,
+            softcap=getattr(self.config, "final_logit_softcapping", None),
+        )
+    loss = loss.float()
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
     from transformers.modeling_outputs import CausalLMOutputWithPast
 
     fields = CausalLMOutputWithPast.__dataclass_fields__  # the base model's cache, hidden states, attentions
     extra = {key: value for key, value in outputs.items() if key in fields}
-    return CausalLMOutputWithPast(loss=loss, logits=None, **extra)
+    output = CausalLMOutputWithPast(loss=loss, logits=None, **extra)
+    return output if return_dict else output.to_tuple()
+
+
+def _with_signature_of(cls: type, forward: Callable) -> Callable:
+    """forward(self, **kwargs) as a method with cls.forward's signature (which Trainer and generate() read to pick
+    inputs): positional arguments are bound to their names first."""
+    base = cls.forward
+    signature = inspect.signature(base)
+    var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+
+    @functools.wraps(base)
+    def method(self, *args, **kwargs):
+        if args:
+            bound = signature.bind(self, *args, **kwargs).arguments
+            kwargs = {k: v for k, v in bound.items() if k not in ("self", var_keyword)}
+            kwargs.update(bound.get(var_keyword, {}))
+        return forward(self, **kwargs)
+
+    return method
 
 
 # ---- planning: every swap is checked before any is made ------------------------------------------------------------
@@ -242,10 +288,13 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
             if not DECODER_CHILDREN <= names:
                 _fail(model, f"layer {i}'s forward does not use {sorted(DECODER_CHILDREN - names)}")
             plan.append((layer, _subclass(type(layer), _pre_norm_decoder_forward), {}))
-    if loss and model.get_output_embeddings() is not None:
-        if not isinstance(model.get_output_embeddings(), nn.Linear):
-            _fail(model, "has an output embedding that is not an nn.Linear")
-        plan.append((model, _subclass(type(model), _causal_lm_forward), {}))
+    if loss and model.get_output_embeddings() is not None and not getattr(type(model), "_fused_patched", False):
+        cls = type(model)
+        if not inspect.unwrap(cls.forward).__module__.startswith("transformers."):
+            _fail(model, "has a forward of its own (a subclass?): pass loss=False to patch the rest")
+        if not cls.__name__.endswith(("ForCausalLM", "LMHeadModel")):
+            _fail(model, "is not a causal LM with only a language-model head: pass loss=False to patch the rest")
+        plan.append((model, _subclass(cls, _with_signature_of(cls, _causal_lm_forward)), {}))
     return plan
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import fused
-from tests.harness import TINY_DECODER, assert_accuracy
+from tests.harness import SEEDS, TINY_DECODER, assert_accuracy, assert_accuracy_over_seeds
 
 transformers = pytest.importorskip("transformers")
 
@@ -98,6 +98,96 @@ def test_loss_and_gradients_accuracy(name, dtype):
     for key in grads_e:
         assert grads_p[key] is not None, key
         assert_accuracy(grads_p[key].float(), grads_e[key].float(), grads_r[key], floor=floor)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "phi3"])
+def test_eager_attention_with_as_many_kv_heads_as_heads(name):
+    """Eager attention hands rope's backward a key gradient whose head_dim is not the unit-stride dim when k has as
+    many heads as q (repeat_kv is then the identity): every gradient stays as accurate as eager's."""
+    torch.manual_seed(0)
+    config = configs()[name]()
+    config.num_key_value_heads = config.num_attention_heads
+    eager = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
+    ref64 = copy.deepcopy(eager).double()
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    (loss_e, grads_e), (loss_p, grads_p) = loss_and_grads(eager, ids, labels), loss_and_grads(patched, ids, labels)
+    loss_r, grads_r = loss_and_grads(ref64, ids, labels)
+    assert_accuracy(loss_p.reshape(1), loss_e.reshape(1), loss_r.reshape(1))
+    for key in grads_e:
+        assert_accuracy(grads_p[key], grads_e[key], grads_r[key])
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_bf16_loss_as_accurate_as_eager(name):
+    """The loss of a bf16 model is float32, as transformers computes it from float32 logits, and as accurate as
+    eager's against float64 over seeds (a loss rounded to bf16 is 100x worse)."""
+    samples = []
+    for seed in range(SEEDS):
+        eager = make_model(name, torch.bfloat16, seed=seed)
+        ref64 = copy.deepcopy(eager).double()
+        patched = fused.patch(copy.deepcopy(eager))
+        ids, labels = batch(seed)
+        with torch.no_grad():
+            losses = [m(input_ids=ids, labels=labels).loss for m in (patched, eager, ref64)]
+        assert losses[0].dtype == torch.float32
+        samples.append(tuple(loss.reshape(1) for loss in losses))
+    assert_accuracy_over_seeds(samples, floor=1e-6)
+
+
+def test_causal_lm_forward_keeps_its_signature_and_return_dict():
+    """Trainer and generate() read the forward's signature to pick inputs: the patched one shows the original's,
+    takes positional arguments, and returns a tuple (loss first) under return_dict=False."""
+    import inspect
+
+    eager = make_model("llama")
+    patched = fused.patch(copy.deepcopy(eager))
+    assert inspect.signature(patched.forward) == inspect.signature(eager.forward)
+    ids, labels = batch()
+    want = eager(input_ids=ids, labels=labels).loss
+    torch.testing.assert_close(patched(ids, None, labels=labels).loss, want)  # input_ids, attention_mask
+    out = patched(input_ids=ids, labels=labels, return_dict=False)
+    assert isinstance(out, tuple) and out[0].dim() == 0
+    torch.testing.assert_close(out[0], want)
+
+
+def test_adapted_or_hooked_modules_are_called():
+    """A forward hook (or an adapter, which replaces the module) on GPT-2's c_fc or on the output embedding is seen:
+    the patched code calls such modules rather than reading their weights, and the loss falls back to
+    transformers' own for an adapted head. The gradients match eager's."""
+    eager = make_model("gpt2")
+    patched = fused.patch(copy.deepcopy(eager))
+
+    def add_one(module, inputs, output):
+        return output + 1.0
+
+    for model in (eager, patched):
+        model.transformer.h[0].mlp.c_fc.register_forward_hook(add_one)
+        model.lm_head.register_forward_hook(add_one)
+    ids, labels = batch()
+    (loss_e, grads_e), (loss_p, grads_p) = loss_and_grads(eager, ids, labels), loss_and_grads(patched, ids, labels)
+    torch.testing.assert_close(loss_p, loss_e)
+    for key in grads_e:
+        torch.testing.assert_close(grads_p[key], grads_e[key], rtol=1e-4, atol=1e-6)
+
+
+def test_other_heads_and_subclasses_need_loss_false():
+    """A model with another head besides the LM head (GPT2DoubleHeadsModel) or a subclass with its own forward
+    would lose what its forward adds under the fused loss: they raise with loss=True and patch with loss=False."""
+    double = transformers.GPT2DoubleHeadsModel(configs()["gpt2"]())
+    with pytest.raises(ValueError, match="fused.patch: GPT2DoubleHeadsModel is not a causal LM.*loss=False"):
+        fused.patch(double)
+    assert not swapped(double)
+    assert swapped(fused.patch(double, loss=False))
+
+    class MyLM(transformers.LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            return super().forward(*args, **kwargs)
+
+    model = MyLM(configs()["llama"]())
+    with pytest.raises(ValueError, match="fused.patch: MyLM has a forward of its own.*loss=False"):
+        fused.patch(model)
+    assert swapped(fused.patch(model, loss=False))
 
 
 @pytest.mark.parametrize("name", FAMILIES)
