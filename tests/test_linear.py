@@ -399,3 +399,28 @@ def test_cuda_backend_float64():
     with backend("cuda"):
         xc, wc, bc = (t.detach().cuda().requires_grad_() for t in (x, w, b))
         assert torch.autograd.gradcheck(lambda *t: fused.linear_act(*t, act="gelu"), (xc, wc, bc))
+
+
+@pytest.mark.parametrize("act", ["identity", "gelu", "relu"])
+def test_autocast_as_nn_linear(act):
+    """Under torch.autocast the op runs as F.linear does there: fp32 inputs and parameters cast to the autocast
+    dtype, 16-bit activations meet fp32 parameters, the result in the autocast dtype, fp32 parameter gradients;
+    FusedLinear and FusedMLP alike."""
+    torch.manual_seed(0)
+    ref = torch.nn.Linear(24, 16)
+    ours = fused.nn.FusedLinear(24, 16, act=act)
+    ours.load_state_dict(ref.state_dict())
+    activation = {"identity": lambda t: t, "gelu": torch.nn.functional.gelu, "relu": torch.relu}[act]
+    for x in (make((5, 24), requires_grad=True), make((5, 24), torch.bfloat16, requires_grad=True)):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            want, got = activation(ref(x)), ours(x)
+        assert got.dtype == want.dtype == torch.bfloat16
+        torch.testing.assert_close(got, want)
+        grads = torch.autograd.grad(got.float().sum(), (x, ours.weight, ours.bias))
+        ref_grads = torch.autograd.grad(want.float().sum(), (x, ref.weight, ref.bias))
+        for g, r in zip(grads, ref_grads):
+            assert g.dtype == r.dtype
+            torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2)
+    mlp = fused.nn.FusedMLP([24, 32, 8], act=act)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mlp(make((5, 24), torch.bfloat16)).dtype == torch.bfloat16

@@ -135,6 +135,27 @@ def test_fold_chain_without_bias_and_final_act():
     torch.testing.assert_close(folded(x), mlp(x), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("no_bias", [0, 2])
+def test_fold_layers_with_and_without_bias(no_bias):
+    """Layers whose bias was set to None among layers with one: each folded layer's bias follows its own pair (a
+    first layer without bias once crashed fold(); a later one kept a fresh random bias)."""
+    mlp = _linear_mlp([8, 32, 64, 4], bias=True, final_act="tanh")
+    mlp.act = "relu"
+    for layer in mlp.layers:
+        layer.act = "relu"
+    mlp.layers[-1].act = "tanh"
+    mlp.layers[no_bias].bias = None
+    folded = mlp.fold()  # relu joins: nothing folds
+    assert [layer.bias is None for layer in folded.layers] == [layer.bias is None for layer in mlp.layers]
+    x = make((6, 8), torch.float64)
+    torch.testing.assert_close(folded(x), mlp(x), rtol=1e-12, atol=1e-12)
+    mlp = _linear_mlp([8, 32, 64, 4], bias=True)  # identity joins: all three fold into one 8 -> 4 linear
+    mlp.layers[no_bias].bias = None
+    folded = mlp.fold()
+    assert folded.sizes == [8, 4] and folded.layers[0].bias is not None
+    torch.testing.assert_close(folded(x), mlp(x), rtol=1e-12, atol=1e-12)
+
+
 def test_fold_float32_within_rounding():
     torch.manual_seed(6)
     mlp = fused.nn.FusedMLP([64, 256, 32], act="identity", final_act="gelu")

@@ -269,6 +269,9 @@ def test_bad_normalized_shapes_from_torch(op):
     for ns, shape in bad.items():
         with raises(rf"fused\.{op}: (normalized_shape must have at least one dimension|x of shape)"):
             getattr(fused, op)(torch.rand(shape) * 10, ns)
+    for ns in (8.0, torch.tensor(8), "8"):
+        with raises(rf"fused\.{op}: normalized_shape must be an int or a sequence of ints"):
+            getattr(fused, op)(torch.rand(2, 8), ns)
 
 
 # ---------------------------------------------------------------- torch's and Liger's cases

@@ -6,6 +6,7 @@ import math
 import torch
 
 from fused import _checks
+from fused._autocast import autocast_linear
 from fused._autograd import public, register_autograd
 from fused._backend import register_gpu
 from fused._codes import ACT_CODES
@@ -107,6 +108,7 @@ linear_act_fwd = register_autograd("linear_act_fwd", _backward, _setup)
 
 # ---- linear_act: saves the pre-activation only when autograd will need it ----
 def _linear_act(x, weight, bias=None, act="identity"):
+    x, weight, bias = autocast_linear(x, weight, bias)
     check_linear("linear_act", x, weight, bias, act)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias))
     if needs_grad and act in NEEDS_PRE and x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):

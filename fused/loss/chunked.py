@@ -57,18 +57,6 @@ def check_linear(op, input, linear_weight, linear_bias, names=LINEAR_NAMES):
             )
 
 
-def autocast_linear(*tensors):
-    """The linear layer's tensors in autocast's dtype when autocast is on, as F.linear would run (float64 and None
-    pass through)."""
-    device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
-        return tensors
-    dtype = torch.get_autocast_dtype(device)
-    return tuple(
-        t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors
-    )
-
-
 def gemm_dtype(t):
     """The dtype the chunk's GEMMs run in: t's own, or float32 for 16-bit t on a CPU without 16-bit matrix
     instructions (AVX512-BF16 / AMX). There a bf16 or fp16 GEMM is emulated, several times slower than the float32

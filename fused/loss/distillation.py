@@ -7,6 +7,7 @@ forward when autograd will want them; "none" recomputes them in the backward wit
 import torch
 
 from fused import _checks
+from fused._autocast import autocast_linear
 from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
@@ -182,8 +183,8 @@ def _linear_distillation_loss(student_input, student_weight, teacher_input, teac
         OP, options
     )
     check_options(OP, divergence, beta, temperature, reduction)
-    student_input, student_weight, student_bias = chunked.autocast_linear(student_input, student_weight, student_bias)
-    teacher_input, teacher_weight, teacher_bias = chunked.autocast_linear(teacher_input, teacher_weight, teacher_bias)
+    student_input, student_weight, student_bias = autocast_linear(student_input, student_weight, student_bias)
+    teacher_input, teacher_weight, teacher_bias = autocast_linear(teacher_input, teacher_weight, teacher_bias)
     check_distillation(
         OP, student_input, student_weight, teacher_input, teacher_weight, target, student_bias, teacher_bias
     )

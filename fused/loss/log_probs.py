@@ -8,6 +8,7 @@ each chunk's gradient of sum_r (g_logp[r] logp[r] + g_entropy[r] entropy[r]) ove
 import torch
 
 from fused import _checks
+from fused._autocast import autocast_linear
 from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
@@ -135,7 +136,7 @@ linear_log_probs_fwd = register_autograd("linear_log_probs_fwd", _backward, _set
 def _linear_log_probs(input, linear_weight, target, **options):
     linear_bias, temperature, ignore_index, return_entropy = chunked.keyword_options(OP, options)
     check_temperature(OP, temperature)
-    input, linear_weight, linear_bias = chunked.autocast_linear(input, linear_weight, linear_bias)
+    input, linear_weight, linear_bias = autocast_linear(input, linear_weight, linear_bias)
     check_linear_log_probs(OP, input, linear_weight, target, linear_bias)
     flat_target = target.reshape(-1).long()
     check_target_range(OP, flat_target, linear_weight.shape[0], ignore_index)

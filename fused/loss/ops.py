@@ -11,6 +11,7 @@ row, so its backward runs the chunks again, as does a second backward through th
 import torch
 
 from fused import _checks
+from fused._autocast import autocast_linear
 from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
@@ -354,7 +355,7 @@ def _linear_cross_entropy(input, linear_weight, target, **options):
     )
     ignore_index = -100 if ignore_index is None else ignore_index
     row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
-    input, linear_weight, linear_bias = chunked.autocast_linear(input, linear_weight, linear_bias)
+    input, linear_weight, linear_bias = autocast_linear(input, linear_weight, linear_bias)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)

@@ -106,6 +106,10 @@ class FusedMLP(nn.Module):
         )
         for layer, (w, b, _) in zip(out.layers, folded):
             layer.weight.copy_(w)
-            if b is not None:
+            if b is None:  # each layer's bias follows its folded pair (layers may differ: bias set to None)
+                layer.bias = None
+            elif layer.bias is None:
+                layer.bias = torch.nn.Parameter(b.to(device=first.device, dtype=first.dtype))
+            else:
                 layer.bias.copy_(b)
         return out.eval().requires_grad_(False)

@@ -5,6 +5,7 @@ gradients summed in a fixed order (the same bits every run, whatever the thread 
 The public functions run the composites that torch.ops.fused.<op> runs, without the dispatcher's round trip into
 Python (about 4 us a call, as much as a small norm's kernel; fused._autograd.public)."""
 
+import numbers
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -14,8 +15,15 @@ from fused.norm import ops as _ops  # registers the composites, fake kernels, au
 Shape = Union[int, Sequence[int]]
 
 
-def _shape(normalized_shape: Shape) -> list:
-    return [normalized_shape] if isinstance(normalized_shape, int) else list(normalized_shape)
+def _shape(op: str, normalized_shape: Shape) -> list:
+    if isinstance(normalized_shape, (numbers.Integral, torch.SymInt)):
+        return [normalized_shape]
+    if isinstance(normalized_shape, Sequence) and not isinstance(normalized_shape, str):
+        return list(normalized_shape)
+    raise TypeError(
+        f"fused.{op}: normalized_shape must be an int or a sequence of ints (torch.Size, list, tuple), got "
+        f"{type(normalized_shape).__name__}"
+    )
 
 
 def rms_norm(
@@ -23,7 +31,7 @@ def rms_norm(
 ) -> torch.Tensor:
     """F.rms_norm: x / sqrt(mean(x^2) + eps) * weight over the trailing normalized_shape dims. eps=None: the
     machine epsilon of float32 (float64 for float64 x), as torch. Returns x's dtype; weight may be any float dtype."""
-    return _ops.rms_norm(x, _shape(normalized_shape), weight, eps)
+    return _ops.rms_norm(x, _shape("rms_norm", normalized_shape), weight, eps)
 
 
 def layer_norm(
@@ -34,7 +42,7 @@ def layer_norm(
     eps: float = 1e-5,
 ) -> torch.Tensor:
     """F.layer_norm: (x - mean) / sqrt(var + eps) * weight + bias over the trailing normalized_shape dims."""
-    return _ops.layer_norm(x, _shape(normalized_shape), weight, bias, eps)
+    return _ops.layer_norm(x, _shape("layer_norm", normalized_shape), weight, bias, eps)
 
 
 def add_rms_norm(
@@ -50,7 +58,9 @@ def add_rms_norm(
     residual stream's dtype and normalised as rounded, as `h = x + residual; rms_norm(h)` does. The norm has x's
     dtype; the sum has residual_dtype, default residual's dtype, which may be x's or float32 for 16-bit x (a
     float32 residual stream with bf16 / fp16 activations)."""
-    return _ops.add_rms_norm(x, residual, _shape(normalized_shape), weight, eps, residual_dtype=residual_dtype)
+    return _ops.add_rms_norm(
+        x, residual, _shape("add_rms_norm", normalized_shape), weight, eps, residual_dtype=residual_dtype
+    )
 
 
 def add_layer_norm(
@@ -64,7 +74,9 @@ def add_layer_norm(
     residual_dtype: Optional[torch.dtype] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(layer_norm(h), h) with h = x + residual, in one pass; dtypes as add_rms_norm."""
-    return _ops.add_layer_norm(x, residual, _shape(normalized_shape), weight, bias, eps, residual_dtype=residual_dtype)
+    return _ops.add_layer_norm(
+        x, residual, _shape("add_layer_norm", normalized_shape), weight, bias, eps, residual_dtype=residual_dtype
+    )
 
 
 __all__ = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
