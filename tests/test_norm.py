@@ -262,6 +262,24 @@ def test_errors_name_the_op_and_argument():
             fused.rms_norm(x, 8, w.cuda())
 
 
+@pytest.mark.parametrize("rows, C", [(20000, 16), (2048, 1024)])
+@pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
+def test_parameter_gradients_over_many_rows_as_accurate_as_eager(op, rows, C):
+    """The weight (and bias) gradients sum a column over every row: pairwise within chunks, not in long float32
+    runs, which were 2.4-4x eager's error against float64 at small widths."""
+    x, g = make((rows, C), seed=8), make((rows, C), seed=9)
+    params = [make((C,), seed=10, requires_grad=True)] + (
+        [make((C,), seed=11, requires_grad=True)] * (op != "rms_norm")
+    )
+    torch_fn = {"rms_norm": F.rms_norm, "layer_norm": F.layer_norm}[op]
+    ours = torch.autograd.grad(getattr(fused, op)(x, (C,), *params), params, g)
+    eager = torch.autograd.grad(torch_fn(x, (C,), *params), params, g)
+    p64 = [p.detach().double().requires_grad_() for p in params]
+    want = torch.autograd.grad(torch_fn(x.double(), (C,), *p64), p64, g.double())
+    for o, e, w in zip(ours, eager, want):
+        assert_accuracy(o, e, w)
+
+
 @pytest.mark.parametrize("op", ["rms_norm", "layer_norm"])
 def test_bad_normalized_shapes_from_torch(op):
     """torch's _test_LayerNorm_general table of normalized_shape / input shape pairs that must fail."""

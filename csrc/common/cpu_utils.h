@@ -118,10 +118,72 @@ template <typename F> inline void parallel_blocks(int64_t n, const F& body) {
   });
 }
 
+// Column sums of many rows whose rounding error grows with the log of the row count, not with it (a long run of
+// float additions is several times less exact than torch's cascade sums). The caller adds rows into group(), a
+// zeroed C-vector, and push() files the group in a binary counter of partial sums (two partials of 2^k groups merge
+// into one of 2^(k+1)); total(out) writes the sum of everything pushed and starts over. The order of the additions
+// depends only on the sequence of pushes (deterministic).
+// Rows per group of PairwiseColumnSum's callers: a group's rows are added in sequence, and a push (about two adds
+// of a row) then costs a few percent of the group's own work.
+constexpr int64_t kRowsPerGroup = 32;
+
+template <typename T> class PairwiseColumnSum {
+ public:
+  explicit PairwiseColumnSum(int64_t C) : C_(C), group_(C, T(0)) {}
+  T* group() { return group_.data(); }
+  void push() {
+    size_t k = 0;
+    for (; k < levels_.size() && full_[k]; ++k) {
+      add(group_.data(), levels_[k].data());
+      full_[k] = false;
+    }
+    if (k == levels_.size()) {
+      levels_.emplace_back(C_);
+      full_.push_back(false);
+    }
+    std::swap(levels_[k], group_);
+    full_[k] = true;
+    std::fill(group_.begin(), group_.end(), T(0));
+  }
+  void total(T* out) {
+    std::fill(out, out + C_, T(0));
+    for (size_t k = 0; k < levels_.size(); ++k) {
+      if (full_[k]) add(out, levels_[k].data());
+      full_[k] = false;
+    }
+  }
+
+ private:
+  void add(T* dst, const T* src) const {
+    vec_map2(dst, src, C_, [](auto a, auto b) { return a + b; });
+  }
+  int64_t C_;
+  std::vector<T> group_;
+  std::vector<std::vector<T>> levels_;
+  std::vector<bool> full_;
+};
+
+// out[j] = the sum over chunks of partial[chunk * C + j], in chunk order, accumulated in double: each chunk's
+// partial sum is rounded once more, in the result.
+template <typename T> void sum_chunks(const T* partial, int64_t chunks, int64_t C, T* out) {
+  at::parallel_for(0, C, kBlock, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += kBlock) {
+      const int64_t len = std::min(kBlock, j1 - j);
+      double acc[kBlock] = {};
+      for (int64_t c = 0; c < chunks; ++c) {
+        const T* p = partial + c * C + j;
+        for (int64_t k = 0; k < len; ++k) acc[k] += static_cast<double>(p[k]);
+      }
+      for (int64_t k = 0; k < len; ++k) out[j + k] = static_cast<T>(acc[k]);
+    }
+  });
+}
+
 // Runs body(start, len, scratch) over [0, n) in blocks like parallel_blocks. body returns the block's values
 // in the math type (in `scratch` or in the output); when `out` is given they are also summed over rows of width
-// C into out[C]. Rows are cut into chunks fixed by (n, C) alone, partial sums land in fixed slots and are added
-// in a fixed order: the result does not depend on the thread count (deterministic, no atomics).
+// C into out[C]. Rows are cut into chunks fixed by (n, C) alone; within a chunk the sums are pairwise over groups
+// of kRowsPerGroup rows (or the rows of a block), and the chunks' sums are added in double in a fixed order: the
+// result does not depend on the thread count (deterministic, no atomics).
 template <typename T, typename F> inline void parallel_blocks_column_sum(int64_t n, int64_t C, T* out, const F& body) {
   if (out == nullptr) {
     parallel_blocks(n, [&](int64_t i, int64_t len) {
@@ -133,26 +195,31 @@ template <typename T, typename F> inline void parallel_blocks_column_sum(int64_t
   const int64_t rows = n / C;
   const int64_t rows_per_chunk = std::max<int64_t>(1, (32 * kBlock) / C);
   const int64_t chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+  const int64_t group_elements = kRowsPerGroup * C;
   std::vector<T> partial(chunks * C, T(0));
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     T scratch[kBlock];
+    PairwiseColumnSum<T> sums(C);
     for (int64_t c = c0; c < c1; ++c) {
-      T* acc = partial.data() + c * C;
       const int64_t end = std::min(rows, (c + 1) * rows_per_chunk) * C;
+      int64_t grouped = 0;  // elements in the group so far
       for (int64_t i = c * rows_per_chunk * C; i < end; i += kBlock) {
         const int64_t len = std::min(kBlock, end - i);
         const T* values = body(i, len, scratch);
         for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
-          vec_map2(acc + j, values + k, seg, [](auto a, auto b) { return a + b; });
+          vec_map2(sums.group() + j, values + k, seg, [](auto a, auto b) { return a + b; });
         });
+        grouped += len;
+        if (grouped >= group_elements && (i + len) % C == 0) {  // a group ends with a whole row
+          sums.push();
+          grouped = 0;
+        }
       }
+      if (grouped > 0) sums.push();
+      sums.total(partial.data() + c * C);
     }
   });
-  at::parallel_for(0, C, 256, [&](int64_t j0, int64_t j1) {
-    std::fill(out + j0, out + j1, T(0));
-    for (int64_t c = 0; c < chunks; ++c)
-      vec_map2(out + j0, partial.data() + c * C + j0, j1 - j0, [](auto a, auto b) { return a + b; });
-  });
+  sum_chunks(partial.data(), chunks, C, out);
 }
 
 }  // namespace fused

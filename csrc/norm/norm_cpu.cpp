@@ -195,21 +195,6 @@ int64_t rows_per_chunk(int64_t rows, int64_t C) {
   return std::max<int64_t>((rows + kMaxChunks - 1) / kMaxChunks, (8 * kBlock + C - 1) / std::max<int64_t>(C, 1));
 }
 
-// out[j] = sum over chunks of partial[chunk * C + j], in chunk order, accumulated in double.
-template <typename T> void sum_chunks(const T* partial, int64_t chunks, int64_t C, T* out) {
-  at::parallel_for(0, C, kBlock, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; j += kBlock) {
-      const int64_t len = std::min(kBlock, j1 - j);
-      double acc[kBlock] = {};
-      for (int64_t c = 0; c < chunks; ++c) {
-        const T* p = partial + c * C + j;
-        for (int64_t k = 0; k < len; ++k) acc[k] += static_cast<double>(p[k]);
-      }
-      for (int64_t k = 0; k < len; ++k) out[j + k] = static_cast<T>(acc[k]);
-    }
-  });
-}
-
 // One row of the backward: dh = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)) (+ grad_sum), xhat = (h - mean) *
 // rstd, gw = grad * weight (RMSNorm: mean 0, no mean(gw) term), and the row's terms of the weight and bias gradients
 // added into acc_w / acc_b (either may be null). The pointers are arguments, so the compiler keeps them in registers
@@ -291,20 +276,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     const T* rs = bw.rstd.data_ptr<T>();
     T* pw = ptr_or_null<T>(partial_w);
     T* pb = ptr_or_null<T>(partial_b);
+    const int64_t per_group = kRowsPerGroup;  // of the pairwise weight / bias sums
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      PairwiseColumnSum<T> sum_w(pw ? C : 0), sum_b(pb ? C : 0);
       for (int64_t c = c0; c < c1; ++c) {
-        T* acc_w = pw ? pw + c * C : nullptr;
-        T* acc_b = pb ? pb + c * C : nullptr;
-        if (acc_w) std::fill(acc_w, acc_w + C, T(0));
-        if (acc_b) std::fill(acc_b, acc_b + C, T(0));
-        for (int64_t r = c * per_chunk; r < std::min(rows, (c + 1) * per_chunk); ++r) {
+        const int64_t r0 = c * per_chunk, r1 = std::min(rows, (c + 1) * per_chunk);
+        for (int64_t r = r0; r < r1; ++r) {
+          T* acc_w = pw ? sum_w.group() : nullptr;
+          T* acc_b = pb ? sum_b.group() : nullptr;
           const auto row = [&](auto has_weight) {
             grad_row<T, decltype(has_weight)::value>(gp + r * C, hp + r * C, gsp ? gsp + r * C : nullptr, dhp + r * C,
                                                      w, mp ? mp[r] : T(0), rs[r], rms, acc_w, acc_b, C);
           };
           if (w) row(std::true_type{});
           else row(std::false_type{});
+          if ((r - r0 + 1) % per_group == 0 || r + 1 == r1) {
+            if (pw) sum_w.push();
+            if (pb) sum_b.push();
+          }
         }
+        if (pw) sum_w.total(pw + c * C);
+        if (pb) sum_b.total(pb + c * C);
       }
     });
     if (pw) sum_chunks(pw, chunks, C, bw.grad_w.data_ptr<T>());
