@@ -57,6 +57,23 @@ def clean(t, lengths):
     return torch.where(valid[..., None], t, 0.0)
 
 
+def radius64(a, b, radius, k, lengths_a=None, lengths_b=None):
+    """radius_neighbors as a float64 search (p = 2): the valid rows of b whose float64 distance, rounded once to
+    a's dtype, is <= radius, the nearest k by that float64 distance (ties to the lower index), values rounded once."""
+    d = ref.pairwise_distances(a.double(), b.double())
+    within = ref._pair_mask(a, b, lengths_a, lengths_b) & (d.to(a.dtype).double() <= radius)
+    v, i = ref.select_sorted(d, within, k)
+    return v.to(a.dtype), i
+
+
+def assert_values64(v, rv):
+    """Values rounded once from float64: bitwise, but in float64 itself, where the sums' orders differ."""
+    if v.dtype == torch.float64:
+        torch.testing.assert_close(v, rv, rtol=1e-14, atol=0)
+    else:
+        assert torch.equal(v, rv)
+
+
 # ---- radius_neighbors ----
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("D", [3, 40])  # D = 40: the matmul path for p = 2 (direct for the others)
@@ -70,20 +87,20 @@ def test_radius_neighbors_parity(dev, dtype, D, p):
     assert ((i >= 0).sum(-1) > 0).any() and (i == -1).any()  # some rows have neighbours, some slots are empty
     assert torch.equal(v == math.inf, i == -1)
     assert (v[i >= 0].double() <= radius).all()
-    d = fused.pairwise_distances(a, b, p)  # the selection of our own distances (the same tiles): exact
     tv, ti = fused.pairwise_topk(a, b, 8, p)
-    sv, si = ref.select_sorted(d, d.double() <= radius, 8)
-    if dev == "cpu":
-        assert torch.equal(i, si) and torch.equal(v, sv)
+    if dev == "cpu" and p == 2 and D >= MATMUL_MIN_D:  # the GEMM path re-ranks exactly: a float64 search
+        sv, si = radius64(a, b, radius, 8)
+        assert torch.equal(i, si)
+        assert_values64(v, sv)
     else:
-        assert_close(v, sv)
+        d = fused.pairwise_distances(a, b, p)  # the selection of our own distances (the same tiles): exact
+        sv, si = ref.select_sorted(d, d.double() <= radius, 8)
+        if dev == "cpu":
+            assert torch.equal(i, si) and torch.equal(v, sv)
+        else:
+            assert_close(v, sv)
     within = torch.where(tv.double() <= radius, ti, -1)  # within the radius: the k nearest
-    if dev == "cpu" and p == 2 and D >= MATMUL_MIN_D and dtype in (torch.float16, torch.bfloat16):
-        # pairwise_topk's GEMM path orders 16-bit ties by their float64 distance, radius_neighbors by the index:
-        # the same values, tied neighbours in either order
-        assert torch.equal(torch.where(within >= 0, tv, math.inf), v)
-    else:
-        assert torch.equal(within, i)
+    assert torch.equal(within, i)
     if dtype in (torch.float32, torch.float64):  # 16-bit distances a rounding away from the radius may flip
         assert_close(v, rv)
         assert torch.equal(i, ri)
@@ -179,6 +196,80 @@ def test_radius_neighbors_is_deterministic_across_thread_counts():
     finally:
         torch.set_num_threads(old)
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][0], results[1][0])
+
+
+# p = 2 at D >= MATMUL_MIN_D on the CPU: pairwise_topk's GEMM candidates with the radius as the initial bound, then
+# the float64 re-rank. Each of these failed when that path ranked the norms formula's float32 values.
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+@pytest.mark.parametrize("D", [64, 128])
+def test_radius_neighbors_gemm_path_keeps_the_pair_at_the_radius(dtype, D):
+    """radius = the distance pairwise_topk returns for a pair: that pair is in, and the answer is pairwise_topk's
+    neighbours with values <= radius (indices and values), whatever the GEMM's rounding."""
+    a, b = make((6, D), dtype, seed=61), make((50, D), dtype, seed=62)
+    tv, ti = fused.pairwise_topk(a, b, 50)
+    for t in range(0, 50, 3):
+        radius = tv[t % 6, t].item()
+        v, i = fused.radius_neighbors(a, b, radius, 50)
+        assert ti[t % 6, t] in i[t % 6]
+        within = tv.double() <= radius
+        assert torch.equal(i, torch.where(within, ti, -1)), t
+        assert torch.equal(v, torch.where(within, tv, math.inf)), t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_radius_neighbors_gemm_path_grid_ties(dtype):
+    """Points on an integer grid at D = 64 (many exact ties): the indices of a float64 search and of pairwise_topk,
+    ties to the lower index, for radius inf and a radius that falls on a distance (sqrt(64) = 8)."""
+    g = torch.Generator().manual_seed(63)
+    a = torch.randint(0, 3, (40, 64), generator=g).to(dtype)
+    b = torch.randint(0, 3, (300, 64), generator=g).to(dtype)
+    tv, ti = fused.pairwise_topk(a, b, 20)
+    for radius in (math.inf, 8.0):
+        v, i = fused.radius_neighbors(a, b, radius, 20)
+        rv, ri = radius64(a, b, radius, 20)
+        assert torch.equal(i, ri) and torch.equal(v, rv)
+        assert torch.equal(i, torch.where(tv.double() <= radius, ti, -1))
+        assert (i >= 0).any() and (radius == math.inf or (i == -1).any())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_radius_neighbors_gemm_path_rows_are_independent(dtype):
+    """A row's answer at D = 64 does not depend on the other rows of the call (the GEMM's blocking) nor on the
+    thread count (few rows split the columns among the threads): the float64 search's, alone or in a batch."""
+    a, b = make((300, 64), dtype, seed=64), make((700, 64), dtype, seed=65)
+    b[650:] = b[:50]  # exact duplicates: ties far apart, in different column splits
+    radius = torch.quantile(ref.pairwise_distances(a[:20].double(), b.double()).flatten(), 0.02).item()
+    rv, ri = radius64(a, b, radius, 10)
+    assert (ri >= 0).sum() > 300 and (ri == -1).any()
+    old = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            v, i = fused.radius_neighbors(a, b, radius, 10)
+            assert torch.equal(i, ri), threads
+            assert_values64(v, rv)
+            for q in range(0, 300, 23):
+                vq, iq = fused.radius_neighbors(a[q : q + 1], b, radius, 10)
+                assert torch.equal(iq, i[q : q + 1]) and torch.equal(vq, v[q : q + 1]), (threads, q)
+    finally:
+        torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_radius_neighbors_gemm_path_padded_batches(dtype):
+    """lengths_a / lengths_b at D = 64 (padded rows hold NaN, never read): the float64 search of the valid rows."""
+    a, la = padded(30, [30, 1, 0, 17], 64, dtype, seed=66)
+    b, lb = padded(80, [80, 40, 9, 0], 64, dtype, seed=67)
+    radius = torch.quantile(ref.pairwise_distances(clean(a, la)[0].double(), b[0].double()).flatten(), 0.05).item()
+    v, i = fused.radius_neighbors(a, b, radius, 12, lengths_a=la, lengths_b=lb)
+    rv, ri = radius64(clean(a, la), clean(b, lb), radius, 12, lengths_a=la, lengths_b=lb)
+    assert torch.equal(i, ri) and (i[0] >= 0).any() and (i[2:] == -1).all() and (i[1, 1:] == -1).all()
+    assert_values64(v, rv)
+    tv, ti = fused.pairwise_topk(a, b, 12, lengths_a=la, lengths_b=lb)
+    radius = tv[0, :, 3].median().item()  # a pair's distance: that pair is in
+    v, i = fused.radius_neighbors(a, b, radius, 12, lengths_a=la, lengths_b=lb)
+    within = tv.double() <= radius
+    assert torch.equal(i, torch.where(within, ti, -1)) and torch.equal(v, torch.where(within, tv, math.inf))
 
 
 def test_radius_neighbors_bad_inputs():

@@ -1,6 +1,6 @@
 // CPU kernels of the distance family: pairwise_distances (forward, backward), pairwise_topk and radius_neighbors
-// (one running k-best; backward on the selected pairs; pairwise_topk's p=2 path at large D is knn_gemm_cpu.cpp). Math
-// in float (double for double); the path follows (p, D) only. Padded batches: rows past lengths_a / lengths_b take no
+// (one running k-best; backward on the selected pairs; their p=2 path at large D is knn_gemm_cpu.cpp). Math in float
+// (double for double); the path follows (p, D) only. Padded batches: rows past lengths_a / lengths_b take no
 // part (distances 0, no neighbour, no gradient).
 #include <torch/library.h>
 
@@ -80,20 +80,6 @@ std::vector<MatmulOperands<T>> matmul_operands(const Batched& x, const Lengths& 
   ops.reserve(x.B);
   for (int64_t bi = 0; bi < x.B; ++bi) ops.emplace_back(x.a[bi].narrow(0, 0, la(bi)), x.b[bi].narrow(0, 0, lb(bi)));
   return ops;
-}
-
-// Runs body(batch, row0, rows, buf) over chunks of rows small enough that rows x M math-type values (buf, one
-// per task) stay in L2, in parallel over the chunks of every batch. Memory: O(M) per thread, never N x M.
-template <typename T, typename F> void for_row_chunks(int64_t B, int64_t N, int64_t M, const F& body) {
-  const int64_t rows = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(M, 1));
-  const int64_t chunks = (N + rows - 1) / rows;
-  at::parallel_for(0, B * chunks, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<T> buf(std::min(rows, N) * M);
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t bi = c / chunks, r0 = (c % chunks) * rows;
-      body(bi, r0, std::min(rows, N - r0), buf.data());
-    }
-  });
 }
 
 // ---- pairwise_distances ----
@@ -280,28 +266,6 @@ std::tuple<at::Tensor, at::Tensor> pairwise_distances_backward_cpu(const at::Ten
 
 // ---- pairwise_topk and radius_neighbors: distances and a running k-best per row, never the N x M matrix ----
 
-// radius_neighbors' bound in the output dtype S, whose values the selection compares: `floor`, the largest S
-// value not above the radius (a candidate is in when its rounded value is <= floor), and `next`, the S value
-// after it (a candidate not yet rounded can only be in when it is below next: KBest::may_beat's prefilter).
-struct RadiusBound {
-  double floor, next;
-};
-template <typename S> S step(S v, bool up) {  // the neighbouring S value of a positive v
-  if constexpr (std::is_floating_point_v<S>) {
-    return std::nextafter(v, up ? std::numeric_limits<S>::infinity() : -std::numeric_limits<S>::infinity());
-  } else {  // at::Half, at::BFloat16: positive values are ordered as their bits
-    S r = v;
-    r.x = static_cast<uint16_t>(up ? v.x + 1 : v.x - 1);
-    return r;
-  }
-}
-template <typename S> RadiusBound radius_bound(double radius) {
-  S floor = static_cast<S>(radius);  // the nearest value, or (16-bit: rounded via float) its neighbour
-  if (static_cast<double>(floor) > radius) floor = step(floor, false);
-  const double f = static_cast<double>(floor);
-  return {f, std::isinf(f) ? f : static_cast<double>(step(floor, true))};
-}
-
 // The k best candidates of one row, by filtering against a threshold: a candidate goes into a buffer only if it
 // ranks before `worst`, a key that at least k candidates seen so far match or beat (columns arrive in increasing
 // order, so a newcomer with an equal value loses the tie), or, until k candidates are in, the radius bound when
@@ -435,8 +399,8 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
   if (values.numel() == 0) return {values, indices};
   const int64_t k = std::max<int64_t>(1, std::min(width, x.M));  // candidates kept per row
   const Metric metric = metric_of(p);
-  if (use_matmul(metric, x.D) && !radius_in.has_value()) {  // pairwise_topk: GEMM candidates, exact re-rank
-    knn_gemm_cpu(x, la, lb, squared, largest, values, indices);
+  if (use_matmul(metric, x.D)) {  // GEMM candidates (within the radius for radius_neighbors), exact re-rank
+    knn_gemm_cpu(x, la, lb, squared, largest, radius_in, values, indices);
     return {values, indices};
   }
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "select_cpu", [&] {
@@ -446,21 +410,7 @@ std::tuple<at::Tensor, at::Tensor> select_cpu(const char* op, const at::Tensor& 
     if (radius_in.has_value()) radius = radius_bound<scalar_t>(*radius_in);
     scalar_t* vp = values.data_ptr<scalar_t>();
     int64_t* ip = indices.data_ptr<int64_t>();
-    const int64_t N = x.N, M = x.M, D = x.D;
-    if (use_matmul(metric, D)) {  // radius_neighbors: the norms formula's tiles (matmul_tile) and a KBest per row
-      const auto operands = matmul_operands<T>(x, la, lb);
-      for_row_chunks<T>(x.B, N, M, [&](int64_t bi, int64_t r0, int64_t nr, T* buf) {
-        const int64_t valid = std::clamp<int64_t>(la(bi) - r0, 0, nr), cols = lb(bi);
-        if (valid > 0 && cols > 0) matmul_tile(operands[bi], r0, valid, 0, cols, squared, buf, cols);
-        KBest<T> best(k, order, radius);
-        for (int64_t i = 0; i < nr; ++i) {
-          const int64_t row = (bi * N + r0 + i) * width;
-          if (i < valid) offer_all<scalar_t>(best, buf + i * cols, 0, cols);
-          best.write(vp + row, ip + row, width);  // no candidates (a padded row): all missing
-        }
-      });
-      return;
-    }
+    const int64_t N = x.N, M = x.M;
     // The nearest only, in float32 / float64 (no rounding to a 16-bit output first): Nearest, else KBest.
     const bool nearest = width == 1 && !largest && !radius && std::is_same_v<T, scalar_t> && M <= (int64_t(1) << 24);
     for_direct_rows<T>(x, lb, metric, p, squared, [&](int64_t bi, int64_t r0, int64_t r1, const auto& rows) {

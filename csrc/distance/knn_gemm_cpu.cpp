@@ -1,4 +1,5 @@
-// pairwise_topk for p = 2 at large D on the CPU: candidates from a blocked GEMM, then an exact re-rank.
+// pairwise_topk and radius_neighbors for p = 2 at large D on the CPU: candidates from a blocked GEMM, then an exact
+// re-rank.
 //
 // Per tile of rows of a and columns of b, one at::mm gives x.y for the rows centered at the mean of b, and
 // d^2 ~ |x|^2 + |y|^2 - 2 x.y within err = gemm_error(D) * (|x|^2 + |y|^2) of the exact value. Each row keeps the
@@ -7,6 +8,8 @@
 // ranked by their distance in double from the uncentered inputs (exact differences and squares of float inputs):
 // the same indices as a float64 search, ties to the lower index, whatever the GEMM's rounding. Threads take tiles
 // of rows; with few rows for the threads, the columns are split among them too, and a row's lists are merged.
+// radius_neighbors is the same search with the radius as every row's initial bound (a column whose distance rounds
+// to a value above the radius cannot be in), and the re-rank keeps the columns whose rounded value is within it.
 #include "distance/knn_gemm_cpu.h"
 
 #include <algorithm>
@@ -34,12 +37,12 @@ template <typename T> struct Kept {
     int64_t j;
   };
   std::vector<Entry> list;
-  T bound = std::numeric_limits<T>::infinity();  // the k-th smallest upper bound seen so far
+  T bound = std::numeric_limits<T>::infinity();  // the k-th smallest upper bound seen so far, at most reset's start
   int64_t k = 1, capacity = 64;
 
-  void reset(int64_t k_) {
+  void reset(int64_t k_, T start) {
     list.clear();
-    bound = std::numeric_limits<T>::infinity();
+    bound = start;
     k = k_;
     capacity = std::max<int64_t>(4 * k, 64);
   }
@@ -71,9 +74,20 @@ template <typename T> double exact_distance(const T* a, const T* b, int64_t D, b
   return squared ? acc : std::sqrt(acc);
 }
 
+// radius_neighbors' initial bound on the score d^2: above the square of every distance (its square when squared)
+// below r.next, the value after the radius in the output dtype, whatever the exact_distance's rounding in double
+// (a relative (D + 8) epsilon of double), rounded up to T; inf where there is no radius.
+template <typename T> T radius_score(const c10::optional<RadiusBound>& r, int64_t D, bool squared) {
+  const double inf = std::numeric_limits<double>::infinity();
+  if (!r.has_value() || std::isinf(r->next)) return std::numeric_limits<T>::infinity();
+  const double s =
+      (squared ? r->next : r->next * r->next) * (1 + double(D + 8) * std::numeric_limits<double>::epsilon());
+  return std::nextafter(static_cast<T>(s), static_cast<T>(inf));
+}
+
 template <typename scalar_t>
-void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest, scalar_t* vp,
-              int64_t* ip, int64_t width) {
+void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
+              const c10::optional<double>& radius_in, scalar_t* vp, int64_t* ip, int64_t width) {
   using T = at::opmath_type<scalar_t>;
   using V = Vec<T>;
   constexpr int64_t L = V::size();
@@ -86,6 +100,9 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   const T g = gemm_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
   const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
   const Order order{largest};
+  c10::optional<RadiusBound> radius;
+  if (radius_in.has_value()) radius = radius_bound<scalar_t>(*radius_in);
+  const T start = radius_score<T>(radius, D, squared);
 
   // Per batch: the centered operands, and per column of b c_j = nb_j (sign - g), so that the lower bound of the
   // score is c_i + c_j - 2 sign x.y with c_i = na_i (sign - g) - floor. Columns with a non-finite or huge norm
@@ -121,7 +138,7 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   // The GEMM filter of rows [r0, r0 + valid) of batch bi against its columns [c_begin, c_end), into kept[0, valid).
   auto filter = [&](int64_t bi, int64_t r0, int64_t valid, int64_t c_begin, int64_t c_end, Kept<T>* kept,
                     std::vector<T>& tile) {
-    for (int64_t i = 0; i < valid; ++i) kept[i].reset(k);
+    for (int64_t i = 0; i < valid; ++i) kept[i].reset(k, start);
     if (valid == 0) return;
     const MatmulOperands<T>& op = ops[bi];
     const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
@@ -173,9 +190,12 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
     const T* b = op.b.template data_ptr<T>();
     for (int64_t i = 0; i < valid; ++i) {
       keys.clear();
-      auto rank = [&](int64_t j) { keys.push_back(order.key(exact_distance(a + i * D, b + j * D, D, squared), j)); };
+      auto rank = [&](int64_t j) {
+        const double v = exact_distance(a + i * D, b + j * D, D, squared);
+        if (!radius || radius->template holds<scalar_t>(v)) keys.push_back(order.key(v, j));
+      };
       if (na[i] <= limit) {
-        T bound = std::numeric_limits<T>::infinity();
+        T bound = start;
         for (int64_t sp = 0; sp < splits; ++sp) {
           Kept<T>& part = kept[sp * kRows + i];
           part.prune();
@@ -246,9 +266,10 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
 }  // namespace
 
 void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
-                  at::Tensor& values, at::Tensor& indices) {
+                  const c10::optional<double>& radius, at::Tensor& values, at::Tensor& indices) {
+  TORCH_INTERNAL_ASSERT(!(largest && radius.has_value()), "knn_gemm_cpu: a radius bounds the nearest only");
   FUSED_DISPATCH_FLOATING(values.scalar_type(), "knn_gemm_cpu", [&] {
-    knn_gemm<scalar_t>(x, la, lb, squared, largest, values.data_ptr<scalar_t>(), indices.data_ptr<int64_t>(),
+    knn_gemm<scalar_t>(x, la, lb, squared, largest, radius, values.data_ptr<scalar_t>(), indices.data_ptr<int64_t>(),
                        values.size(-1));
   });
 }

@@ -1,4 +1,5 @@
-// pairwise_topk's p=2 path at large D on the CPU (use_matmul): GEMM candidates, exact re-rank (knn_gemm_cpu.cpp).
+// pairwise_topk's and radius_neighbors' p=2 path at large D on the CPU (use_matmul): GEMM candidates, exact
+// re-rank (knn_gemm_cpu.cpp).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -9,9 +10,11 @@ namespace distance {
 
 // values, indices [B, N, width] (values in the output dtype): for each valid row of x.a, its width nearest (or
 // farthest when largest) valid rows of x.b by p=2 distance (squared: its square), sorted, ties to the lower index,
-// the same indices as a float64 search; missing neighbours and padded rows as write_missing writes them.
+// the same indices as a float64 search; missing neighbours and padded rows as write_missing writes them. With a
+// radius (radius_neighbors; nearest only): only the rows of b whose returned value (the float64 distance rounded
+// once to the output dtype) is <= radius.
 void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
-                  at::Tensor& values, at::Tensor& indices);
+                  const c10::optional<double>& radius, at::Tensor& values, at::Tensor& indices);
 
 }  // namespace distance
 }  // namespace fused

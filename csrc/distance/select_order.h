@@ -1,11 +1,12 @@
 // The selection order of pairwise_topk and radius_neighbors on the CPU (the direct path's running k-best and the
-// GEMM path's exact re-rank), and the slots of missing neighbours.
+// GEMM path's exact re-rank), radius_neighbors' bound, and the slots of missing neighbours.
 #pragma once
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace fused {
 namespace distance {
@@ -37,6 +38,31 @@ struct Order {
   }
   Key key(double v, int64_t j) const { return Key(rank(v)) << 64 | Key(static_cast<uint64_t>(j)); }
 };
+
+// radius_neighbors' bound in the output dtype S, whose values the selection compares: `floor`, the largest S
+// value not above the radius (a candidate is in when its rounded value is <= floor), and `next`, the S value
+// after it (a candidate not yet rounded can only be in when it is below next: the direct path's prefilter
+// KBest::may_beat, the GEMM path's initial bound).
+struct RadiusBound {
+  double floor, next;
+  // Whether a distance v (not yet rounded) is in: its value rounded to S, as it would be returned, is <= floor.
+  template <typename S> bool holds(double v) const { return static_cast<double>(static_cast<S>(v)) <= floor; }
+};
+template <typename S> S step(S v, bool up) {  // the neighbouring S value of a positive v
+  if constexpr (std::is_floating_point_v<S>) {
+    return std::nextafter(v, up ? std::numeric_limits<S>::infinity() : -std::numeric_limits<S>::infinity());
+  } else {  // at::Half, at::BFloat16: positive values are ordered as their bits
+    S r = v;
+    r.x = static_cast<uint16_t>(up ? v.x + 1 : v.x - 1);
+    return r;
+  }
+}
+template <typename S> RadiusBound radius_bound(double radius) {
+  S floor = static_cast<S>(radius);  // the nearest value, or (16-bit: rounded via float) its neighbour
+  if (static_cast<double>(floor) > radius) floor = step(floor, false);
+  const double f = static_cast<double>(floor);
+  return {f, std::isinf(f) ? f : static_cast<double>(step(floor, true))};
+}
 
 // Slots without a neighbour: index -1, value inf (-inf when largest, so that the values stay sorted).
 template <typename scalar_t> void write_missing(scalar_t* values, int64_t* indices, int64_t n, bool largest) {
