@@ -570,3 +570,35 @@ def test_complex_parameters_are_refused_naming_the_optimizer():
         opt = cls([torch.zeros(3, requires_grad=True)], lr=0.1)
         with raises(f"fused.optim.{cls.__name__}: params: complex parameters"):
             opt.add_param_group({"params": [p]})
+
+
+@pytest.mark.parametrize("hyper", [dict(), dict(state_dtype="int8"), dict(master_weights=True)], ids=str)
+def test_load_state_dict_hooks_see_and_shape_what_is_loaded(hyper):
+    """A load_state_dict pre-hook's returned dict is what loads (fp32 masters and 8-bit codes included), and a
+    post-hook sees the state in its final form (the codes, not float moments), as torch's hooks do."""
+    dtype = torch.bfloat16 if hyper.get("master_weights") else torch.float32
+    params = make_params(dtype, shapes=[(64, 80)])
+    opt = fused.optim.AdamW(params, lr=1e-2, **hyper)
+    set_grads([params], 0)
+    opt.step()
+    saved = copy.deepcopy(opt.state_dict())
+
+    def zero_state(optimizer, state_dict):
+        state_dict = copy.deepcopy(state_dict)
+        for state in state_dict["state"].values():
+            for key, value in state.items():
+                if key != "step":
+                    state[key] = torch.zeros_like(value)
+        return state_dict
+
+    seen = {}
+    other = fused.optim.AdamW(make_params(dtype, shapes=[(64, 80)]), lr=1e-2, **hyper)
+    other.register_load_state_dict_pre_hook(zero_state)
+    other.register_load_state_dict_post_hook(
+        lambda o: seen.update({k: v.dtype for k, v in o.state[o.param_groups[0]["params"][0]].items()})
+    )
+    other.load_state_dict(saved)
+    state = other.state[other.param_groups[0]["params"][0]]
+    assert seen == {key: value.dtype for key, value in state.items()}
+    assert seen == {key: value.dtype for key, value in opt.state[params[0]].items()}
+    assert all(not value.any() for key, value in state.items() if key != "step")

@@ -380,6 +380,21 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return state_dict
 
     def load_state_dict(self, state_dict):
+        # The user's load_state_dict hooks run here, around the whole load: pre-hooks on the dict before anything
+        # below reads it, post-hooks once the state is in its final form (codes, fp32 masters), not inside torch's.
+        for hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = hook(self, state_dict)
+            state_dict = state_dict if result is None else result
+        pre, post = self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks
+        self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = {}, {}
+        try:
+            self._load_state_dict(state_dict)
+        finally:
+            self._optimizer_load_state_dict_pre_hooks, self._optimizer_load_state_dict_post_hooks = pre, post
+        for hook in post.values():
+            hook(self)
+
+    def _load_state_dict(self, state_dict):
         # torch casts all state to the parameter's dtype: put fp32 master and state, 8-bit codes and their scales
         # back as saved.
         ids = [pid for g in state_dict["param_groups"] for pid in g["params"]]
