@@ -301,6 +301,47 @@ def test_modules_match_functional():
         fused.nn.FusedLinearDistillationLoss(divergence="kl")
 
 
+MASKED = 3  # the last columns of the masked-vocabulary tests, through a bias of -inf
+
+
+def masked_bias(V, value=-math.inf, dtype=torch.float64):
+    return torch.where(torch.arange(V) >= V - MASKED, value, 0.0).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_masked_vocabulary_gives_finite_entropy_and_divergences(dtype):
+    """Logits of -inf (a vocabulary masked through the bias) have p = 0 and add nothing (0 log 0 = 0, as
+    Categorical.entropy and F.kl_div): entropy, KL and JSD and their gradients equal those of a float64 run with a
+    bias of -1e4 (whose p is exactly 0), not NaN."""
+    N, K, V = 6, 8, 40
+    x, w = h.make((N, K), dtype, seed=1, requires_grad=True), h.make((V, K), dtype, seed=2, requires_grad=True)
+    xt, wt = h.make((N, K), dtype, seed=3), h.make((V, K), dtype, seed=4)
+    t = torch.randint(0, V - MASKED, (N,), generator=torch.Generator().manual_seed(5))
+    inf_bias, big_bias = masked_bias(V).to(dtype), masked_bias(V, -1e4)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-10, atol=1e-12)
+
+    def check(got, want):
+        grads = torch.autograd.grad(sum(g.sum() for g in got), (x, w))
+        want_grads = torch.autograd.grad(sum(v.sum() for v in want), (x64, w64))
+        for a, e in zip((*got, *grads), (*want, *want_grads)):
+            assert a.isfinite().all()
+            torch.testing.assert_close(a.double(), e, **tol)
+
+    got = fused.linear_log_probs(x, w, t, linear_bias=inf_bias, return_entropy=True)
+    check(got, ref.linear_log_probs(x64, w64, t, linear_bias=big_bias, return_entropy=True))
+    entropy = torch.distributions.Categorical(logits=x64.detach() @ w64.detach().T + masked_bias(V)).entropy()
+    torch.testing.assert_close(got[1].double(), entropy, **tol)
+    for divergence, student_masked in (("forward_kl", False), ("jsd", False), ("reverse_kl", True), ("jsd", True)):
+        kw = dict(divergence=divergence, reduction="none")
+        student_bias = (inf_bias, big_bias) if student_masked else (None, None)
+        got = fused.linear_distillation_loss(x, w, xt, wt, t, student_bias=student_bias[0], teacher_bias=inf_bias, **kw)
+        want = ref.linear_distillation_loss(
+            x64, w64, xt.double(), wt.double(), t, student_bias=student_bias[1], teacher_bias=big_bias, **kw
+        )
+        check((got,), (want,))
+
+
 def test_errors_name_op_and_argument():
     x, w, b = head((4,), 8)
     xt, wt, _ = head((4,), 6, seed=3)
@@ -372,6 +413,22 @@ def test_triton_rows_match_cpu_kernels(dtype):
             got = tk.distillation_rows(*on(logits, teacher, *args), got_grad, divergence, beta, 1.5, -100)
             h.assert_close(got.cpu(), want, scale=4)
             h.assert_close(got_grad.cpu(), want_grad, scale=4)
+    masked = logits.clone()
+    masked[:, -MASKED:] = -math.inf  # a masked vocabulary: p = 0, nothing added (the CPU kernel is checked above)
+    want_grad, got_grad = torch.empty_like(masked), torch.empty_like(masked, device=h.TRITON_DEVICE)
+    want = torch.ops.fused.log_prob_rows(masked, t.clamp(max=296), scale, want_grad, -100, 1.0)
+    got = tk.log_prob_rows(*on(masked, t.clamp(max=296), scale), got_grad, -100, 1.0)
+    for a, e in zip((*got, got_grad), (*want, want_grad)):
+        assert a[e.isfinite()].isfinite().all() and e[t != -100].isfinite().all()
+        h.assert_close(a.cpu(), e, scale=4)
+    for divergence in ("forward_kl", "reverse_kl", "jsd"):
+        want = torch.ops.fused.distillation_rows(
+            masked, masked.flip(0), t, scale[:, 0], want_grad, divergence, 0.3, 1.0, -100
+        )
+        got = tk.distillation_rows(*on(masked, masked.flip(0), t, scale[:, 0]), got_grad, divergence, 0.3, 1.0, -100)
+        assert want.isfinite().all() and want_grad.isfinite().all()
+        h.assert_close(got.cpu(), want, scale=4)
+        h.assert_close(got_grad.cpu(), want_grad, scale=4)
     in_place = logits.to(h.TRITON_DEVICE, copy=True)  # the gradient written over the logits, as the chunked driver does
     tk.distillation_rows(in_place, *on(teacher, t, scale[:, 0]), in_place, "reverse_kl", 0.5, 1.0, -100)
     torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
@@ -534,6 +591,32 @@ def test_cuda_emulation_distillation_rows(emu, dtype, divergence, beta):
     in_place = buf(logits)
     emu_distillation_rows(emu, in_place, teacher, *args, in_place, *options)
     h.assert_close(in_place.cpu(), want_grad, scale=4)
+
+
+@requires_emulation
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_emulation_masked_vocabulary(emu, dtype):
+    """-inf logits (a masked vocabulary, some first in a thread's columns) add nothing in the CUDA row kernels: the
+    CPU kernels' finite entropy, divergences and gradients."""
+    acc = _math(torch.empty(0, dtype=dtype))
+    logits = h.make((4, 1300), dtype, low=-6, high=6, seed=6)
+    logits[:, :MASKED] = -math.inf
+    logits[:, -MASKED:] = -math.inf
+    t = torch.tensor([10, -100, 700, 1000])
+    scale = h.make((4, 2), acc, low=-2, high=2, seed=7)
+    want_grad, grad = torch.empty_like(logits), buf(torch.zeros_like(logits))
+    want = torch.ops.fused.log_prob_rows(logits, t, scale, want_grad, -100, 1.0)
+    got = emu_log_prob_rows(emu, buf(logits), t, scale, grad, -100, 1.0)
+    for a, e in zip((*got, grad), (*want, want_grad)):
+        assert e[t != -100].isfinite().all()
+        h.assert_close(a, e, scale=4)
+    for divergence, beta in DIVERGENCE_CASES:
+        options = (divergence, beta, 1.0, -100)
+        want = torch.ops.fused.distillation_rows(logits, logits.flip(0), t, scale[:, 0], want_grad, *options)
+        got = emu_distillation_rows(emu, buf(logits), logits.flip(0), t, scale[:, 0], grad, *options)
+        assert want.isfinite().all() and want_grad.isfinite().all()
+        h.assert_close(got, want, scale=4)
+        h.assert_close(grad, want_grad, scale=4)
 
 
 @requires_emulation

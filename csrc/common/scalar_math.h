@@ -37,8 +37,12 @@ template <typename T> FUSED_HD T p_sign(T x) { return T(x > T(0)) - T(x < T(0));
 template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s ? s : x; }
 template <typename T> FUSED_HD T p_clamp_max(T x, T s) { return x > s ? s : x; }
 template <typename T> FUSED_HD T p_where_eq(T x, T s, T v) { return x == s ? v : T(0); }
-template <typename T> FUSED_HD T p_zero_at(T x, T v) { return x == T(0) ? T(0) : v; }     // v, 0 where x == 0
-template <typename T> FUSED_HD T p_nonzero(T x) { return x != x ? x : T(x != T(0)); }     // 0 or 1, NaN stays
+template <typename T> FUSED_HD T p_zero_at(T x, T v) { return x == T(0) ? T(0) : v; }  // v, 0 where x == 0
+template <typename T> FUSED_HD T p_nonzero(T x) { return x != x ? x : T(x != T(0)); }  // 0 or 1, NaN stays
+// c ? a : b (a mask for vectors: common/vec_math.h), and w * d with 0 where the weight w is 0 (0 log 0 = 0: a
+// probability of a masked, -inf, logit times its log).
+template <typename T> FUSED_HD T p_select(bool c, T a, T b) { return c ? a : b; }
+template <typename T> FUSED_HD T p_weight_mul(T w, T d) { return w == T(0) ? T(0) : w * d; }
 template <typename T> FUSED_HD T p_max_nan(T a, T b) { return b != b || b > a ? b : a; }  // NaN in either stays
 }  // namespace fused
 

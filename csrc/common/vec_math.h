@@ -41,6 +41,10 @@ template <typename T> inline Vec<T> p_zero_at(Vec<T> x, Vec<T> v) {
 // 0 or 1 (x != 0), NaN stays; and the max, NaN in either stays.
 template <typename T> inline Vec<T> p_nonzero(Vec<T> x) { return at::vec::minimum(x.abs().ceil(), Vec<T>(1)); }
 template <typename T> inline Vec<T> p_max_nan(Vec<T> a, Vec<T> b) { return at::vec::maximum(a, b); }
+template <typename T> inline Vec<T> p_select(Vec<T> mask, Vec<T> a, Vec<T> b) { return Vec<T>::blendv(b, a, mask); }
+template <typename T> inline Vec<T> p_weight_mul(Vec<T> w, Vec<T> d) {
+  return Vec<T>::blendv(w * d, Vec<T>(0), w == Vec<T>(0));
+}
 }  // namespace fused
 
 #include "common/pointwise_math.h"

@@ -27,7 +27,7 @@ template <typename M> void softmax_sums(const M* z, int64_t n, M m, double& sum_
     sum_ez += at::vec::map_reduce_all<M>(
         [&](Vec<M> v) {
           const Vec<M> d = v - vm;
-          return d.exp() * d;
+          return p_weight_mul(d.exp(), d);
         },
         loss::vadd<M>, z + i, len);
   }
@@ -98,9 +98,9 @@ void distillation_rows_kernel(const scalar_t* student, const scalar_t* teacher, 
     for (int64_t i = 0; i < V; i += kBlock) {
       const int64_t len = std::min(kBlock, V - i);
       auto point = [&](Vec<M> s, Vec<M> t) { return loss::divergence_point<D>(s, t, vj); };
-      sum_t += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return t.exp() * (t - point(s, t)); },
+      sum_t += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return p_weight_mul(t.exp(), t - point(s, t)); },
                                            loss::vadd<M>, ls + i, lt + i, len);
-      sum_s += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return s.exp() * (s - point(s, t)); },
+      sum_s += at::vec::map2_reduce_all<M>([&](Vec<M> s, Vec<M> t) { return p_weight_mul(s.exp(), s - point(s, t)); },
                                            loss::vadd<M>, ls + i, lt + i, len);
     }
     loss_out[r] = loss::divergence_loss<D>(static_cast<M>(sum_t), static_cast<M>(sum_s), j);

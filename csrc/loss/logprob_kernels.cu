@@ -38,8 +38,10 @@ template <typename M> __device__ __forceinline__ void add(Stats<M>& p, M z) {
     p.m = z;
   }
   const M d = z - p.m, e = p_exp(d);
-  if (z != -inf) p.s += e;
-  p.sez += e * d;  // (a -inf logit makes it NaN, as eager's entropy)
+  if (z != -inf) {  // a -inf logit adds nothing: p = 0, 0 log 0 = 0
+    p.s += e;
+    p.sez += p_weight_mul(e, d);
+  }
 }
 
 // b folded into a; m = -inf means nothing finite seen yet (its exp sum is 0; its sez term stays as it is).
@@ -151,8 +153,8 @@ __global__ void __launch_bounds__(kRowThreads)
   Sums<M> own{M(0), M(0)};
   for (int64_t c = tid; c < V; c += kRowThreads) {
     const M ls = log_ps(c), lt = log_pt(c), pnt = fused::loss::divergence_point<D>(ls, lt, j);
-    own.t += p_exp(lt) * (lt - pnt);
-    own.s += p_exp(ls) * (ls - pnt);
+    own.t += p_weight_mul(p_exp(lt), lt - pnt);
+    own.s += p_weight_mul(p_exp(ls), ls - pnt);
   }
   const Sums<M> sum = block_reduce(sums, own);
   if (tid == 0) static_cast<M*>(a.loss)[row] = fused::loss::divergence_loss<D>(sum.t, sum.s, j);

@@ -4,6 +4,9 @@
 //
 // A row of logits x becomes z = x / temperature; with m its max and log_s = log(sum_c exp(z_c - m)), the log-probs
 // are log p_c = (z_c - m) - log_s and the entropy H = log_s - sum_c exp(z_c - m) (z_c - m) / sum_c exp(z_c - m).
+// A class whose logit is -inf (a vocabulary masked through the bias) has p = 0 and adds 0 to every sum and gradient
+// (0 log 0 = 0, as torch's Categorical.entropy and F.kl_div take it): products with a probability go through
+// p_weight_mul.
 //
 // Log-probs: with per-row upstream gradients g_l (of log p_t) and g_h (of H), since dH/dz_c = -p_c (log p_c + H):
 //   d/dz_c = [c == t] g_l - p_c (g_l + g_h (log p_c + H));  the target's entry uses 1 - p_t = -expm1(log p_t).
@@ -13,6 +16,8 @@
 //   respect to the student's z: p_S - p_T (forward KL), p_S (ls - lt - sum_S) (reverse KL), (1 - beta) p_S
 //   (ls - log m - sum_S) (JSD: the terms through m cancel). Every gradient is then divided by the temperature.
 #pragma once
+#include <cmath>
+
 #include "common/host_device.h"
 
 namespace fused {
@@ -20,7 +25,7 @@ namespace loss {
 
 // - p_c (g_l + g_h (log p_c + H)): a log-prob row's gradient at a class other than the target.
 template <typename V> FUSED_HD V log_prob_grad(V logp, V g_logp, V g_entropy, V entropy) {
-  return V(0) - p_exp(logp) * (g_logp + g_entropy * (logp + entropy));
+  return V(0) - p_weight_mul(p_exp(logp), g_logp + g_entropy * (logp + entropy));
 }
 
 // The target's entry, from expm1(log p_t) (exact for a confident prediction, where 1 - p_t would cancel).
@@ -37,8 +42,8 @@ template <typename V> struct JsdParams {
 
 // log m = log(beta p_T + (1 - beta) p_S) from the logs: never log 0 while the logs are finite (0 < beta < 1).
 template <typename V> FUSED_HD V log_mixture(V ls, V lt, const JsdParams<V>& j) {
-  const V a = lt + j.log_beta, b = ls + j.log_one_minus_beta;
-  return p_max_nan(a, b) + p_log(V(1) + p_exp(V(0) - p_abs(a - b)));
+  const V a = lt + j.log_beta, b = ls + j.log_one_minus_beta, hi = p_max_nan(a, b);
+  return p_select(hi == V(-INFINITY), hi, hi + p_log(V(1) + p_exp(V(0) - p_abs(a - b))));  // both -inf: -inf
 }
 
 // The reference point x of the sums sum_T and sum_S.
@@ -57,8 +62,8 @@ template <Divergence D, typename M> FUSED_HD M divergence_loss(M sum_t, M sum_s,
 // The row loss's gradient with respect to the student's z (before the row's scale and 1 / temperature).
 template <Divergence D, typename V> FUSED_HD V divergence_grad(V ls, V lt, V x, V sum_s, const JsdParams<V>& j) {
   if constexpr (D == Divergence::ForwardKL) return p_exp(ls) - p_exp(lt);
-  else if constexpr (D == Divergence::ReverseKL) return p_exp(ls) * (ls - lt - sum_s);
-  else return j.one_minus_beta * p_exp(ls) * (ls - x - sum_s);
+  else if constexpr (D == Divergence::ReverseKL) return p_weight_mul(p_exp(ls), ls - lt - sum_s);
+  else return j.one_minus_beta * p_weight_mul(p_exp(ls), ls - x - sum_s);
 }
 
 }  // namespace loss

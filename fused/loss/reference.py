@@ -63,6 +63,11 @@ def linear_cross_entropy(
     return loss.view(target.shape) if reduction == "none" else loss
 
 
+def _weight_mul(p, d):
+    """p * d, 0 where p is 0 (0 log 0 = 0: a masked, -inf, logit adds nothing), with finite gradients there."""
+    return p * torch.where(p == 0, 0.0, d)
+
+
 def _log_softmax(logits, temperature):
     """log_softmax(logits / temperature) in float32 (float64 for float64 logits)."""
     acc = torch.float64 if logits.dtype == torch.float64 else torch.float32
@@ -80,7 +85,7 @@ def linear_log_probs(
     logp = torch.where(valid, picked, 0.0)
     if not return_entropy:
         return logp
-    return logp, torch.where(valid, -(logp_all.exp() * logp_all).sum(-1), 0.0)
+    return logp, torch.where(valid, -_weight_mul(logp_all.exp(), logp_all).sum(-1), 0.0)
 
 
 def linear_distillation_loss(
@@ -104,13 +109,13 @@ def linear_distillation_loss(
     with torch.no_grad():
         lt = _log_softmax(F.linear(teacher_input, teacher_weight, teacher_bias), temperature)
     if divergence == "forward_kl":
-        per_token = (lt.exp() * (lt - ls)).sum(-1)
+        per_token = _weight_mul(lt.exp(), lt - ls).sum(-1)
     elif divergence == "reverse_kl":
-        per_token = (ls.exp() * (ls - lt)).sum(-1)
+        per_token = _weight_mul(ls.exp(), ls - lt).sum(-1)
     else:  # log m = log(beta p_T + (1 - beta) p_S), as a logaddexp: beta = 0 or 1 gives exactly 0
         b = torch.tensor(beta, dtype=ls.dtype)
         lm = torch.logaddexp(lt + b.log(), ls + torch.log1p(-b))
-        per_token = beta * (lt.exp() * (lt - lm)).sum(-1) + (1 - beta) * (ls.exp() * (ls - lm)).sum(-1)
+        per_token = beta * _weight_mul(lt.exp(), lt - lm).sum(-1) + (1 - beta) * _weight_mul(ls.exp(), ls - lm).sum(-1)
     valid = torch.ones_like(per_token, dtype=torch.bool) if target is None else target != ignore_index
     per_token = torch.where(valid, per_token, 0.0)
     if reduction == "none":

@@ -19,6 +19,12 @@ from fused.triton_utils import on_device_of, scalar_in, to_out
 
 
 @triton.jit
+def _weight_mul(w, d):
+    """w * d, 0 where the weight w is 0: a masked (-inf) logit's p log p is 0 (logprob_math.h's p_weight_mul)."""
+    return tl.where(w == 0, 0.0, w * d)
+
+
+@triton.jit
 def _row_stats(x_row, V, inv_t, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
     """(m, s, sez) of z = x / temperature: max, sum exp(z - m), sum exp(z - m) (z - m)."""
     m = tl.full((), float("-inf"), MATH)
@@ -34,9 +40,9 @@ def _row_stats(x_row, V, inv_t, cols0, MATH: tl.constexpr, BLOCK: tl.constexpr):
         shift = tl.where((m == m_new) | (m == float("-inf")), 0.0, m - m_new)
         sez = alpha * (sez + shift * s)
         s = s * alpha
-        e = tl.where(mask, tm.exp(z - m_new), 0.0)
+        e = tl.where(mask & (z > float("-inf")), tm.exp(z - m_new), 0.0)  # a -inf logit adds nothing
         s += tl.sum(e, axis=0)
-        sez += tl.sum(tl.where(mask, e * (z - m_new), 0.0), axis=0)
+        sez += tl.sum(tl.where(mask, _weight_mul(e, z - m_new), 0.0), axis=0)
         m = m_new
     return m, s, sez
 
@@ -79,7 +85,7 @@ def _log_prob_rows_kernel(
             cols = start + cols0
             mask = cols < V
             lp = (tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m) - log_s
-            g = -tm.exp(lp) * (g_l + g_h * (lp + entropy))
+            g = -_weight_mul(tm.exp(lp), g_l + g_h * (lp + entropy))
             g = tl.where(cols == t, g_t, g)
             tl.store(g_row + cols, to_out(g, g_ptr.dtype.element_ty), mask=mask)
 
@@ -114,7 +120,8 @@ def _point(ls, lt, log_beta, log_1mb, DIV: tl.constexpr):
     else:
         a = lt + log_beta
         b = ls + log_1mb
-        return tl.maximum(a, b) + tm.log(1.0 + tm.exp(-tl.abs(a - b)))
+        hi = tl.maximum(a, b)
+        return tl.where(hi == float("-inf"), hi, hi + tm.log(1.0 + tm.exp(-tl.abs(a - b))))  # both -inf: -inf
 
 
 @triton.jit
@@ -172,8 +179,8 @@ def _distillation_rows_kernel(
         ls = tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_s
         lt = tl.load(y_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_t
         x = _point(ls, lt, lb, l1b, DIV)
-        sum_t += tl.sum(tl.where(mask, tm.exp(lt) * (lt - x), 0.0), axis=0)
-        sum_s += tl.sum(tl.where(mask, tm.exp(ls) * (ls - x), 0.0), axis=0)
+        sum_t += tl.sum(tl.where(mask, _weight_mul(tm.exp(lt), lt - x), 0.0), axis=0)
+        sum_s += tl.sum(tl.where(mask, _weight_mul(tm.exp(ls), ls - x), 0.0), axis=0)
     if DIV == 0:
         loss = sum_t
     elif DIV == 1:
@@ -191,9 +198,9 @@ def _distillation_rows_kernel(
             if DIV == 0:
                 g = tm.exp(ls) - tm.exp(lt)
             elif DIV == 1:
-                g = tm.exp(ls) * (ls - lt - sum_s)
+                g = _weight_mul(tm.exp(ls), ls - lt - sum_s)
             else:
-                g = (1.0 - b) * tm.exp(ls) * (ls - _point(ls, lt, lb, l1b, DIV) - sum_s)
+                g = (1.0 - b) * _weight_mul(tm.exp(ls), ls - _point(ls, lt, lb, l1b, DIV) - sum_s)
             tl.store(g_row + cols, to_out(coef * g, g_ptr.dtype.element_ty), mask=mask)
 
 
