@@ -206,14 +206,44 @@ def _with_signature_of(cls: type, forward: Callable) -> Callable:
 _SUBCLASSES: dict = {}
 
 
-def _subclass(cls: type, forward: Callable, **class_attrs) -> type:
-    """cls with forward replaced, under cls's own name (save_pretrained records the class name)."""
-    key = (cls, forward, tuple(sorted(class_attrs.items())))
+def _forward_of(kind: str, cls: type, model=None) -> Callable:
+    """The forward a swapped class of `kind` runs in place of cls's."""
+    if kind == "rope":
+        return _with_rope(model, cls)
+    if kind == "loss":
+        return _with_signature_of(cls, _causal_lm_forward)
+    return {
+        "rms": _rms_forward,
+        "gated_mlp": _gated_mlp_forward,
+        "gate_up_mlp": _gate_up_mlp_forward,
+        "gpt2_mlp": _gpt2_mlp_forward,
+        "decoder": _pre_norm_decoder_forward,
+    }[kind]
+
+
+def _subclass(cls: type, kind: str, model=None, **class_attrs) -> type:
+    """cls with forward replaced (_forward_of), under cls's own name (save_pretrained records the class name)."""
+    key = (cls, kind, tuple(sorted(class_attrs.items())))
     if key not in _SUBCLASSES:
-        body = dict(class_attrs, forward=forward, _fused_patched=True, _fused_base=cls, __qualname__=cls.__qualname__)
-        body["__module__"] = cls.__module__
+        body = dict(class_attrs, forward=_forward_of(kind, cls, model), _fused_patched=True, _fused_base=cls)
+        body.update(_fused_kind=kind, _fused_class_attrs=class_attrs, __reduce_ex__=_reduce_patched)
+        body.update(__qualname__=cls.__qualname__, __module__=cls.__module__)
         _SUBCLASSES[key] = type(cls.__name__, (cls,), body)
     return _SUBCLASSES[key]
+
+
+def _reduce_patched(self, protocol):
+    """Pickles (torch.save, deepcopy) a patched module as its transformers class and what was swapped: the swapped
+    class is not importable under its name, so unpickling rebuilds it."""
+    cls = type(self)
+    state = object.__reduce_ex__(self, protocol)[2:]
+    return (_unpickle_patched, (cls._fused_base, cls._fused_kind, cls._fused_class_attrs), *state)
+
+
+def _unpickle_patched(base: type, kind: str, class_attrs: dict):
+    module = base.__new__(base)
+    module.__class__ = _subclass(base, kind, **class_attrs)
+    return module
 
 
 def _with_rope(model, cls: type) -> Callable:
@@ -255,7 +285,7 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
                 if not isinstance(getattr(module, eps_attr, None), float) or module.weight.dim() != 1:
                     _fail(model, f"has a {name} without a float eps or a 1-d weight")
                 offset = family.norm == "rms_offset"
-                new = _subclass(type(module), _rms_forward, _fused_offset=offset, _fused_eps_attr=eps_attr)
+                new = _subclass(type(module), "rms", _fused_offset=offset, _fused_eps_attr=eps_attr)
                 plan.append((module, new, {}))
                 found += 1
         if found < 2 * len(layers) + 1:
@@ -265,21 +295,21 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
         block_mlp = getattr(layer, "mlp", None)
         if mlp:
             if family.mlp == "gpt2":
-                needed, forward, act_attr = ("c_fc", "c_proj", "dropout"), _gpt2_mlp_forward, "act"
+                needed, kind, act_attr = ("c_fc", "c_proj", "dropout"), "gpt2_mlp", "act"
             elif family.mlp == "gate_up":
-                needed, forward, act_attr = ("gate_up_proj", "down_proj"), _gate_up_mlp_forward, "activation_fn"
+                needed, kind, act_attr = ("gate_up_proj", "down_proj"), "gate_up_mlp", "activation_fn"
             else:
-                needed, forward, act_attr = ("gate_proj", "up_proj", "down_proj"), _gated_mlp_forward, "act_fn"
+                needed, kind, act_attr = ("gate_proj", "up_proj", "down_proj"), "gated_mlp", "act_fn"
             if block_mlp is None or any(not hasattr(block_mlp, n) for n in needed):
                 _fail(model, f"layer {i} has no MLP with {', '.join(needed)}")
             plan.append(
-                (block_mlp, _subclass(type(block_mlp), forward), {"_fused_act": _act_name(model, block_mlp, act_attr)})
+                (block_mlp, _subclass(type(block_mlp), kind), {"_fused_act": _act_name(model, block_mlp, act_attr)})
             )
         if rope and family.rope:
             attn = getattr(layer, "self_attn", None)
             if attn is None:
                 _fail(model, f"layer {i} has no self_attn")
-            plan.append((attn, _subclass(type(attn), _with_rope(model, type(attn))), {}))
+            plan.append((attn, _subclass(type(attn), "rope", model), {}))
         if norm and family.add_norm:
             children = {name for name, _ in layer.named_children()}
             if children - PHI3_DROPOUTS != DECODER_CHILDREN:
@@ -287,14 +317,14 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
             names = set(inspect.unwrap(type(layer).forward).__code__.co_names)
             if not DECODER_CHILDREN <= names:
                 _fail(model, f"layer {i}'s forward does not use {sorted(DECODER_CHILDREN - names)}")
-            plan.append((layer, _subclass(type(layer), _pre_norm_decoder_forward), {}))
+            plan.append((layer, _subclass(type(layer), "decoder"), {}))
     if loss and model.get_output_embeddings() is not None and not getattr(type(model), "_fused_patched", False):
         cls = type(model)
         if not inspect.unwrap(cls.forward).__module__.startswith("transformers."):
             _fail(model, "has a forward of its own (a subclass?): pass loss=False to patch the rest")
         if not cls.__name__.endswith(("ForCausalLM", "LMHeadModel")):
             _fail(model, "is not a causal LM with only a language-model head: pass loss=False to patch the rest")
-        plan.append((model, _subclass(cls, _with_signature_of(cls, _causal_lm_forward)), {}))
+        plan.append((model, _subclass(cls, "loss"), {}))
     return plan
 
 

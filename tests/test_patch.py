@@ -171,6 +171,25 @@ def test_adapted_or_hooked_modules_are_called():
         torch.testing.assert_close(grads_p[key], grads_e[key], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["gemma", "phi3", "gpt2"])
+def test_whole_model_pickles(name):
+    """torch.save / torch.load of the patched model object (and deepcopy): the swapped classes are rebuilt, so the
+    loaded model is patched and gives the same loss and gradients."""
+    import io
+
+    patched = fused.patch(make_model(name))
+    buffer = io.BytesIO()
+    torch.save(patched, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert [type(m).__name__ for m in swapped(loaded)] == [type(m).__name__ for m in swapped(patched)]
+    assert len(swapped(copy.deepcopy(patched))) == len(swapped(patched))
+    ids, labels = batch()
+    (loss_a, grads_a), (loss_b, grads_b) = loss_and_grads(patched, ids, labels), loss_and_grads(loaded, ids, labels)
+    assert torch.equal(loss_a, loss_b)
+    assert all(torch.equal(grads_a[k], grads_b[k]) for k in grads_a)
+
+
 def test_other_heads_and_subclasses_need_loss_false():
     """A model with another head besides the LM head (GPT2DoubleHeadsModel) or a subclass with its own forward
     would lose what its forward adds under the fused loss: they raise with loss=True and patch with loss=False."""
