@@ -153,7 +153,7 @@ def act_grad(x, ACT: tl.constexpr):
     if ACT == "identity":
         return tl.full(x.shape, 1.0, x.dtype)
     elif ACT == "relu":
-        return tl.where(x > 0.0, 1.0, 0.0).to(x.dtype)
+        return tl.where(x <= 0.0, 0.0, 1.0).to(x.dtype)  # NaN passes the gradient, as eager's threshold_backward
     elif ACT == "gelu":
         cdf = 0.5 * (1.0 + erf(x * 0.70710678118654752440))
         pdf = exp(-0.5 * x * x) * 0.39894228040143267794

@@ -115,6 +115,20 @@ def test_bias_act_nan_inf_propagate_like_eager(dev):
         torch.testing.assert_close(fused.bias_act(x, None, act), expected, equal_nan=True)
 
 
+def test_relu_gradient_at_nan_passes_as_eager(dev):
+    """Eager's relu backward (threshold_backward) zeroes the gradient where the input is <= 0 only: at NaN it passes.
+    bias_act, glu (the gate's derivative) and unary_chain do the same."""
+    x = torch.tensor([float("nan"), 2.0, -1.0, 0.0], device=dev, requires_grad=True)
+    want = torch.autograd.grad(torch.relu(x).sum(), x)[0]
+    assert want.tolist() == [1.0, 1.0, 0.0, 0.0]
+    for out in (
+        fused.bias_act(x, None, "relu"),
+        fused.unary_chain(x, ["relu"]),
+        fused.glu(x, torch.ones_like(x), "relu"),
+    ):
+        assert torch.equal(torch.autograd.grad(out.sum(), x)[0], want)
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(0, 9),

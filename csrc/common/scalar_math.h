@@ -31,7 +31,9 @@ FUSED_HD double p_pow(double x, double s) { return ::pow(x, s); }
 FUSED_HD double p_fma(double a, double b, double c) { return ::fma(a, b, c); }
 
 template <typename T> FUSED_HD T p_relu(T x) { return x < T(0) ? T(0) : x; }
-template <typename T> FUSED_HD T p_where_pos(T x, T v) { return x > T(0) ? v : T(0); }
+// v where x > 0 or x is NaN, else 0: relu's derivative as eager's threshold_backward takes it (a NaN input passes
+// the gradient on)
+template <typename T> FUSED_HD T p_where_pos(T x, T v) { return x <= T(0) ? T(0) : v; }
 template <typename T> FUSED_HD T p_where_ge(T x, T s, T v) { return x >= s ? v : T(0); }
 template <typename T> FUSED_HD T p_sign(T x) { return T(x > T(0)) - T(x < T(0)); }
 template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s ? s : x; }

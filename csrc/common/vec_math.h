@@ -20,7 +20,9 @@ template <typename T> inline Vec<T> p_abs(Vec<T> x) { return x.abs(); }
 template <typename T> inline Vec<T> p_pow(Vec<T> x, Vec<T> s) { return x.pow(s); }
 // NaN-propagating max(x, 0), like eager relu.
 template <typename T> inline Vec<T> p_relu(Vec<T> x) { return Vec<T>::blendv(x, Vec<T>(0), x < Vec<T>(0)); }
-template <typename T> inline Vec<T> p_where_pos(Vec<T> x, Vec<T> v) { return v & (x > Vec<T>(0)); }
+template <typename T> inline Vec<T> p_where_pos(Vec<T> x, Vec<T> v) {
+  return Vec<T>::blendv(v, Vec<T>(0), x <= Vec<T>(0));
+}
 template <typename T> inline Vec<T> p_where_ge(Vec<T> x, Vec<T> s, Vec<T> v) { return v & (x >= s); }
 template <typename T> inline Vec<T> p_sign(Vec<T> x) {
   return (Vec<T>(1) & (x > Vec<T>(0))) - (Vec<T>(1) & (x < Vec<T>(0)));
