@@ -415,12 +415,16 @@ def test_autocast_as_nn_linear(act):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             want, got = activation(ref(x)), ours(x)
         assert got.dtype == want.dtype == torch.bfloat16
-        torch.testing.assert_close(got, want)
+        # float64 of the operands autocast gives both (bf16-rounded x, weight, bias)
+        operands = [t.detach().bfloat16().double().requires_grad_() for t in (x, ref.weight, ref.bias)]
+        exact = activation(torch.nn.functional.linear(*operands))
+        assert_accuracy(got, want, exact)
         grads = torch.autograd.grad(got.float().sum(), (x, ours.weight, ours.bias))
         ref_grads = torch.autograd.grad(want.float().sum(), (x, ref.weight, ref.bias))
-        for g, r in zip(grads, ref_grads):
+        exact_grads = torch.autograd.grad(exact.sum(), operands)
+        for g, r, e in zip(grads, ref_grads, exact_grads):
             assert g.dtype == r.dtype
-            torch.testing.assert_close(g, r, rtol=2e-2, atol=2e-2)
+            assert_accuracy(g.double(), r.double(), e, floor=4 * torch.finfo(torch.bfloat16).eps)
     mlp = fused.nn.FusedMLP([24, 32, 8], act=act)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert mlp(make((5, 24), torch.bfloat16)).dtype == torch.bfloat16
