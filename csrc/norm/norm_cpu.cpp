@@ -276,7 +276,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
     const T* rs = bw.rstd.data_ptr<T>();
     T* pw = ptr_or_null<T>(partial_w);
     T* pb = ptr_or_null<T>(partial_b);
-    const int64_t per_group = kRowsPerGroup;  // of the pairwise weight / bias sums
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
       PairwiseColumnSum<T> sum_w(pw ? C : 0), sum_b(pb ? C : 0);
       for (int64_t c = c0; c < c1; ++c) {
@@ -290,7 +289,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> norm_backward_cpu(
           };
           if (w) row(std::true_type{});
           else row(std::false_type{});
-          if ((r - r0 + 1) % per_group == 0 || r + 1 == r1) {
+          if ((r - r0 + 1) % kRowsPerGroup == 0 || r + 1 == r1) {  // a group of the pairwise sums ends
             if (pw) sum_w.push();
             if (pb) sum_b.push();
           }

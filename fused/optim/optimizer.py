@@ -98,15 +98,14 @@ class _FusedOptimizer(torch.optim.Optimizer):
         return state
 
     def __setstate__(self, state):
-        # as torch's optimizers do: groups of state dicts from older versions get the keys added since
+        # as torch's optimizers do: groups of state dicts from older versions get the keys added since, and an
+        # Adam state dict loaded into AdamW decays decoupled, as torch.optim.AdamW's does
         super().__setstate__(state)
         for group in self.param_groups:
             for key, value in self.defaults.items():
                 group.setdefault(key, value)
-            self._fix_group(group)
-
-    def _fix_group(self, group):
-        pass
+            if getattr(self, "_decoupled", False):
+                group["decoupled_weight_decay"] = True
 
     def add_param_group(self, param_group):
         name = type(self).__name__
@@ -652,10 +651,6 @@ class Adam(_FusedOptimizer):
                 state[key] = plain.to(kind or self._plain_state_dtype(p))
             elif kind == torch.bfloat16:
                 state[key] = value.to(torch.bfloat16)
-
-    def _fix_group(self, group):
-        if self._decoupled:  # as torch.optim.AdamW: an Adam state dict loaded into AdamW decays decoupled
-            group["decoupled_weight_decay"] = True
 
     def _plain_state_dtype(self, p):
         return torch.float32 if self._fp32_state(p) else p.dtype
