@@ -52,3 +52,11 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(params=["0", "1"], ids=["f32_filter", "bf16_filter"])
+def knn_filter(request, monkeypatch):
+    """The CPU k-NN GEMM filter (p = 2, D >= 32): float32, or bf16 then float32 for the columns that pass. The CPU
+    picks one by itself (bf16 where it has bf16 dot products); FUSED_KNN_BF16 forces either, so both run here."""
+    monkeypatch.setenv("FUSED_KNN_BF16", request.param)
+    return request.param

@@ -399,6 +399,7 @@ def gemm_adversarial(dtype, seed):
     return a.to(dtype), b.to(dtype)
 
 
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("squared,largest", [(False, False), (True, False), (False, True)])
 def test_topk_gemm_path_is_exact(dtype, squared, largest):
@@ -424,6 +425,7 @@ def test_topk_gemm_path_is_exact(dtype, squared, largest):
             torch.testing.assert_close(v, rv.to(dtype), rtol=1e-14 if dtype == torch.float64 else 2**-7, atol=0)
 
 
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("largest", [False, True])
 def test_topk_gemm_path_splits_columns_across_threads(largest):
     """Few rows against many columns: the GEMM path splits the columns among the threads, each split keeping its
@@ -454,6 +456,7 @@ def test_topk_gemm_path_splits_columns_across_threads(largest):
         torch.set_num_threads(old)
 
 
+@pytest.mark.usefixtures("knn_filter")
 def test_topk_gemm_path_non_finite_rows():
     """inf and NaN in rows of a and b at D = 64 (no GEMM bound holds for them): ranked as torch.topk ranks them."""
     a, b = make((6, 64), torch.float64, seed=92), make((40, 64), torch.float64, seed=93)
@@ -463,6 +466,26 @@ def test_topk_gemm_path_non_finite_rows():
         rv, ri = ref.pairwise_topk(a.float().double(), b.float().double(), 40, largest=largest)
         assert torch.equal(i, ri)
         torch.testing.assert_close(v, rv.float(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.usefixtures("knn_filter")
+@pytest.mark.parametrize("D", [64, 768])
+def test_topk_gemm_filter_bound_holds_where_bf16_rounding_is_correlated(D):
+    """A row of a and its exact copy in b hold 1 + 0.99 * 2^-8 in every element, which rounds down to 1 in bfloat16
+    alike: a bf16 GEMM puts the copy's d^2 about 4 D 2^-8 too high, above a column of ones (d^2 = D (0.99 2^-8)^2,
+    seen first). The filter's bound must still keep the copy (one under 2 u_b |x||y| on the dot drops it): the
+    float64 search's answer. The copy comes after 127 wide rows, which keep the points uncentered and let each
+    row's list tighten its bound before the copy's turn."""
+    g = torch.Generator().manual_seed(99)
+    a = torch.full((3, D), 1 + 0.99 * 2.0**-8)
+    a[1:] = torch.randn(2, D, generator=g)
+    b = torch.cat([torch.ones(1, D), 100 * torch.randn(127, D, generator=g), a[:1]])
+    assert torch.equal(a[0].bfloat16(), torch.ones(D, dtype=torch.bfloat16))
+    for k in (1, 2):
+        v, i = fused.pairwise_topk(a, b, k)
+        rv, ri = ref.pairwise_topk(a.double(), b.double(), k)
+        assert torch.equal(i, ri) and torch.equal(v, rv.float()), k
+    assert i[0].tolist() == [128, 0]
 
 
 def test_topk_takes_the_gemm_path_by_d_alone():
@@ -542,9 +565,12 @@ def test_topk_large_m_without_the_matrix():
     assert (i == ri).float().mean() > 0.99  # float32 rounding may swap near-ties
 
 
-def test_matmul_path_copies_b_only_to_center_it():
+@pytest.mark.parametrize("bf16_filter", ["0", "1"])
+def test_matmul_path_copies_b_only_to_center_it(monkeypatch, bf16_filter):
     """The p = 2 matmul path centers the points at b's mean only where that mean is large against b's rows (points
-    far from the origin); otherwise the GEMM reads a and b as they are, and a call allocates far less than b."""
+    far from the origin); otherwise the float32 GEMM reads a and b as they are, and a call allocates far less than
+    b. A bf16 filter (topk) adds one bf16 copy of the GEMM's operands, half of b."""
+    monkeypatch.setenv("FUSED_KNN_BF16", bf16_filter)
 
     def allocated_mb(a, b):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -553,8 +579,9 @@ def test_matmul_path_copies_b_only_to_center_it():
 
     a, b = make((8, 64), seed=97), make((20000, 64), seed=98)
     b_mb = b.numel() * b.element_size() / 2**20
-    assert allocated_mb(a, b) < b_mb / 4
-    assert allocated_mb(a + 100, b + 100) >= b_mb
+    copy_mb = b_mb / 2 if bf16_filter == "1" else 0
+    assert copy_mb <= allocated_mb(a, b) < copy_mb + b_mb / 4
+    assert allocated_mb(a + 100, b + 100) >= b_mb + copy_mb
 
 
 def test_topk_memory_does_not_grow_with_n_times_m():

@@ -200,6 +200,7 @@ def test_radius_neighbors_is_deterministic_across_thread_counts():
 
 # p = 2 at D >= MATMUL_MIN_D on the CPU: pairwise_topk's GEMM candidates with the radius as the initial bound, then
 # the float64 re-rank. Each of these failed when that path ranked the norms formula's float32 values.
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("D", [64, 128])
 def test_radius_neighbors_gemm_path_keeps_the_pair_at_the_radius(dtype, D):
@@ -216,6 +217,7 @@ def test_radius_neighbors_gemm_path_keeps_the_pair_at_the_radius(dtype, D):
         assert torch.equal(v, torch.where(within, tv, math.inf)), t
 
 
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_radius_neighbors_gemm_path_grid_ties(dtype):
     """Points on an integer grid at D = 64 (many exact ties): the indices of a float64 search and of pairwise_topk,
@@ -232,6 +234,7 @@ def test_radius_neighbors_gemm_path_grid_ties(dtype):
         assert (i >= 0).any() and (radius == math.inf or (i == -1).any())
 
 
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_radius_neighbors_gemm_path_rows_are_independent(dtype):
     """A row's answer at D = 64 does not depend on the other rows of the call (the GEMM's blocking) nor on the
@@ -255,6 +258,7 @@ def test_radius_neighbors_gemm_path_rows_are_independent(dtype):
         torch.set_num_threads(old)
 
 
+@pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 def test_radius_neighbors_gemm_path_padded_batches(dtype):
     """lengths_a / lengths_b at D = 64 (padded rows hold NaN, never read): the float64 search of the valid rows."""
