@@ -177,6 +177,18 @@ def act_grad(x, ACT: tl.constexpr):
 
 # ---- unary_chain ops (OP: a name of csrc/common/op_codes.h FUSED_CHAIN_OPS); s is the op's scalar in the math type
 @triton.jit
+def pow_op(x, s):
+    """x^s as eager's pow(Tensor, Scalar): exponent 0.5 is sqrt there and -0.5 rsqrt (-0 and -inf differ from pow)."""
+    if s == 0.5:
+        y = sqrt(x)
+    elif s == -0.5:
+        y = rsqrt(x)
+    else:
+        y = pow(x, s)
+    return y
+
+
+@triton.jit
 def unary_fwd(x, OP: tl.constexpr, s):
     if OP == NONE:
         return x
@@ -207,12 +219,14 @@ def unary_fwd(x, OP: tl.constexpr, s):
     elif OP == "mul":
         return x * s
     elif OP == "pow":
-        return pow(x, s)
-    elif OP == "clamp_min":  # NaN-propagating
-        return tl.where(x < s, s, x)
+        return pow_op(x, s)
+    elif OP == "clamp_min":  # NaN-propagating, in x and in the bound
+        bound = tl.zeros_like(x) + s
+        return tl.where((x < bound) | (bound != bound), bound, x)
     else:
         tl.static_assert(OP == "clamp_max", "unary_fwd: unknown op")
-        return tl.where(x > s, s, x)
+        bound = tl.zeros_like(x) + s
+        return tl.where((x > bound) | (bound != bound), bound, x)
 
 
 @triton.jit
@@ -228,8 +242,9 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
         return g * (2.0 * x)
     elif OP == "sqrt":
         return g * (0.5 * rsqrt(x))
-    elif OP == "rsqrt":
-        return g * (-0.5 * rsqrt(x) * div(1.0, x))
+    elif OP == "rsqrt":  # -0.5 rsqrt(x)^3, as eager (+inf at -0)
+        r = rsqrt(x)
+        return g * (-0.5 * r * r * r)
     elif OP == "exp":
         return g * exp(x)
     elif OP == "log":
@@ -248,7 +263,7 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     elif OP == "mul":
         return g * s
     elif OP == "pow":  # gradient exactly 0 for exponent 0, whatever g is
-        return tl.where(s == 0.0, 0.0, g * (s * pow(x, s - 1.0)))
+        return tl.where(s == 0.0, 0.0, g * (s * pow_op(x, s - 1.0)))
     elif OP == "clamp_min":
         return g * tl.where(x >= s, 1.0, 0.0).to(x.dtype)
     else:

@@ -444,6 +444,24 @@ CHAINS = [
 ]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unary_chain_special_values_are_the_cpu_kernels(emu, dtype):
+    """Signed zeros, infinities and NaN through pow(+-0.5) (eager's sqrt / rsqrt), rsqrt's derivative and clamp to a
+    NaN bound: the CPU kernel's values and gradients (which test_elementwise holds to eager's), bit for bit but for
+    NaN's payload."""
+    x = torch.tensor([-0.0, 0.0, -math.inf, math.inf, -1.0, 4.0, math.nan, 1e-30, -2.0], dtype=dtype)
+    g = torch.ones_like(x)
+    for chain in ([("pow", 0.5)], [("pow", -0.5)], ["rsqrt"], [("clamp_min", math.nan)], [("clamp_max", math.nan)]):
+        ops = encode_ops(chain)
+        op_codes, scalars = zip(*[parse_op("unary_chain", s)[1:] for s in ops])
+        y, gx = out(x.shape, dtype), out(x.shape, dtype)
+        launch(emu.unary_chain, code(dtype), list(op_codes), list(scalars), buf(x), y, x.numel())
+        launch(emu.unary_chain_backward, code(dtype), list(op_codes), list(scalars), buf(g), buf(x), gx, x.numel())
+        for got, want in ((y, F.unary_chain(x, ops)), (gx, F.unary_chain_backward(g, x, ops))):
+            assert torch.equal(got.isnan(), want.isnan()), chain
+            assert_equal_bits(got.nan_to_num(0.0), want.nan_to_num(0.0))
+
+
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
 @pytest.mark.parametrize("chain", CHAINS, ids=range(len(CHAINS)))
 def test_unary_chain(emu, chain, dtype):

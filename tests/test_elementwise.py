@@ -1,6 +1,8 @@
 """Parity, accuracy, gradients, compile and bad-input tests of the fused elementwise family (CPU kernels, and
 the CUDA backends when a GPU is present). The Triton launchers have their own file under the interpreter."""
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -127,6 +129,31 @@ def test_bias_act_nan_inf_propagate_like_eager(dev):
         if act == "gelu":  # eager's CPU gelu gives NaN at +inf; the limit (and eager on CUDA) is +inf
             expected[0, 1] = float("inf")
         torch.testing.assert_close(fused.bias_act(x, None, act), expected, equal_nan=True)
+
+
+def same_values(ours, eager):
+    """Equal element by element, NaN where eager has NaN, and the sign of every zero and infinity too."""
+    return all(
+        (o == e and math.copysign(1, o) == math.copysign(1, e)) or (math.isnan(o) and math.isnan(e))
+        for o, e in zip(ours.flatten().tolist(), eager.flatten().tolist())
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_unary_chain_special_values_as_eager(dev, dtype):
+    """Signed zeros, infinities, NaN and tiny values through the ops whose edges differ between C and eager: pow
+    with exponent 0.5 / -0.5 is sqrt / rsqrt in eager (pow(-0, 0.5) = -0, NaN at -inf), rsqrt's derivative is
+    -0.5 rsqrt(x)^3 (+inf at -0), and clamp to a NaN bound gives NaN. Values and gradients, as eager gives them."""
+    x = torch.tensor([-0.0, 0.0, -math.inf, math.inf, -1.0, 4.0, math.nan, 1e-30, -2.0], dtype=dtype, device=dev)
+    chains = [["rsqrt"], ["sqrt"], ["reciprocal"], ["log"], [("clamp_min", 0.5)], [("clamp_max", 0.5)]]
+    chains += [[("pow", e)] for e in (0.5, -0.5, 1.5, 2.0)]
+    chains += [[(c, math.nan)] for c in ("clamp_min", "clamp_max")]
+    for chain in chains:
+        xe, xf = x.clone().requires_grad_(), x.clone().requires_grad_()
+        want = ref.unary_chain(xe, chain)
+        got = fused.unary_chain(xf, chain)
+        assert same_values(got, want), (chain, got, want)
+        assert same_values(torch.autograd.grad(got.sum(), xf)[0], torch.autograd.grad(want.sum(), xe)[0]), chain
 
 
 def test_relu_gradient_at_nan_passes_as_eager(dev):

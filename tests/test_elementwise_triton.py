@@ -300,7 +300,8 @@ def test_nan_inf_propagate_as_cpu(dtype):
         tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(up), 0.3, seed),
         cpu_op("bias_dropout_add_seeded", x, bias, up, 0.3, seed),
     )
-    ops = ["exp", "tanh", "sigmoid", "relu", "abs", "sqrt", "log", "reciprocal", "clamp_min:0.5", "clamp_max:2.0"]
+    ops = ["exp", "tanh", "sigmoid", "relu", "abs", "sqrt", "rsqrt", "log", "reciprocal", "clamp_min:0.5"]
+    ops += ["clamp_max:2.0", "clamp_min:nan", "clamp_max:nan", "pow:0.5", "pow:-0.5"]
     for op in ops:
         assert_close(tk.unary_chain(dev(x), [op]).cpu(), cpu_op("unary_chain", x, [op]))
         assert_close(tk.unary_chain_backward(dev(up), dev(x), [op]).cpu(), cpu_op("unary_chain_backward", up, x, [op]))

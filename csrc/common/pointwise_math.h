@@ -93,19 +93,22 @@ template <UnaryOp O, typename V> FUSED_HD V unary_fwd(V x, V s) {
   if constexpr (O == UnaryOp::reciprocal) return p_recip(x);
   if constexpr (O == UnaryOp::add) return x + s;
   if constexpr (O == UnaryOp::mul) return x * s;
-  if constexpr (O == UnaryOp::pow) return p_pow(x, s);
+  if constexpr (O == UnaryOp::pow) return p_pow_op(x, s);
   if constexpr (O == UnaryOp::clamp_min) return p_clamp_min(x, s);
   if constexpr (O == UnaryOp::clamp_max) return p_clamp_max(x, s);
 }
 
 // Derivatives follow eager's backward formulas (abs: sign, 0 at 0; clamp passes the gradient at the bound;
-// pow with exponent 0: gradient 0).
+// pow with exponent 0: gradient 0; pow's x^(s - 1) is the pow op's, sqrt or rsqrt where eager's is).
 template <UnaryOp O, typename V> FUSED_HD V unary_grad(V x, V s) {
   if constexpr (O == UnaryOp::neg) return V(-1);
   if constexpr (O == UnaryOp::abs) return p_sign(x);
   if constexpr (O == UnaryOp::square) return V(2) * x;
   if constexpr (O == UnaryOp::sqrt) return V(0.5) * p_rsqrt(x);
-  if constexpr (O == UnaryOp::rsqrt) return V(-0.5) * p_rsqrt(x) * p_recip(x);
+  if constexpr (O == UnaryOp::rsqrt) {  // -0.5 rsqrt(x)^3, as eager (+inf at -0)
+    V r = p_rsqrt(x);
+    return V(-0.5) * r * r * r;
+  }
   if constexpr (O == UnaryOp::exp) return p_exp(x);
   if constexpr (O == UnaryOp::log) return p_recip(x);
   if constexpr (O == UnaryOp::sin) return p_cos(x);
@@ -122,7 +125,7 @@ template <UnaryOp O, typename V> FUSED_HD V unary_grad(V x, V s) {
   }
   if constexpr (O == UnaryOp::add) return V(1);
   if constexpr (O == UnaryOp::mul) return s;
-  if constexpr (O == UnaryOp::pow) return s * p_pow(x, s - V(1));  // callers zero it when s == 0
+  if constexpr (O == UnaryOp::pow) return s * p_pow_op(x, s - V(1));  // callers zero it when s == 0
   if constexpr (O == UnaryOp::clamp_min) return p_where_ge(x, s, V(1));
   if constexpr (O == UnaryOp::clamp_max) return p_where_ge(s, x, V(1));
 }

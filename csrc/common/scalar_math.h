@@ -36,8 +36,14 @@ template <typename T> FUSED_HD T p_relu(T x) { return x < T(0) ? T(0) : x; }
 template <typename T> FUSED_HD T p_where_pos(T x, T v) { return x <= T(0) ? T(0) : v; }
 template <typename T> FUSED_HD T p_where_ge(T x, T s, T v) { return x >= s ? v : T(0); }
 template <typename T> FUSED_HD T p_sign(T x) { return T(x > T(0)) - T(x < T(0)); }
-template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s ? s : x; }
-template <typename T> FUSED_HD T p_clamp_max(T x, T s) { return x > s ? s : x; }
+// clamp to a bound as eager's clamp_min / clamp_max: a NaN in x or in the bound gives NaN
+template <typename T> FUSED_HD T p_clamp_min(T x, T s) { return x < s || s != s ? s : x; }
+template <typename T> FUSED_HD T p_clamp_max(T x, T s) { return x > s || s != s ? s : x; }
+// x^s as eager's pow(Tensor, Scalar), which takes exponent 0.5 as sqrt and -0.5 as rsqrt (at -0 and -inf they differ
+// from C's pow: sqrt(-0) = -0, rsqrt(-0) = -inf, both NaN at -inf)
+template <typename T> FUSED_HD T p_pow_op(T x, T s) {
+  return s == T(0.5) ? p_sqrt(x) : s == T(-0.5) ? p_rsqrt(x) : p_pow(x, s);
+}
 template <typename T> FUSED_HD T p_where_eq(T x, T s, T v) { return x == s ? v : T(0); }
 template <typename T> FUSED_HD T p_zero_at(T x, T v) { return x == T(0) ? T(0) : v; }  // v, 0 where x == 0
 template <typename T> FUSED_HD T p_nonzero(T x) { return x != x ? x : T(x != T(0)); }  // 0 or 1, NaN stays

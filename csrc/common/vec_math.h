@@ -27,8 +27,15 @@ template <typename T> inline Vec<T> p_where_ge(Vec<T> x, Vec<T> s, Vec<T> v) { r
 template <typename T> inline Vec<T> p_sign(Vec<T> x) {
   return (Vec<T>(1) & (x > Vec<T>(0))) - (Vec<T>(1) & (x < Vec<T>(0)));
 }
-template <typename T> inline Vec<T> p_clamp_min(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x < s); }
-template <typename T> inline Vec<T> p_clamp_max(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, x > s); }
+// As the scalar ones (common/scalar_math.h): NaN in x or the bound gives NaN; pow as eager's pow op. s is one
+// scalar broadcast.
+template <typename T> inline Vec<T> p_clamp_min(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, (x < s) | (s != s)); }
+template <typename T> inline Vec<T> p_clamp_max(Vec<T> x, Vec<T> s) { return Vec<T>::blendv(x, s, (x > s) | (s != s)); }
+template <typename T> inline Vec<T> p_pow_op(Vec<T> x, Vec<T> s) {
+  T e;
+  s.store(&e, 1);
+  return e == T(0.5) ? x.sqrt() : e == T(-0.5) ? p_rsqrt(x) : x.pow(s);
+}
 template <typename T> inline Vec<T> p_fma(Vec<T> a, Vec<T> b, Vec<T> c) { return at::vec::fmadd(a, b, c); }
 // v as computed, rounded: the empty asm keeps the compiler from fusing the product that made v into a later add or
 // subtract (an fma would use it unrounded), as __fmul_rn does in CUDA.
