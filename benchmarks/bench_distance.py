@@ -54,17 +54,30 @@ def faiss_prebuilt(b):
 
 
 def topk_shapes(device, quick):
-    """(N, M, D, k): the point-cloud size (D = 3) and embedding sizes (D = 64 to 768), as issue 22 measured them."""
+    """(N, M, D, k, clustered): the point-cloud size (D = 3) and embedding sizes (D = 64 to 768), as issue 22
+    measured them, and embeddings in clusters (every point of a cluster near the k-th distance of its members)."""
     if quick:
-        return [(256, 1024, 3, K), (256, 1024, 64, K)]
+        return [(256, 1024, 3, K, False), (256, 1024, 64, K, False)]
     return [
-        (16384, 16384, 3, K),
-        (4096, 65536, 64, K),
-        (4096, 65536, 128, 10),
-        (2048, 100000, 96, 1),
-        (2048, 32768, 768, K),
-        (16, 32768, 768, K),
+        (16384, 16384, 3, K, False),
+        (4096, 65536, 64, K, False),
+        (4096, 65536, 128, 10, False),
+        (2048, 100000, 96, 1, False),
+        (2048, 32768, 768, K, False),
+        (2048, 32768, 768, K, True),
+        (16, 32768, 768, K, False),
     ]
+
+
+def clustered_points(n, m, d, device, generator, clusters=100):
+    """a [n, d] and b [m, d] drawn around the same `clusters` centers (spread 10, each cluster 0.1 wide)."""
+    centers = 10 * torch.randn(clusters, d, device=device, generator=generator)
+
+    def around(rows):
+        pick = torch.randint(0, clusters, (rows,), device=device, generator=generator)
+        return centers[pick] + 0.1 * torch.randn(rows, d, device=device, generator=generator)
+
+    return around(n), around(m)
 
 
 def shapes(device, quick):
@@ -138,9 +151,12 @@ def cases(device: str, quick: bool) -> list:
             }
         )
 
-    for n, m, d, k in topk_shapes(device, quick):
-        a = torch.randn(n, d, device=device, generator=g)
-        b = torch.randn(m, d, device=device, generator=g)
+    for n, m, d, k, clustered in topk_shapes(device, quick):
+        if clustered:
+            a, b = clustered_points(n, m, d, device, g)
+        else:
+            a = torch.randn(n, d, device=device, generator=g)
+            b = torch.randn(m, d, device=device, generator=g)
         size = a.element_size()
         impls = {}
         if n * m * d * size <= EAGER_LIMIT:
@@ -154,7 +170,7 @@ def cases(device: str, quick: bool) -> list:
             impls[label] = with_backend(backend, lambda a=a, b=b, k=k: fused.pairwise_topk(a, b, k))
         out.append(
             {
-                "name": f"pairwise_topk k={k} ({n},{d})x({m},{d}) float32 fwd",
+                "name": f"pairwise_topk k={k} ({n},{d})x({m},{d}) float32{' clustered' if clustered else ''} fwd",
                 "bytes": (n + m) * d * size + n * k * (size + 8),
                 "flops": 2 * n * m * d,
                 "impls": impls,

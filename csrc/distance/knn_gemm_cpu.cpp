@@ -2,18 +2,20 @@
 // re-rank.
 //
 // Per tile of rows of a and columns of b, one at::mm gives x.y for the rows centered at the mean of b, and
-// d^2 ~ |x|^2 + |y|^2 - 2 x.y within err = gemm_error(D) * (|x|^2 + |y|^2) of the exact value. Each row keeps the
-// columns whose lower bound (d^2 - err) is within `bound`, the k-th smallest upper bound (d^2 + err) seen so far:
-// every true k-best column has a lower bound at or below the final bound, so it is kept. The kept columns are then
-// ranked by their distance in double from the uncentered inputs (exact differences and squares of float inputs):
-// the same indices as a float64 search, ties to the lower index, whatever the GEMM's rounding. Threads take tiles
-// of rows; with few rows for the threads, the columns are split among them too, and a row's lists are merged.
-// radius_neighbors is the same search with the radius as every row's initial bound (a column whose distance rounds
-// to a value above the radius cannot be in), and the re-rank keeps the columns whose rounded value is within it.
+// d^2 ~ |x|^2 + |y|^2 - 2 x.y within err = gemm_error(D) * (|x|^2 + |y|^2) of the exact value: the filter. A
+// column whose lower bound (d^2 - err) is within the row's `bound` gets its d^2 from the differences
+// (squared_distance, within direct_error(D) * d^2: no cancellation) and joins the row's list with those bounds;
+// `bound` is the k-th smallest upper bound in the list. Every true k-best column has a lower bound at or below the
+// final bound, so it is kept. The kept columns within it (the k best and their near-ties) are then ranked by their
+// distance in double from the uncentered inputs (exact differences and squares of float inputs): the same indices
+// as a float64 search, ties to the lower index, whatever the GEMM's rounding. Threads take tiles of rows; with few
+// rows for the threads, the columns are split among them too, and a row's lists are merged. radius_neighbors is
+// the same search with the radius as every row's initial bound (a column whose distance rounds to a value above
+// the radius cannot be in), and the re-rank keeps the columns whose rounded value is within it.
 //
-// On CPUs with bfloat16 dot products (AVX512_BF16, AMX; 2.2x the float32 GEMM's speed on Zen 4) the float GEMM is
-// a bfloat16 one with its own, wider bound, and each column that passes it gets its float32 dot product before it
-// joins the row's list: the lists and the answer are those of the float32 filter, at the bf16 GEMM's cost.
+// On CPUs with bfloat16 dot products (AVX512_BF16, AMX; 2.2x the float32 GEMM's speed on Zen 4) the filter's GEMM
+// is a bfloat16 one with its own, wider bound (bf16_gemm_error): more columns pass it, each at the cost of its
+// direct d^2, and the answer is the same.
 #include "distance/knn_gemm_cpu.h"
 
 #include <algorithm>
@@ -68,22 +70,28 @@ inline at::Tensor to_bf16(const at::Tensor& x) {
   return y;
 }
 
-// x . y over D floats, in vector lanes (within gemm_error's gamma_D, as any summation order).
-template <typename T> T dot_product(const T* x, const T* y, int64_t D) {
+// |x - y|^2 over D elements from the differences (each rounded once), summed in vector lanes: within
+// (D + 2) u d^2 of the exact value, whatever the summation order (direct_error), and never the cancellation of
+// |x|^2 + |y|^2 - 2 x.y: its bound is relative to d^2, not to the norms.
+template <typename T> T squared_distance(const T* x, const T* y, int64_t D) {
   using V = Vec<T>;
   constexpr int64_t L = V::size();
   V acc0(T(0)), acc1(T(0));
   int64_t d = 0;
   for (; d + 2 * L <= D; d += 2 * L) {
-    acc0 = at::vec::fmadd(V::loadu(x + d), V::loadu(y + d), acc0);
-    acc1 = at::vec::fmadd(V::loadu(x + d + L), V::loadu(y + d + L), acc1);
+    const V p = V::loadu(x + d) - V::loadu(y + d), q = V::loadu(x + d + L) - V::loadu(y + d + L);
+    acc0 = at::vec::fmadd(p, p, acc0);
+    acc1 = at::vec::fmadd(q, q, acc1);
   }
   for (; d < D; d += L) {
     const int64_t cnt = std::min(L, D - d);
-    acc0 = at::vec::fmadd(V::loadu(x + d, cnt), V::loadu(y + d, cnt), acc0);
+    const V p = V::loadu(x + d, cnt) - V::loadu(y + d, cnt);  // lanes past D: 0
+    acc0 = at::vec::fmadd(p, p, acc0);
   }
-  return at::vec::vec_reduce_all<T>([](V p, V q) { return p + q; }, acc0 + acc1);
+  return at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, acc0 + acc1);
 }
+// squared_distance's relative error bound, with slack for the list's own rounding of score -+ err.
+template <typename T> T direct_error(int64_t D) { return T(D + 8) * std::numeric_limits<T>::epsilon(); }
 
 // One row's kept columns: lower and upper bounds of the selection score (d^2, or -d^2 when largest) and the column.
 template <typename T> struct Kept {
@@ -167,10 +175,10 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   // GEMM call packs its b tile anew, so taller tiles pack b less often (128 rows: k = 16 at D = 64, 4096 x 65536,
   // 2 threads, Zen 4: 330-490 against 265-280 ms at 256, interleaved builds).
   constexpr int64_t kRows = 256, kCols = 512;
-  const T g = gemm_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
+  const T g = gemm_error<T>(D), g_direct = direct_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
   const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
   const bool coarse = std::is_same_v<T, float> && bf16_filter(N);
-  // The filter's bound: the bf16 GEMM's where it runs (each column passing it then gets its float32 bound).
+  // The filter's bound: the bf16 GEMM's where it runs, else the float32 GEMM's.
   const T g_filter = coarse ? bf16_gemm_error<T>(D) : g, floor_filter = coarse ? 5 * floor : floor;
   const Order order{largest};
   c10::optional<RadiusBound> radius;
@@ -224,12 +232,10 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
     const MatmulOperands<T>& op = ops[bi];
     const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
     const T* cj = col_terms[bi].template data_ptr<T>();
-    const T *ac = op.ac.template data_ptr<T>() + r0 * D, *bc = op.bc.template data_ptr<T>();
-    // The rows' scan of one tile of dots (Dot: T, or at::BFloat16 from a bf16 filter, whose passing columns get
-    // their float32 dot before they join the list).
+    const T *a = op.a.template data_ptr<T>() + r0 * D, *b = op.b.template data_ptr<T>();
+    // The rows' scan of one tile of dots (Dot: T, or at::BFloat16 from a bf16 filter).
     auto scan = [&](const auto* dots, int64_t c0, int64_t nc) {
       using Dot = std::remove_const_t<std::remove_pointer_t<decltype(dots)>>;
-      constexpr bool refine = !std::is_same_v<Dot, T>;
       for (int64_t i = 0; i < valid; ++i) {
         if (!(na[i] <= limit)) continue;  // a non-finite row: re-ranked against every column below
         Kept<T>& row = kept[i];
@@ -238,10 +244,9 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
         // The filter's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
         const V m(T(-2) * sign);
         T thr = row.bound - ci;
-        auto take = [&](int64_t j) {
-          const T d = refine ? dot_product(ac + i * D, bc + (c0 + j) * D, D) : static_cast<T>(dot[j]);
-          const T s = na[i] + nb[c0 + j], score = sign * (s - T(2) * d), err = g * s + floor;
-          row.add(score - err, score + err, c0 + j);
+        auto take = [&](int64_t j) {  // a column within the filter's bound joins with its direct d^2's bounds
+          const T d2 = squared_distance(a + i * D, b + (c0 + j) * D, D), err = g_direct * d2 + floor;
+          row.add(sign * d2 - err, sign * d2 + err, c0 + j);
           thr = row.bound - ci;
         };
         int64_t j = 0;
