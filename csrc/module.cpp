@@ -6,6 +6,7 @@
 
 #include "common/huge_pages.h"
 #include "common/op_codes.h"
+#include "distance/knn_gemm_cpu.h"
 
 TORCH_LIBRARY(fused, m) {}
 
@@ -38,8 +39,17 @@ PyObject* advise_huge_pages_py(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// knn_bf16_gemm(rows): whether the CPU k-NN search (p=2, D >= 32) runs its filter's GEMM in bfloat16 for a with
+// that many rows (distance/knn_gemm_cpu.h).
+PyObject* knn_bf16_gemm_py(PyObject*, PyObject* args) {
+  long long rows = 0;
+  if (!PyArg_ParseTuple(args, "L", &rows)) return nullptr;
+  return PyBool_FromLong(fused::distance::knn_bf16_gemm(rows));
+}
+
 PyMethodDef methods[] = {
     {"advise_huge_pages", advise_huge_pages_py, METH_VARARGS, "MADV_HUGEPAGE on the whole 2 MB pages of a CPU range"},
+    {"knn_bf16_gemm", knn_bf16_gemm_py, METH_VARARGS, "whether the CPU k-NN filter's GEMM runs in bfloat16"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

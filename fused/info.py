@@ -23,6 +23,15 @@ def kernels(op):
     return cpu, cuda, triton
 
 
+def knn_gemm():
+    """The CPU k-NN search's filter GEMM on this machine (the answer is the same either way)."""
+    if not fused._C.knn_bf16_gemm(1 << 20):
+        return "float32 (no bf16 dot products on this CPU, or FUSED_KNN_BF16=0)"
+    if fused._C.knn_bf16_gemm(1):
+        return "bfloat16 (FUSED_KNN_BF16=1)"
+    return "bfloat16 from 128 rows of a (this CPU has bf16 dot products), float32 below"
+
+
 def report() -> str:
     try:
         import triton
@@ -40,6 +49,7 @@ def report() -> str:
         f"compiled: CPU C++ yes, CUDA C++ {'yes' if cuda_built else 'no'}; Triton "
         f"{'available' if triton_version != 'not installed' else 'not available'}",
         f"GPU backend: {fused.get_backend()}",
+        f"CPU k-NN GEMM (pairwise_topk, radius_neighbors at p=2, D >= 32): {knn_gemm()}",
         "",
         f"{'op':32} {'cpu':10} {'cuda':10} {'triton':8}",
     ]

@@ -23,10 +23,23 @@ from tests.test_op_coverage import registered
 def test_info_lists_every_op_with_its_kernels():
     text = report()
     assert f"fused {fused.__version__}" in text and f"torch {torch.__version__}" in text
-    rows = {line.split()[0]: line.split()[1:] for line in text.splitlines()[7:] if line.strip()}
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines) if line.split()[:2] == ["op", "cpu"]) + 1
+    rows = {line.split()[0]: line.split()[1:] for line in lines[first:] if line.strip()}
     assert sorted(rows) == registered()  # every fused:: op but the CUDA twins (tests/test_op_coverage.py)
     for op in rows:
         assert rows[op][0] in ("C++", "composite"), op
+
+
+def test_info_reports_the_cpu_knn_gemm(monkeypatch):
+    """The k-NN filter's GEMM that this CPU runs, and FUSED_KNN_BF16 forcing either."""
+    has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    native = "bfloat16 from 128 rows" if has_bf16 else "float32 (no bf16"
+    assert f"CPU k-NN GEMM (pairwise_topk, radius_neighbors at p=2, D >= 32): {native}" in report()
+    monkeypatch.setenv("FUSED_KNN_BF16", "0")
+    assert "D >= 32): float32" in report() and not fused._C.knn_bf16_gemm(10**6)
+    monkeypatch.setenv("FUSED_KNN_BF16", "1")
+    assert "D >= 32): bfloat16 (FUSED_KNN_BF16=1)" in report() and fused._C.knn_bf16_gemm(1)
 
 
 def test_set_backend_validates_and_env_default(monkeypatch):

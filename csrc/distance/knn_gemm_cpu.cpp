@@ -44,22 +44,6 @@ template <typename T> T gemm_error(int64_t D) { return T(D + 32) * std::numeric_
 // at most FLT_MIN |y_i| + FLT_MIN a term, inside 4 times the floor on top of gemm_error's.
 template <typename T> T bf16_gemm_error(int64_t D) { return 2 * gemm_error<T>(D) + T(3.25) / 256; }
 
-// Whether the filter's GEMM runs in bfloat16, given the rows of a per batch: where the CPU has bf16 dot products
-// (AVX512_BF16, which every AMX CPU has too; elsewhere torch's bf16 GEMM is slower than its float one) and a has
-// enough rows to repay the bf16 copy of b (at 128 rows both filters take the same time on Zen 4, D = 64 to 768).
-// Either filter gives the same answer. FUSED_KNN_BF16=0 or 1 decides instead (the tests run both on every CPU).
-constexpr int64_t kBf16MinRows = 128;
-inline bool bf16_filter(int64_t rows) {
-  const char* env = std::getenv("FUSED_KNN_BF16");
-  if (env != nullptr && *env != '\0') return *env != '0';
-#if defined(__GNUC__) && defined(__x86_64__)
-  static const bool native = __builtin_cpu_supports("avx512bf16");
-  return native && rows >= kBf16MinRows;
-#else
-  return false;
-#endif
-}
-
 // A bfloat16 copy of a contiguous float tensor (rounded to nearest even).
 inline at::Tensor to_bf16(const at::Tensor& x) {
   at::Tensor y = empty_output(x.sizes(), x.options().dtype(at::kBFloat16));
@@ -177,7 +161,7 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   constexpr int64_t kRows = 256, kCols = 512;
   const T g = gemm_error<T>(D), g_direct = direct_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
   const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
-  const bool coarse = std::is_same_v<T, float> && bf16_filter(N);
+  const bool coarse = std::is_same_v<T, float> && knn_bf16_gemm(N);
   // The filter's bound: the bf16 GEMM's where it runs, else the float32 GEMM's.
   const T g_filter = coarse ? bf16_gemm_error<T>(D) : g, floor_filter = coarse ? 5 * floor : floor;
   const Order order{largest};
@@ -368,6 +352,21 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
 }
 
 }  // namespace
+
+// Whether the filter's GEMM runs in bfloat16, given the rows of a per batch: where the CPU has bf16 dot products
+// (AVX512_BF16, which every AMX CPU has too; elsewhere torch's bf16 GEMM is slower than its float one) and a has
+// enough rows to repay the bf16 copy of b (at 128 rows both filters take the same time on Zen 4, D = 64 to 768).
+// Either filter gives the same answer. FUSED_KNN_BF16=0 or 1 decides instead (the tests run both on every CPU).
+bool knn_bf16_gemm(int64_t rows) {
+  const char* env = std::getenv("FUSED_KNN_BF16");
+  if (env != nullptr && *env != '\0') return *env != '0';
+#if defined(__GNUC__) && defined(__x86_64__)
+  static const bool native = __builtin_cpu_supports("avx512bf16");
+  return native && rows >= kBf16MinRows;
+#else
+  return false;
+#endif
+}
 
 void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
                   const c10::optional<double>& radius, at::Tensor& values, at::Tensor& indices) {
