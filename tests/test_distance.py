@@ -565,12 +565,10 @@ def test_topk_large_m_without_the_matrix():
     assert (i == ri).float().mean() > 0.99  # float32 rounding may swap near-ties
 
 
-@pytest.mark.parametrize("bf16_filter", ["0", "1"])
-def test_matmul_path_copies_b_only_to_center_it(monkeypatch, bf16_filter):
+def test_matmul_path_copies_b_only_to_center_it(knn_filter):
     """The p = 2 matmul path centers the points at b's mean only where that mean is large against b's rows (points
     far from the origin); otherwise the float32 GEMM reads a and b as they are, and a call allocates far less than
     b. A bf16 filter (topk) adds one bf16 copy of the GEMM's operands, half of b."""
-    monkeypatch.setenv("FUSED_KNN_BF16", bf16_filter)
 
     def allocated_mb(a, b):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -579,7 +577,7 @@ def test_matmul_path_copies_b_only_to_center_it(monkeypatch, bf16_filter):
 
     a, b = make((8, 64), seed=97), make((20000, 64), seed=98)
     b_mb = b.numel() * b.element_size() / 2**20
-    copy_mb = b_mb / 2 if bf16_filter == "1" else 0
+    copy_mb = b_mb / 2 if knn_filter == "1" else 0
     assert copy_mb <= allocated_mb(a, b) < copy_mb + b_mb / 4
     assert allocated_mb(a + 100, b + 100) >= b_mb + copy_mb
 

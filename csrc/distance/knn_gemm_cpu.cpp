@@ -49,31 +49,10 @@ inline at::Tensor to_bf16(const at::Tensor& x) {
   at::Tensor y = empty_output(x.sizes(), x.options().dtype(at::kBFloat16));
   const float* src = x.data_ptr<float>();
   at::BFloat16* dst = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, x.numel(), 1 << 16,
-                   [&](int64_t i0, int64_t i1) { at::vec::convert(src + i0, dst + i0, i1 - i0); });
+  at::parallel_for(0, x.numel(), 1 << 16, [&](int64_t i0, int64_t i1) { store_block(src + i0, dst + i0, i1 - i0); });
   return y;
 }
 
-// |x - y|^2 over D elements from the differences (each rounded once), summed in vector lanes: within
-// (D + 2) u d^2 of the exact value, whatever the summation order (direct_error), and never the cancellation of
-// |x|^2 + |y|^2 - 2 x.y: its bound is relative to d^2, not to the norms.
-template <typename T> T squared_distance(const T* x, const T* y, int64_t D) {
-  using V = Vec<T>;
-  constexpr int64_t L = V::size();
-  V acc0(T(0)), acc1(T(0));
-  int64_t d = 0;
-  for (; d + 2 * L <= D; d += 2 * L) {
-    const V p = V::loadu(x + d) - V::loadu(y + d), q = V::loadu(x + d + L) - V::loadu(y + d + L);
-    acc0 = at::vec::fmadd(p, p, acc0);
-    acc1 = at::vec::fmadd(q, q, acc1);
-  }
-  for (; d < D; d += L) {
-    const int64_t cnt = std::min(L, D - d);
-    const V p = V::loadu(x + d, cnt) - V::loadu(y + d, cnt);  // lanes past D: 0
-    acc0 = at::vec::fmadd(p, p, acc0);
-  }
-  return at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, acc0 + acc1);
-}
 // squared_distance's relative error bound, with slack for the list's own rounding of score -+ err.
 template <typename T> T direct_error(int64_t D) { return T(D + 8) * std::numeric_limits<T>::epsilon(); }
 
@@ -114,25 +93,19 @@ template <typename T> struct Kept {
 // The exact p=2 distance (its square when squared) of two rows in double: exact differences and squares of float
 // inputs, summed in vector lanes (within radius_score's slack, as any summation order).
 template <typename T> double exact_distance(const T* a, const T* b, int64_t D, bool squared) {
-  using VD = Vec<double>;
-  constexpr int64_t C = 256, L = VD::size();
-  double diff[C];
-  VD acc0(0.0), acc1(0.0);
-  for (int64_t d0 = 0; d0 < D; d0 += C) {
-    const int64_t n = std::min(C, D - d0);
-    for (int64_t d = 0; d < n; ++d) diff[d] = static_cast<double>(a[d0 + d]) - static_cast<double>(b[d0 + d]);
-    int64_t d = 0;
-    for (; d + 2 * L <= n; d += 2 * L) {
-      const VD x = VD::loadu(diff + d), y = VD::loadu(diff + d + L);
-      acc0 = at::vec::fmadd(x, x, acc0);
-      acc1 = at::vec::fmadd(y, y, acc1);
-    }
-    for (; d < n; d += L) {
-      const VD x = VD::loadu(diff + d, std::min(L, n - d));  // lanes past n: 0
-      acc0 = at::vec::fmadd(x, x, acc0);
+  double acc = 0;
+  if constexpr (std::is_same_v<T, double>) {
+    acc = squared_distance(a, b, D);
+  } else {
+    constexpr int64_t C = 256;  // float rows converted a chunk at a time
+    double x[C], y[C];
+    for (int64_t d0 = 0; d0 < D; d0 += C) {
+      const int64_t n = std::min(C, D - d0);
+      std::copy(a + d0, a + d0 + n, x);
+      std::copy(b + d0, b + d0 + n, y);
+      acc += squared_distance(x, y, n);
     }
   }
-  const double acc = at::vec::vec_reduce_all<double>([](VD p, VD q) { return p + q; }, acc0 + acc1);
   return squared ? acc : std::sqrt(acc);
 }
 
