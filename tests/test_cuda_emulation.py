@@ -447,8 +447,8 @@ CHAINS = [
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_unary_chain_special_values_are_the_cpu_kernels(emu, dtype):
     """Signed zeros, infinities and NaN through pow(+-0.5) (eager's sqrt / rsqrt), rsqrt's derivative and clamp to a
-    NaN bound: the CPU kernel's values and gradients (which test_elementwise holds to eager's), bit for bit but for
-    NaN's payload."""
+    NaN bound: the CPU kernel's NaNs, zeros and infinities (signs included), and its finite values within 1e-6 (the
+    CPU's vector pow and the device's scalar pow may round apart)."""
     x = torch.tensor([-0.0, 0.0, -math.inf, math.inf, -1.0, 4.0, math.nan, 1e-30, -2.0], dtype=dtype)
     g = torch.ones_like(x)
     for chain in ([("pow", 0.5)], [("pow", -0.5)], ["rsqrt"], [("clamp_min", math.nan)], [("clamp_max", math.nan)]):
@@ -458,8 +458,10 @@ def test_unary_chain_special_values_are_the_cpu_kernels(emu, dtype):
         launch(emu.unary_chain, code(dtype), list(op_codes), list(scalars), buf(x), y, x.numel())
         launch(emu.unary_chain_backward, code(dtype), list(op_codes), list(scalars), buf(g), buf(x), gx, x.numel())
         for got, want in ((y, F.unary_chain(x, ops)), (gx, F.unary_chain_backward(g, x, ops))):
-            assert torch.equal(got.isnan(), want.isnan()), chain
-            assert_equal_bits(got.nan_to_num(0.0), want.nan_to_num(0.0))
+            nan, edge = want.isnan(), (want == 0) | want.isinf()
+            assert torch.equal(got.isnan(), nan), chain
+            assert torch.equal(got[edge], want[edge]) and torch.equal(got[edge].signbit(), want[edge].signbit())
+            torch.testing.assert_close(got[~nan & ~edge], want[~nan & ~edge], rtol=1e-6, atol=0)  # vector vs scalar pow
 
 
 @pytest.mark.parametrize("dtype", ALL_DTYPES)
