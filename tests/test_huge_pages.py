@@ -79,11 +79,18 @@ def outputs(rows):
 
 
 def test_outputs_of_32_mib_are_advised_and_smaller_ones_not():
-    for name, out in outputs(8192).items():
-        assert out.numel() * out.element_size() == 32 * MIB, name
-        assert advised(out), name
-    for name, out in outputs(4096).items():  # 16 MiB: glibc's heap memory, shared with other blocks
-        assert not advised(out), name
+    """In a fresh process: whether a 16 MiB block lands in memory that an earlier test's allocations left advised
+    depends on the heap's history, not on these kernels."""
+    code = (
+        "import torch, fused; from tests.test_huge_pages import advised, outputs, MIB\n"
+        "for name, out in outputs(8192).items():\n"
+        "    assert out.numel() * out.element_size() == 32 * MIB, name\n"
+        "    assert advised(out), name\n"
+        "for name, out in outputs(4096).items():  # 16 MiB: glibc's heap memory, shared with other blocks\n"
+        "    assert not advised(out), name\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
 
 
 def test_fused_huge_pages_0_turns_it_off():
