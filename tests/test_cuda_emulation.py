@@ -1287,7 +1287,8 @@ def test_adam_step_int8_state(emu, ws, case, mode):
     with float32 state of small tensors: decoded, updated and re-encoded by one warp per block, with the CPU
     kernel's formulas, so its bits for codes, scales, params, gradients written back and the fp32 state, over
     three steps (scaled, value- and norm-clipped) with an inf gradient in step 1 (a non-finite block: codes 0,
-    scale inf or NaN) and a skipped step 2 (found_inf: everything as it was)."""
+    scale inf or NaN) and a skipped step 2 (found_inf: everything as it was); exp_avg_sq's codes rounded
+    stochastically (the same dither words) but in float32 mode."""
     h = ADAM_CASES[case]
     keys = ("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if h["amsgrad"] else ())
     low = {"bfloat16": torch.bfloat16, "stochastic": torch.bfloat16, "float16 fp32 grads": torch.float16}
@@ -1309,6 +1310,8 @@ def test_adam_step_int8_state(emu, ws, case, mode):
         grads = [(torch.randn(p.shape, generator=gen) * 100).to(gdtype) for p in params0]
         if step == 1:
             grads[0][70000 - 3] = math.inf  # the last partial block of tensor 0
+        # exp_avg_sq's codes rounded stochastically (a seed above 2^63), but in float32 mode: to nearest
+        state_seed = None if mode == "float32" else torch.tensor(-(2**62) + 777 * step)
         found = float(step == 2)
         args = (1e-2, 0.9, 0.99, 1e-8, h["weight_decay"], h["amsgrad"], h["decoupled"], h["maximize"])
         clip_value = math.inf if step == 1 else 30.0  # step 1: the inf reaches the moments
@@ -1332,6 +1335,7 @@ def test_adam_step_int8_state(emu, ws, case, mode):
             cpu_m,
             sr_seed=seed,
             write_grads=True,
+            state_seed=state_seed,
             **scales(cpu_st),
         )
         emu_adam_step_(
@@ -1346,6 +1350,7 @@ def test_adam_step_int8_state(emu, ws, case, mode):
             emu_m,
             sr_seed=seed,
             write_grads=True,
+            state_seed=state_seed,
             **scales(emu_st),
         )
         for a, b in zip(emu_p + emu_g + emu_m, cpu_p + cpu_g + cpu_m):

@@ -161,7 +161,10 @@ def test_master_weights_distributed(mode):
 def int8_worker(rank, mode):
     """int8 Adam state under DDP / FSDP2: each rank quantizes its own shard (blocks never straddle shards; here the
     shards are whole blocks), and the parameters equal one process's stepping fused.optim.AdamW(state_dtype="int8")
-    on the same full gradients."""
+    on the same full gradients under the same seeds. exp_avg_sq's codes round stochastically by each element's
+    index in the tensor the kernel sees: under FSDP2 that is the shard, so the first shard (whose indices are the
+    full tensor's) keeps the single process's bits, and the others draw other dithers, which move their parameters
+    by a fraction of a step (measured after 3 steps: median 1e-3 lr, at most 0.08 lr)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 128), nn.Tanh(), nn.Linear(128, 64), nn.Tanh(), nn.Linear(64, 4))
     start = [p.detach().clone() for p in model.parameters()]
@@ -174,6 +177,7 @@ def int8_worker(rank, mode):
         x, y = batch(step, rank)
         loss_fn(model, x, y).backward()
         seen.append([full(p.grad).clone() for p in model.parameters()])
+        torch.manual_seed(100 + step)  # the stochastic rounding's seed, the same on every rank and in the reference
         opt.step()
     big = list(model.parameters())[2]  # 64 x 128: quantized, 4096 elements per FSDP2 shard
     codes = opt.state[big]["exp_avg"]
@@ -182,12 +186,18 @@ def int8_worker(rank, mode):
     assert opt.state[big]["exp_avg_scale"].numel() == -(-local_codes.numel() // 256)
     ref_params = [p.clone().requires_grad_() for p in start]
     ref = fused.optim.AdamW(ref_params, **hyper)
-    for grads in seen:
+    for step, grads in enumerate(seen):
         for p, g in zip(ref_params, grads):
             p.grad = g
+        torch.manual_seed(100 + step)
         ref.step()
     for p, q in zip(model.parameters(), ref_params):
-        torch.testing.assert_close(full(p.detach()), q.detach(), rtol=1e-5, atol=1e-6)
+        ours, q = full(p.detach()), q.detach()
+        first = ours.shape[0] if mode == "ddp" else -(-ours.shape[0] // WORLD)  # the rows of the first shard
+        torch.testing.assert_close(ours[:first], q[:first], rtol=1e-5, atol=1e-6)
+        if first < ours.shape[0]:
+            diff = (ours[first:] - q[first:]).abs()
+            assert diff.median() <= 1e-2 * hyper["lr"] and diff.max() <= 0.3 * hyper["lr"], (diff.median(), diff.max())
 
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp2"])

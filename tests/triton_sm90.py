@@ -222,8 +222,9 @@ def logprob():
 
 
 def optim():
-    """adam_step_: 8-bit state (amsgrad, value clipping, loss scale), bf16 params rounded stochastically, master
-    weights, bf16 state rounded stochastically, float64 params with their own state."""
+    """adam_step_: 8-bit state (amsgrad, value clipping, loss scale; exp_avg_sq's codes rounded stochastically),
+    bf16 params rounded stochastically, master weights, bf16 state rounded stochastically, float64 params with their
+    own state."""
     from fused.optim import quantize
     from fused.optim import triton_kernels as tk
 
@@ -241,6 +242,7 @@ def optim():
         )  # fmt: skip
 
     step(torch.float32, True, amsgrad=True)
+    step(torch.float32, True, state_seed=torch.tensor(11))  # exp_avg_sq's codes rounded stochastically
     step(torch.float32, False, amsgrad=True, state_seed=torch.tensor(9))
     step(torch.bfloat16, True, seed=torch.tensor(7))
     step(torch.bfloat16, True, master=True)

@@ -334,8 +334,11 @@ template <typename T> void store_any(const T* src, const Operand& o, int64_t off
       return store_bf16_stochastic(src, t.data_ptr<at::BFloat16>() + offset, offset, n, o.rnd.key, o.rnd.half_words);
     if (t.scalar_type() == at::kChar)
       return quantize(src, t.data_ptr<int8_t>(), o.scales->data_ptr<float>(), offset, n);
-    if (t.scalar_type() == at::kByte)
-      return quantize(src, t.data_ptr<uint8_t>(), o.scales->data_ptr<float>(), offset, n);
+    if (t.scalar_type() == at::kByte) {
+      DitherWords dither(o.rnd.key);
+      return quantize(src, t.data_ptr<uint8_t>(), o.scales->data_ptr<float>(), offset, n,
+                      o.rnd.stochastic ? &dither : nullptr);
+    }
   }
   FUSED_DISPATCH_FLOATING(t.scalar_type(), "optim_store",
                           [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
@@ -471,13 +474,14 @@ template <typename T> struct AdamMath {
 // parameter and gradient of those elements, one quantization block at a time. Each vector of a block decodes m
 // and sqrt(v), updates them and the parameter, and leaves the new moments in L1 until the block's scales (their
 // max) are known; then they are encoded. AdamMath's arithmetic, as in the float loops.
+// v_dither: the stochastic rounding of exp_avg_sq's codes (null: to nearest).
 // kPlain: the gradient is taken as it is (no loss scale, clipping, maximize or write-back: their factors are
 // exactly 1), two multiplies a vector fewer in a loop that the multiply ports bound. Out of line, so that the loop
 // gets registers of its own rather than the caller's spills.
 template <bool kPlain>
 C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back, float* p,
                              float* g, const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
-                             const at::Tensor& v_scales, int64_t offset, int64_t len) {
+                             const at::Tensor& v_scales, int64_t offset, int64_t len, DitherWords* v_dither) {
   using V = FloatVec;
   int8_t* const m_code0 = m_codes.data_ptr<int8_t>() + offset;
   uint8_t* const v_code0 = v_codes.data_ptr<uint8_t>() + offset;
@@ -515,7 +519,7 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
       root_max = max_magnitude(root_max, root);
     });
     encode_block(m_new, mq, *m_scale = block_scale(m_max), n);
-    encode_block(root_new, vq, *v_scale = block_scale(root_max), n);
+    encode_block(root_new, vq, *v_scale = block_scale(root_max), n, v_dither ? v_dither->block(offset + q) : nullptr);
   }
 }
 
@@ -563,9 +567,13 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     const bool v_root = exp_avg_sqs[t].scalar_type() == at::kByte;
     // 8-bit moments without amsgrad: decoded and encoded by the update itself (adam_codes below), not buffered
     const bool codes = exp_avgs[t].scalar_type() == at::kChar && v_root && !amsgrad;
+    // stochastic rounding where a seed is given: bf16 state, and exp_avg_sq's codes (not exp_avg's, whose moves of
+    // (1 - beta1) of the gradient are not lost to rounding, nor max_exp_avg_sq's, a max rather than an average)
+    const bool max_codes = amsgrad && max_exp_avg_sqs[t].scalar_type() == at::kByte;
     auto state = [&](int k, at::TensorList ts, at::TensorList scales) {
       if (codes && k < 3) return Operand{};
-      return Operand{&ts[t], true, rounding_for(state_key, t, k), scales.empty() ? nullptr : &scales[t]};
+      return Operand{&ts[t], true, k == 3 && max_codes ? Rounding{} : rounding_for(state_key, t, k),
+                     scales.empty() ? nullptr : &scales[t]};
     };
     run_chunk<5>(
         {Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
@@ -583,8 +591,11 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
           if constexpr (std::is_same_v<T, float>) {
             if (codes) {
               const bool plain_grad = tr.identity() && !s->write_back;
+              std::optional<DitherWords> v_dither;
+              if (state_key) v_dither.emplace(rounding_key(*state_key, t, 2));
               (plain_grad ? adam_codes<true> : adam_codes<false>)(math, tr, s->write_back, b[0], b[1], exp_avgs[t],
-                                                                  m_scales[t], exp_avg_sqs[t], v_scales[t], off, len);
+                                                                  m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
+                                                                  v_dither ? &*v_dither : nullptr);
               return;
             }
           }

@@ -275,13 +275,14 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
   check_state_list(op, "exp_avgs", exp_avgs, params, at::kChar, m_scales);
   check_state_list(op, "exp_avg_sqs", exp_avg_sqs, params, at::kByte, v_scales);
   if (amsgrad) check_state_list(op, "max_exp_avg_sqs", max_exp_avg_sqs, params, at::kByte, max_scales);
-  bool any_codes = false, any_bf16 = false;
+  bool any_codes = false, any_bf16 = false, any_bf16_moments = false;
   for (size_t i = 0; i < params.size(); ++i) {
     // the kernel reads every state tensor of a param as one type: 8-bit codes (int8 exp_avg, uint8 others),
     // bf16, or the param's dtype (float32 for 16-bit params)
     const bool codes = exp_avgs[i].scalar_type() == at::kChar, bf16 = exp_avgs[i].scalar_type() == at::kBFloat16;
     any_codes |= codes;
     any_bf16 |= bf16 && params[i].scalar_type() != at::kBFloat16;
+    any_bf16_moments |= bf16;
     if (!codes && !bf16) {
       check_alongside(op, "exp_avgs", i, exp_avgs[i], params[i]);
       check_alongside(op, "exp_avg_sqs", i, exp_avg_sqs[i], params[i]);
@@ -293,8 +294,9 @@ void adam_step_cuda(at::TensorList params, at::TensorList grads, at::TensorList 
                 " must have one dtype, or be int8 and uint8 codes (8-bit state)");
   }
   const auto state_key = seed_value(op, state_seed, "state_seed");
-  TORCH_CHECK(!any_codes || !(any_bf16 || state_key), "fused.", op,
-              ": 8-bit state and stochastically rounded bf16 state in one call; step them in separate calls");
+  // one kernel instance has either path: the 8-bit one rounds only exp_avg_sq's codes stochastically
+  TORCH_CHECK(!any_codes || !(any_bf16 || (state_key && any_bf16_moments)), "fused.", op,
+              ": 8-bit state and bf16 state in one call; step them in separate calls");
   check_steps(op, steps, params.size(), device);
   const auto rows = hyper_rows<5>(op, hyper, params.size(), {lr, beta1, beta2, eps, weight_decay});
   for (const auto& h : rows) check_adam_hyper(op, h);

@@ -474,12 +474,23 @@ __device__ __forceinline__ void decode4(const C* q, float scale, int64_t i, int6
 // max that keeps NaN, as at::vec::maximum in quantize_cpu.h's block max
 __device__ __forceinline__ float nan_max(float a, float b) { return a != a ? a : b != b ? b : a > b ? a : b; }
 
+// quantize_cpu.h's dithered_code: the uint8 code of t = sqrt(sqrt(v) / u) * 255 for a dither d in (0, 1), rounded
+// up with the probability that keeps the decoded v unbiased (to nearest below 1). The same steps, no contraction.
+__device__ __forceinline__ float dithered_code(float t, float d) {
+  const float c = floorf(t), c2 = c * c, c4 = c2 * c2, next = c + 1.f, next2 = next * next, t2 = t * t;
+  const float gap = fmaf(next2, next2, -c4), above = fmaf(t2, t2, -c4);
+  const float dither = c == 0.f ? 0.0625f : d;
+  return dither * gap < above ? next : c;
+}
+
 // Encodes element i..i+3 (x; those past end are not part of the block) into their codes; the first thread of the
 // block's two warps stores its scale. Every thread of the CUDA block calls it (it has barriers); exchange: shared
-// scratch of one float per warp.
+// scratch of one float per warp. dither (uint8 codes only): rounded stochastically with the words dither_word(key,
+// i / 2) and dither_word(key, i / 2 + 1), element i + k taking half k % 2 of word k / 2, the high half for even k
+// (the CPU kernel's DitherWords and dither_lanes).
 template <typename C>
 __device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, int64_t i, int64_t end, bool aligned,
-                                        float* exchange) {
+                                        float* exchange, bool dither = false, uint64_t key = 0) {
   float mag[4], a = 0.f;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
@@ -498,10 +509,20 @@ __device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, in
   // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
   const bool by_inverse = inv <= __FLT_MAX__;
+  uint32_t words[2] = {0, 0};
+  if (!std::is_signed_v<C> && dither)
+    for (int w = 0; w < 2; ++w) words[w] = dither_word(key, uint64_t(i) / 2 + w);
   Codes4<C> c;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
-    const float r = rintf(sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>);
+    const float t = sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>;
+    float r;
+    if (!std::is_signed_v<C> && dither) {
+      const uint32_t h = k % 2 == 0 ? words[k / 2] >> 16 : words[k / 2] & 0xFFFFu;
+      r = dithered_code(t, float(2 * h + 1) * 0x1p-17f);
+    } else {
+      r = rintf(t);
+    }
     const float code = usable ? r : 0.f;
     c.v[k] = C(std::is_signed_v<C> && x[k] < 0.f ? -code : code);
   }
@@ -540,7 +561,8 @@ __device__ __forceinline__ void adam_codes_chunk(const TensorLists& L, const Chu
     u.store_params(i, r.end, r.aligned, p, a.stochastic);
     if (s.write_back) store4(u.grad, i, r.end, r.aligned, g);
     encode4(m, qm, sm + blk, i, r.end, r.aligned, exchange);
-    encode4(v, qv, sv + blk, i, r.end, r.aligned, exchange);
+    // exp_avg_sq's codes rounded stochastically where a state seed is given (quantize_cpu.h), the others to nearest
+    encode4(v, qv, sv + blk, i, r.end, r.aligned, exchange, a.state_stochastic, rounding_key(a.state_seed, r.t, 2));
     if (a.amsgrad) encode4(vmax, qx, sx + blk, i, r.end, r.aligned, exchange);
   }
 }

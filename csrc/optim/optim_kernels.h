@@ -181,9 +181,9 @@ struct AdamArgs {
   bool stochastic;
   uint64_t sr_seed;
   bool write_grads;
-  bool codes;             // some tensor has kInt8State (then none has kBF16State, and no state_stochastic)
+  bool codes;             // some tensor has kInt8State (then no bf16 moments, but for bf16 params without a seed)
   bool bf16_state;        // some tensor has kBF16State
-  bool state_stochastic;  // bf16 moments rounded stochastically with state_seed
+  bool state_stochastic;  // bf16 moments, or exp_avg_sq's 8-bit codes, rounded stochastically with state_seed
   uint64_t state_seed;
 };
 // lists: params, grads, exp_avgs, exp_avg_sqs[, max_exp_avg_sqs][, their scales in the same order, where some

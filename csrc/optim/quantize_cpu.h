@@ -6,12 +6,18 @@
 // Coding sqrt(v) rather than v halves its exponent range (so a small v is not coded to 0 while its m is not, which
 // would make the update m / eps), and the update needs sqrt(v) anyway. Encoding rounds q to nearest (even) in the
 // square-root domain: |m' - m| <= a (2 r + 1/254) / 254 with r = sqrt(|m| / a), and the same for sqrt(v) with 255.
+// The update writes exp_avg_sq's codes rounded stochastically instead (dithered_code): v moves by (1 - beta2) of
+// itself a step, far less than a code step where the block's scale is high, so round to nearest would return the
+// same code every step and v would stay where it was (after one gradient spike, for the thousands of steps beta2
+// takes to forget it); rounded up with the right probability, v follows Adam's average in expectation.
 // A block whose scale is 0, inf or NaN stores codes 0 and that scale: all-zero blocks decode to 0, non-finite
 // ones to NaN. quantize()/dequantize() exchange the coded value: exp_avg itself, and for exp_avg_sq its square
 // root, which the update divides by anyway (so the root is taken once per step, in the update). fused/optim/quantize.py
 // computes the same bits in torch (state dict loading, dequantize_state).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
+
+#include "optim/rounding_keys.h"
 
 #include <algorithm>
 #include <cmath>
@@ -94,10 +100,47 @@ inline float block_scale(FloatVec running_max) {
   return a;
 }
 
+// The dither of elements e.. e + FloatVec::size() - 1 of a block (e even): (2 h + 1) / 2^17 in (0, 1), h the 16-bit
+// half e % 2 of words[e / 2], the high half for even e.
+inline FloatVec dither_lanes(const uint32_t* words, int64_t e) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2));
+  const __m512i h = _mm512_cvtepu16_epi32(_mm256_or_si256(_mm256_srli_epi32(w, 16), _mm256_slli_epi32(w, 16)));
+  const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(h, h), _mm512_set1_epi32(1)));
+  return _mm512_mul_ps(odd, _mm512_set1_ps(0x1p-17f));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words + e / 2));
+  const __m256i h = _mm256_cvtepu16_epi32(_mm_or_si128(_mm_srli_epi32(w, 16), _mm_slli_epi32(w, 16)));
+  const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(h, h), _mm256_set1_epi32(1)));
+  return _mm256_mul_ps(odd, _mm256_set1_ps(0x1p-17f));
+#else
+  alignas(64) float u[FloatVec::size()];
+  for (int64_t l = 0; l < FloatVec::size(); ++l) {
+    const uint32_t word = words[(e + l) / 2], h = (e + l) % 2 ? word & 0xFFFFu : word >> 16;
+    u[l] = float(2 * h + 1) * 0x1p-17f;
+  }
+  return FloatVec::loadu(u);
+#endif
+}
+
+// The uint8 code of t = sqrt(sqrt(v) / u) * 255 in [0, 255] (u the block's max sqrt(v)) for a dither d in (0, 1):
+// c = floor(t), rounded up when d ((c + 1)^4 - c^4) < t^4 - c^4, so that the decoded v = (code / 255)^4 u^2 is v
+// on average. t < 1 takes d = 1/16 (up when t > 1/2: round to nearest, ties to even), so that no v that round to
+// nearest codes nonzero is coded 0 (the update would divide m by eps alone). The CUDA and Triton kernels take the
+// same steps (no product left to contract into an fma).
+inline FloatVec dithered_code(FloatVec t, FloatVec d) {
+  using V = FloatVec;
+  const V c = t.floor(), c2 = c * c, c4 = c2 * c2, next = c + V(1.f), next2 = next * next, t2 = t * t;
+  const V gap = at::vec::fmsub(next2, next2, c4), above = at::vec::fmsub(t2, t2, c4);
+  const V dither = V::blendv(d, V(0.0625f), c == V(0.f));
+  return V::blendv(c, next, dither * gap < above);
+}
+
 // Codes of one block of n <= 256 coded values x (exp_avg, or sqrt(exp_avg_sq)) under scale a (block_scale):
 // round(sqrt(|x| / a) * levels), signed like x for int8 (levels 127), as it is for uint8 (levels 255, x >= 0);
-// all 0 when a is 0, inf or NaN.
-template <typename code_t> inline void encode_block(const float* x, code_t* q, float a, int64_t n) {
+// all 0 when a is 0, inf or NaN. With dither words (uint8 only; 128 words, dither_lanes' layout): dithered_code.
+template <typename code_t>
+inline void encode_block(const float* x, code_t* q, float a, int64_t n, const uint32_t* words = nullptr) {
   using V = FloatVec;
   constexpr bool kSigned = std::is_signed_v<code_t>;
   constexpr int64_t kLanes = V::size();
@@ -109,20 +152,26 @@ template <typename code_t> inline void encode_block(const float* x, code_t* q, f
   const float inv = 1.f / a;
   const bool by_inverse = inv <= std::numeric_limits<float>::max();
   const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f), sign_bit(-0.f);
-  auto code_of = [&](const V v) {
+  // the code of elements e.. of the block
+  auto code_of = [&](const V v, int64_t e) {
     const V mag = kSigned ? v.abs() : v;
-    const V code = ((by_inverse ? mag * vinv : mag / va).sqrt() * levels).round();
+    const V t = (by_inverse ? mag * vinv : mag / va).sqrt() * levels;
+    if constexpr (!kSigned) {
+      if (words) return dithered_code(t, dither_lanes(words, e));
+    }
+    const V code = t.round();
     return kSigned ? code | (v & sign_bit) : code;  // -0 codes as 0
   };
   int64_t i = 0;
   for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    const V codes[4] = {code_of(V::loadu(x + i)), code_of(V::loadu(x + i + kLanes)),
-                        code_of(V::loadu(x + i + 2 * kLanes)), code_of(V::loadu(x + i + 3 * kLanes))};
+    const V codes[4] = {code_of(V::loadu(x + i), i), code_of(V::loadu(x + i + kLanes), i + kLanes),
+                        code_of(V::loadu(x + i + 2 * kLanes), i + 2 * kLanes),
+                        code_of(V::loadu(x + i + 3 * kLanes), i + 3 * kLanes)};
     store_codes4(codes, q + i);
   }
   for (; i < n; i += kLanes) {
     const int64_t cnt = std::min(kLanes, n - i);
-    const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt));
+    const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt), i);
     if (cnt == kLanes) store_codes(code, q + i);
     else {
       code_t tail[kLanes];
@@ -132,8 +181,39 @@ template <typename code_t> inline void encode_block(const float* x, code_t* q, f
   }
 }
 
-// Codes and scale of one block of n <= 256 coded values.
-template <typename code_t> inline void quantize_block(const float* x, code_t* q, float* scale, int64_t n) {
+// The dither words of a tensor's blocks (dither_word under its key): words[w] = dither_word(key, j0 + w) for the
+// 128 words of the block from element 2 j0 (a multiple of 256). Eight words a vector with AVX2 or AVX-512.
+class DitherWords {
+ public:
+  explicit DitherWords(uint64_t key) : key_(key) {}
+  const uint32_t* block(int64_t e0) {
+    const uint64_t j0 = uint64_t(e0) / 2;  // 128 words never straddle a multiple of 2^32
+#if (defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)) || (defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__))
+    const __m256i base = _mm256_set1_epi32(int(uint32_t(key_) + uint32_t(j0 >> 32) * kDitherHighStep));
+    const __m256i high = _mm256_set1_epi32(int(uint32_t(key_ >> 32)));
+    const __m256i m1 = _mm256_set1_epi32(0x7FEB352D), m2 = _mm256_set1_epi32(int(0x846CA68Bu));
+    __m256i j = _mm256_add_epi32(_mm256_set1_epi32(int(uint32_t(j0))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int w = 0; w < 128; w += 8, j = _mm256_add_epi32(j, _mm256_set1_epi32(8))) {
+      __m256i x = _mm256_add_epi32(j, base);
+      x = _mm256_mullo_epi32(_mm256_xor_si256(x, _mm256_srli_epi32(x, 16)), m1);
+      x = _mm256_xor_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 15)), high);
+      x = _mm256_mullo_epi32(x, m2);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(words_ + w), _mm256_xor_si256(x, _mm256_srli_epi32(x, 16)));
+    }
+#else
+    for (int w = 0; w < 128; ++w) words_[w] = dither_word(key_, j0 + w);
+#endif
+    return words_;
+  }
+
+ private:
+  uint64_t key_;
+  alignas(64) uint32_t words_[128];
+};
+
+// Codes and scale of one block of n <= 256 coded values (dither words: see encode_block).
+template <typename code_t>
+inline void quantize_block(const float* x, code_t* q, float* scale, int64_t n, const uint32_t* words = nullptr) {
   using V = FloatVec;
   V vmax(0.f);
   for (int64_t i = 0; i < n; i += V::size()) {
@@ -141,7 +221,7 @@ template <typename code_t> inline void quantize_block(const float* x, code_t* q,
     vmax = max_magnitude(vmax, v);
   }
   *scale = block_scale(vmax);
-  encode_block(x, q, *scale, n);
+  encode_block(x, q, *scale, n, words);
 }
 
 // cnt <= FloatVec::size() codes as floats (those past cnt: 0).
@@ -181,10 +261,13 @@ inline void dequantize(const code_t* codes, const float* scales, int64_t offset,
   for (int64_t b = 0; b < n; b += kQuantBlock)
     dequantize_block(codes + offset + b, scales[(offset + b) / kQuantBlock], x + b, std::min(kQuantBlock, n - b));
 }
+// dither: the DitherWords of the tensor's stochastic rounding (uint8 only), or null to round to nearest.
 template <typename code_t>
-inline void quantize(const float* x, code_t* codes, float* scales, int64_t offset, int64_t n) {
+inline void quantize(const float* x, code_t* codes, float* scales, int64_t offset, int64_t n,
+                     DitherWords* dither = nullptr) {
   for (int64_t b = 0; b < n; b += kQuantBlock)
-    quantize_block(x + b, codes + offset + b, scales + (offset + b) / kQuantBlock, std::min(kQuantBlock, n - b));
+    quantize_block(x + b, codes + offset + b, scales + (offset + b) / kQuantBlock, std::min(kQuantBlock, n - b),
+                   dither ? dither->block(offset + b) : nullptr);
 }
 
 }  // namespace fused

@@ -1,7 +1,7 @@
 // The Philox keys of the optimizers' stochastic rounding (csrc/common/philox.h), the same on every backend (the
 // Triton kernels' tensor_key and state_key spell them in int64): tensor t's parameter takes seed + t * kTensorKeyStep,
 // its k-th state tensor (k = 1: exp_avg, 2: exp_avg_sq, 3: max_exp_avg_sq) state_seed + t * kTensorKeyStep +
-// k * kStateKeyStep, all mod 2^64.
+// k * kStateKeyStep, all mod 2^64. dither_word: the random bits of exp_avg_sq's 8-bit codes.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +14,21 @@ constexpr uint64_t kStateKeyStep = 0xD1B54A32D192ED03ull;
 
 FUSED_HD uint64_t rounding_key(uint64_t seed, int64_t tensor, int k = 0) {
   return seed + uint64_t(tensor) * kTensorKeyStep + uint64_t(k) * kStateKeyStep;
+}
+
+// The dither of exp_avg_sq's 8-bit codes (quantize_cpu.h) under a tensor's key: word j serves elements 2j (its high
+// half) and 2j + 1 (its low half). Wellons' lowbias32 hash of j plus the key's low half, the high half xored in
+// midway: a bijection of that sum, so over random keys each element's word is uniform, and neighbours' words are
+// unrelated. A few integer ops a word where Philox takes ten rounds of multiplies.
+constexpr uint32_t kDitherHighStep = 0x9E3779B9u;
+FUSED_HD uint32_t dither_word(uint64_t key, uint64_t j) {
+  uint32_t x = uint32_t(j) + (uint32_t(key) + uint32_t(j >> 32) * kDitherHighStep);
+  x ^= x >> 16;
+  x *= 0x7FEB352Du;
+  x ^= x >> 15;
+  x ^= uint32_t(key >> 32);
+  x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
 }
 
 }  // namespace fused

@@ -512,8 +512,10 @@ class Adam(_FusedOptimizer):
     """torch.optim.Adam's drop-in (see the module docstring), plus state_dtype: None keeps the moments as torch
     does (fp32, or the master's dtype); torch.bfloat16 keeps them in bf16, rounded stochastically on every write;
     "int8" keeps each tensor's moments of 4096 elements or more blockwise-quantized (fused.optim.quantize): codes
-    under the state's own keys, an fp32 scale per 256 elements under "<key>_scale". float64 parameters keep
-    float64 state. Both low-bit forms run on every backend (CPU, CUDA C++, Triton) with the same bits."""
+    under the state's own keys, an fp32 scale per 256 elements under "<key>_scale", exp_avg_sq's codes rounded
+    stochastically by the step (so that small increments are not lost). Both low-bit forms draw their rounding
+    seed from torch's generator each step. float64 parameters keep float64 state. Both low-bit forms run on every
+    backend (CPU, CUDA C++, Triton) with the same bits."""
 
     _decoupled = False
 
@@ -618,7 +620,8 @@ class Adam(_FusedOptimizer):
         return (*lists, [state["step"] for state in states])
 
     def _state_options(self, params):
-        """The scales of 8-bit moments (an empty stand-in for other tensors) and the seed of bf16 ones."""
+        """The scales of 8-bit moments (an empty stand-in for other tensors) and the seed of the stochastic rounding
+        of low-bit ones."""
         kinds = [self._state_kind(p) for p in params]
         options = {}
         if "int8" in kinds:
@@ -627,7 +630,7 @@ class Adam(_FusedOptimizer):
                 if key in self.state[params[0]]:
                     scales = [self.state[p].get(key + "_scale", empty) for p in params]
                     options[key + "_scales"] = [local(s) for s in scales]
-        if torch.bfloat16 in kinds:
+        if torch.bfloat16 in kinds or "int8" in kinds:  # bf16 moments and exp_avg_sq's codes round stochastically
             options["state_seed"] = self._fresh_seed()
         return options
 

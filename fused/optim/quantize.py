@@ -4,7 +4,9 @@ optimizer and for reading 8-bit state back as float (dequantize_state).
 
 Blocks of BLOCK elements in the tensor's memory order, one float32 scale each:
   exp_avg (int8):                    m = sign(q) * (q / 127)^2 * scale,   scale = max |m| of the block
-  exp_avg_sq, max_exp_avg_sq (uint8): sqrt(v) = (q / 255)^2 * scale,     scale = max sqrt(v) of the block"""
+  exp_avg_sq, max_exp_avg_sq (uint8): sqrt(v) = (q / 255)^2 * scale,     scale = max sqrt(v) of the block
+Codes round to nearest here; the step rounds exp_avg_sq's codes stochastically, which encode_ also writes when
+given the tensor's dither key (csrc/optim/quantize_cpu.h's dithered_code, rounding_keys.h's dither_word)."""
 
 import torch
 
@@ -30,9 +32,46 @@ def _sqrt(x):
     return x.double().sqrt().float()
 
 
-def encode_(codes, scales, values, rows_per_chunk=16384):
+M32 = 0xFFFFFFFF
+
+
+def _mul32(x, c):
+    """x * c mod 2^32 for x in [0, 2^32) (int64) and a 32-bit constant c, without overflowing int64."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & M32
+
+
+def dither_words(key, j):
+    """rounding_keys.h's dither_word(key, j) for word indices j (int64 tensor), as int64 in [0, 2^32)."""
+    x = ((j & M32) + (((key & M32) + _mul32(j >> 32, 0x9E3779B9)) & M32)) & M32
+    x = _mul32(x ^ (x >> 16), 0x7FEB352D)
+    x = _mul32(x ^ (x >> 15) ^ ((key >> 32) & M32), 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def _fma_f32(a, b, c):
+    """fma(a, b, c) of float32 tensors rounded once: in float64 the products of these codes' floats (< 2^33, 24-bit
+    significands) and the sum are exact."""
+    return (a.double() * b.double() + c.double()).float()
+
+
+def _dithered_codes(t, first, dither_key):
+    """quantize_cpu.h's dithered_code of t (float32 [rows, BLOCK]; element index first + flat position)."""
+    i = first + torch.arange(t.numel(), device=t.device).view(t.shape)
+    word = dither_words(dither_key, i // 2)
+    half = torch.where(i % 2 == 0, word >> 16, word & 0xFFFF)
+    d = (2 * half + 1).float() * 2.0**-17
+    c = t.floor()
+    c4 = (c * c) * (c * c)
+    nxt2 = (c + 1) * (c + 1)
+    gap, above = _fma_f32(nxt2, nxt2, -c4), _fma_f32(t * t, t * t, -c4)
+    d = torch.where(c == 0, 0.0625, d)
+    return torch.where(d * gap < above, c + 1, c)
+
+
+def encode_(codes, scales, values, rows_per_chunk=16384, dither_key=None):
     """Writes codes (int8 or uint8, as the kernel would) and scales of `values` (float, shaped like codes), in chunks
-    of rows_per_chunk blocks (the float64 roots stay small)."""
+    of rows_per_chunk blocks (the float64 roots stay small). dither_key (uint8 codes: the step's exp_avg_sq key,
+    rounding_key(state_seed, tensor, 2) mod 2^64): rounded stochastically as the step rounds them."""
     x = torch.empty_like(codes, dtype=torch.float32).copy_(values)
     n, blocks = codes.numel(), scales.numel()
     padded = torch.zeros(blocks * BLOCK, dtype=torch.float32, device=codes.device)
@@ -41,19 +80,22 @@ def encode_(codes, scales, values, rows_per_chunk=16384):
     q = torch.empty_like(padded)
     for r0 in range(0, blocks, rows_per_chunk):
         rows = padded[r0 : r0 + rows_per_chunk]
-        q[r0 : r0 + rows_per_chunk], scales[r0 : r0 + rows_per_chunk] = _encode_rows(rows, codes.dtype)
+        q[r0 : r0 + rows_per_chunk], scales[r0 : r0 + rows_per_chunk] = _encode_rows(
+            rows, codes.dtype, r0 * BLOCK, dither_key
+        )
     _flat(codes).copy_(q.flatten()[:n].to(codes.dtype))
 
 
-def _encode_rows(rows, dtype):
-    """The codes (as float) and scales of whole blocks, one a row."""
+def _encode_rows(rows, dtype, first=0, dither_key=None):
+    """The codes (as float) and scales of whole blocks, one a row (the first from element `first`)."""
     signed = dtype == torch.int8
     mag = rows.abs() if signed else _sqrt(rows)
     scale = mag.amax(dim=1)  # NaN propagates, as in the kernel
     usable = (scale > 0) & (scale <= torch.finfo(torch.float32).max)
     inv = 1.0 / scale[:, None]  # mag / scale as mag * (1 / scale), but for a denormal scale (inverse inf)
     ratio = torch.where(torch.isinf(inv), mag / scale[:, None], mag * inv)
-    q = torch.round(_sqrt(ratio) * LEVELS[dtype])
+    t = _sqrt(ratio) * LEVELS[dtype]
+    q = torch.round(t) if dither_key is None else _dithered_codes(t, first, dither_key)
     q = torch.where(usable[:, None], q, 0.0)
     if signed:
         q = torch.where(rows < 0, -q, q)

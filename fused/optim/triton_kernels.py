@@ -34,6 +34,8 @@ def _int64_bits(x):
     return x - 2**64 if x >= 2**63 else x
 
 
+# dither_word's constants (csrc/optim/rounding_keys.h)
+DITHER_HIGH_STEP, DITHER_MUL_1, DITHER_MUL_2 = (tl.constexpr(k) for k in (0x9E3779B9, 0x7FEB352D, 0x846CA68B))
 EXP_AVG_KEY, EXP_AVG_SQ_KEY, MAX_EXP_AVG_SQ_KEY = (tl.constexpr(_int64_bits(k * 0xD1B54A32D192ED03)) for k in (1, 2, 3))
 
 
@@ -57,8 +59,37 @@ def _decode(q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr):
 
 
 @triton.jit
-def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr):
-    """Stores x's codes and each row's scale (its max |x|, or max sqrt(x) unsigned; NaN if any is NaN)."""
+def _dither_word(key, j):
+    """csrc/optim/rounding_keys.h's dither_word: the hash of word j (int64, per element) under key (int64 bits)."""
+    key_lo = (key & 0xFFFFFFFF).to(tl.uint32)
+    key_hi = ((key >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    x = (j & 0xFFFFFFFF).to(tl.uint32) + (key_lo + ((j >> 32) & 0xFFFFFFFF).to(tl.uint32) * DITHER_HIGH_STEP)
+    x = (x ^ (x >> 16)) * DITHER_MUL_1
+    x = (x ^ (x >> 15) ^ key_hi) * DITHER_MUL_2
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _dithered_code(t, d):
+    """csrc/optim/quantize_cpu.h's dithered_code: t's uint8 code, rounded up with the probability that keeps the
+    decoded v unbiased (to nearest below 1); the same steps (tl.fma where it takes fmas)."""
+    c = tl.floor(t)
+    c2 = c * c
+    c4 = c2 * c2
+    nxt = c + 1.0
+    nxt2 = nxt * nxt
+    t2 = t * t
+    gap = tl.fma(nxt2, nxt2, -c4)
+    above = tl.fma(t2, t2, -c4)
+    dither = tl.where(c == 0.0, 0.0625, d)
+    return tl.where(dither * gap < above, nxt, c)
+
+
+@triton.jit
+def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr, key, DITHER: tl.constexpr):
+    """Stores x's codes and each row's scale (its max |x|, or max sqrt(x) unsigned; NaN if any is NaN). DITHER
+    (unsigned only): rounded stochastically, element i taking half i % 2 of _dither_word(key, i / 2), the high half
+    for even i."""
     levels: tl.constexpr = 127.0 if SIGNED else 255.0
     if SIGNED:
         mag = tl.abs(x)
@@ -73,7 +104,14 @@ def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexp
     inv = div(tl.full(a.shape, 1.0, tl.float32), a)
     # mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
     ratio = tl.where((inv <= FLT_MAX)[:, None], mag * inv[:, None], div(mag, a[:, None]))
-    q = tl.where(usable[:, None], _rne_small(sqrt(ratio) * levels), 0.0)
+    t = sqrt(ratio) * levels
+    if DITHER:
+        word = _dither_word(key, offs // 2)
+        half = tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF)
+        q = _dithered_code(t, (2 * half + 1).to(tl.float32) * 7.62939453125e-06)  # (2 h + 1) / 2^17
+    else:
+        q = _rne_small(t)
+    q = tl.where(usable[:, None], q, 0.0)
     if SIGNED:
         tl.store(q_ptr + offs, tl.where(x < 0.0, -q, q).to(tl.int8), mask=mask)
     else:
@@ -108,11 +146,12 @@ def _store_bf16_rounded_up(x, ptr, offs, mask, addend):
 
 @triton.jit
 def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, key, CODES: tl.constexpr, SIGNED: tl.constexpr,
-                 STOCHASTIC: tl.constexpr):  # fmt: skip
-    """8-bit codes, or bf16 moments stochastically (the CPU kernel's half words: element i takes half i % 2, the
-    high one for even i, of Philox word (i / 2) % 4 of counter i / 8 under key), or rounded to nearest even."""
+                 STOCHASTIC: tl.constexpr, DITHER: tl.constexpr = False):  # fmt: skip
+    """8-bit codes (DITHER: rounded stochastically, see _encode), or bf16 moments stochastically (the CPU kernel's
+    half words: element i takes half i % 2, the high one for even i, of Philox word (i / 2) % 4 of counter i / 8
+    under key), or rounded to nearest even."""
     if CODES:
-        _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED)
+        _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED, key, DITHER)
     elif STOCHASTIC:
         word = _philox_word(key, offs // 8, (offs // 2) % 4)
         _store_bf16_rounded_up(x, ptr, offs, mask, tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF))
@@ -193,11 +232,12 @@ def _adam_kernel(
     P: tl.constexpr, G: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, MODEL: tl.constexpr,
     AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
     HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, STATE_STOCHASTIC: tl.constexpr,
-    MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
+    DITHER: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
 ):  # fmt: skip
     """One tile of ROWS x 256 elements of one tensor of the group (table: the lists params, grads, exp_avgs,
     exp_avg_sqs, max_exp_avg_sqs, their three scale lists, model_params); S1, S2: the dtypes of exp_avg and of
-    exp_avg_sq / max_exp_avg_sq."""
+    exp_avg_sq / max_exp_avg_sq. STATE_STOCHASTIC: bf16 moments rounded stochastically; DITHER: exp_avg_sq's
+    8-bit codes."""
     i, tile, numel, t = program_tensor(table, tensor_of, n, 9)
     rows = tile * ROWS + tl.arange(0, ROWS)
     offs = rows[:, None] * 256 + tl.arange(0, 256)[None, :]
@@ -225,7 +265,7 @@ def _adam_kernel(
     v = tl.fma(g * g, (1.0 - beta2).to(MATH), v * beta2.to(MATH))
     m_key, v_key = _state_key(state_seed, t, EXP_AVG_KEY), _state_key(state_seed, t, EXP_AVG_SQ_KEY)
     _store_state(m, m_ptr, ms_ptr, offs, rows, mask, row_mask, m_key, CODES, True, STATE_STOCHASTIC)
-    _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, v_key, CODES, False, STATE_STOCHASTIC)
+    _store_state(v, v_ptr, vs_ptr, offs, rows, mask, row_mask, v_key, CODES, False, STATE_STOCHASTIC, DITHER)
     if AMSGRAD:
         x = _load_state(x_ptr, xs_ptr, offs, rows, mask, row_mask, MATH, CODES, False)
         v = tl.where(x > v, x, v)
@@ -296,7 +336,8 @@ def adam_step_(
                 MODEL=tl_dtype(grp.dtypes[8], p_t), AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled),
                 MAXIMIZE=bool(maximize), CODES=m_t == torch.int8, HAS_SCALE=grad_scale is not None,
                 CLIP=not math.isinf(clip_value), STOCHASTIC=seed is not None and p_t == torch.bfloat16,
-                STATE_STOCHASTIC=state_key is not None and m_t == torch.bfloat16, MASTER=bool(model_params),
+                STATE_STOCHASTIC=state_key is not None and m_t == torch.bfloat16,
+                DITHER=state_key is not None and m_t == torch.int8, MASTER=bool(model_params),
                 WRITE_GRADS=bool(write_grads),
                 MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS,
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
