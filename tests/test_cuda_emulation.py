@@ -1369,8 +1369,8 @@ def test_adam_step_int8_state(emu, ws, case, mode):
 @pytest.mark.parametrize("case", range(len(ADAM_CASES)))
 def test_adam_step_bf16_state(emu, ws, case, mode):
     """bf16 moments rounded stochastically (state_dtype=torch.bfloat16) beside params of each dtype: the CPU kernel's
-    half-word scheme (element i: half i % 2 of Philox word (i / 2) % 4 of counter i / 8, under the key of its tensor
-    and moment), so its bits for the moments, params and gradients written back, over three steps (scaled, value-
+    half words (element i: half i % 2 of dither_word(key, i / 2), under the key of its tensor and moment), so its
+    bits for the moments, params and gradients written back, over three steps (scaled, value-
     and norm-clipped) with an inf gradient in step 1 and a skipped step 2 (found_inf: everything as it was)."""
     h = ADAM_CASES[case]
     keys = 3 if h["amsgrad"] else 2

@@ -237,27 +237,29 @@ template <typename T> inline Vec<T> grad_taken(const GradTransform<T>& tr, T* g,
 // Stochastic rounding of float to bf16: add 16 random bits below the bf16 mantissa, truncate. Unbiased: a value
 // a fraction f of the way from one bf16 neighbour to the next rounds up with probability f. Parameters (and model
 // copies): element i of tensor t uses the top 16 bits of Philox4x32-10 word i % 4 of counter i / 4 under key
-// rounding_key(seed, t) (optim/rounding_keys.h). bf16 optimizer state uses every word's two halves: element i takes
-// word (i / 2) % 4 of counter i / 8, its high half for even i and its low half for odd i, so that a step draws one
-// word per moment and parameter rather than two. The CUDA and Triton kernels draw the same bits.
+// rounding_key(seed, t) (optim/rounding_keys.h). bf16 optimizer state takes the 8-bit codes' dither words
+// (dither_word, a few integer ops where Philox takes ten rounds of multiplies): element i takes word i / 2 under
+// its moment's key, the high half for even i and the low half for odd i. The CUDA and Triton kernels draw the same
+// bits.
 struct Rounding {
   bool stochastic = false;
-  uint64_t key = 0;         // this tensor's Philox key
-  bool half_words = false;  // two elements a word (state) rather than one (parameters)
+  uint64_t key = 0;         // this tensor's key
+  bool half_words = false;  // the state's dither words, two elements a word (else the parameters' Philox words)
 };
 
 // index0: the tensor element of src[0], a multiple of 8 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
                            bool half_words) {
   TORCH_INTERNAL_ASSERT(index0 % 8 == 0);
-  const int64_t per_call = half_words ? 512 : 256;  // elements of one philox64 call's 256 words
+  const int64_t per_call = half_words ? 512 : 256;  // elements of 256 words
   uint32_t words[256];
   // element e's addend (e < per_call), in the low 16 bits
   auto addend = [&](int64_t e) {
     return half_words ? (e & 1 ? words[e >> 1] & 0xFFFFu : words[e >> 1] >> 16) : words[e] >> 16;
   };
   for (int64_t j = 0; j < n; j += per_call) {
-    philox64(uint64_t(index0 + j) / (half_words ? 8 : 4), key, words);
+    if (half_words) dither_words(key, uint64_t(index0 + j) / 2, words, 256);
+    else philox64(uint64_t(index0 + j) / 4, key, words);
     const int64_t len = std::min<int64_t>(per_call, n - j);
     int64_t e = 0;
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
@@ -378,7 +380,7 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
 }
 
 // The rounding of tensor `tensor`'s parameter (k = 0) or its k-th state tensor: stochastic for bf16 when a seed
-// is given, each with its own Philox key.
+// is given, each with its own key.
 Rounding rounding_for(const std::optional<uint64_t>& seed, int64_t tensor, int k = 0) {
   if (!seed) return {};
   return {true, rounding_key(*seed, tensor, k), k > 0};

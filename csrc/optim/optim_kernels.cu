@@ -277,22 +277,14 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
 }
 
 // Stores four updated moments: bf16 stochastically where kRounding and asked (element i + k uses half k % 2 of
-// Philox word (i / 2 + k / 2) % 4 of counter i / 8, the high half for even k: the CPU kernel's half-word scheme; i
-// is a multiple of 4), else rounded to nearest. kRounding: only the kernel for bf16 state carries the Philox code.
+// dither_word(key, i / 2 + k / 2), the high half for even k: the CPU kernel's half words; i is a multiple of 4),
+// else rounded to nearest. kRounding: only the kernel for bf16 state carries the rounding code.
 template <bool kRounding, typename T, typename M>
 __device__ __forceinline__ void store_state4(T* p, int64_t i, int64_t end, bool aligned, const M in[4], bool stochastic,
                                              uint64_t key) {
   if constexpr (kRounding && std::is_same_v<T, __nv_bfloat16>) {
     if (stochastic) {
-      // the key as if changed after the stores before: the words are drawn here, not hoisted beside the other
-      // moments' (drawing three interleaved spilled 1.4 KB a thread)
-#if defined(__CUDA_ARCH__)
-      asm volatile("" : "+l"(key)::"memory");
-#endif
-      const Philox4 w = philox4x32_10(uint64_t(i) / 8, key);
-      // words 0, 1 for i % 8 == 0, else 2, 3 (selected, not indexed: an indexed array would live in local memory)
-      const bool low = i % 8 == 0;
-      const unsigned words[2] = {low ? w.v[0] : w.v[2], low ? w.v[1] : w.v[3]};
+      const unsigned words[2] = {dither_word(key, uint64_t(i) / 2), dither_word(key, uint64_t(i) / 2 + 1)};
       float r[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {

@@ -181,28 +181,34 @@ inline void encode_block(const float* x, code_t* q, float a, int64_t n, const ui
   }
 }
 
-// The dither words of a tensor's blocks (dither_word under its key): words[w] = dither_word(key, j0 + w) for the
-// 128 words of the block from element 2 j0 (a multiple of 256). Eight words a vector with AVX2 or AVX-512.
-class DitherWords {
- public:
-  explicit DitherWords(uint64_t key) : key_(key) {}
-  const uint32_t* block(int64_t e0) {
-    const uint64_t j0 = uint64_t(e0) / 2;  // 128 words never straddle a multiple of 2^32
+// words[w] = dither_word(key, j0 + w) for w < count (a multiple of 8): eight words a vector with AVX2 or AVX-512.
+inline void dither_words(uint64_t key, uint64_t j0, uint32_t* words, int count) {
 #if (defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)) || (defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__))
-    const __m256i base = _mm256_set1_epi32(int(uint32_t(key_) + uint32_t(j0 >> 32) * kDitherHighStep));
-    const __m256i high = _mm256_set1_epi32(int(uint32_t(key_ >> 32)));
+  if (uint32_t(j0) <= 0xFFFFFFFFu - uint32_t(count - 1)) {  // one high half for all: no multiple of 2^32 crossed
+    const __m256i base = _mm256_set1_epi32(int(uint32_t(key) + uint32_t(j0 >> 32) * kDitherHighStep));
+    const __m256i high = _mm256_set1_epi32(int(uint32_t(key >> 32)));
     const __m256i m1 = _mm256_set1_epi32(0x7FEB352D), m2 = _mm256_set1_epi32(int(0x846CA68Bu));
     __m256i j = _mm256_add_epi32(_mm256_set1_epi32(int(uint32_t(j0))), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-    for (int w = 0; w < 128; w += 8, j = _mm256_add_epi32(j, _mm256_set1_epi32(8))) {
+    for (int w = 0; w < count; w += 8, j = _mm256_add_epi32(j, _mm256_set1_epi32(8))) {
       __m256i x = _mm256_add_epi32(j, base);
       x = _mm256_mullo_epi32(_mm256_xor_si256(x, _mm256_srli_epi32(x, 16)), m1);
       x = _mm256_xor_si256(_mm256_xor_si256(x, _mm256_srli_epi32(x, 15)), high);
       x = _mm256_mullo_epi32(x, m2);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(words_ + w), _mm256_xor_si256(x, _mm256_srli_epi32(x, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(words + w), _mm256_xor_si256(x, _mm256_srli_epi32(x, 16)));
     }
-#else
-    for (int w = 0; w < 128; ++w) words_[w] = dither_word(key_, j0 + w);
+    return;
+  }
 #endif
+  for (int w = 0; w < count; ++w) words[w] = dither_word(key, j0 + w);
+}
+
+// The dither words of a tensor's blocks under its key: the 128 words of the block from element e0 (a multiple of
+// 256), words[w] = dither_word(key, e0 / 2 + w).
+class DitherWords {
+ public:
+  explicit DitherWords(uint64_t key) : key_(key) {}
+  const uint32_t* block(int64_t e0) {
+    dither_words(key_, uint64_t(e0) / 2, words_, 128);
     return words_;
   }
 

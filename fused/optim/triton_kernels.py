@@ -148,12 +148,12 @@ def _store_bf16_rounded_up(x, ptr, offs, mask, addend):
 def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, key, CODES: tl.constexpr, SIGNED: tl.constexpr,
                  STOCHASTIC: tl.constexpr, DITHER: tl.constexpr = False):  # fmt: skip
     """8-bit codes (DITHER: rounded stochastically, see _encode), or bf16 moments stochastically (the CPU kernel's
-    half words: element i takes half i % 2, the high one for even i, of Philox word (i / 2) % 4 of counter i / 8
-    under key), or rounded to nearest even."""
+    half words: element i takes half i % 2, the high one for even i, of _dither_word(key, i / 2)), or rounded to
+    nearest even."""
     if CODES:
         _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED, key, DITHER)
     elif STOCHASTIC:
-        word = _philox_word(key, offs // 8, (offs // 2) % 4)
+        word = _dither_word(key, offs // 2)
         _store_bf16_rounded_up(x, ptr, offs, mask, tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF))
     else:
         tl.store(ptr + offs, to_out(x, ptr.dtype.element_ty), mask=mask)
