@@ -6,7 +6,7 @@ PIP = $(PYTHON) -m pip install --quiet --disable-pip-version-check
 RUFF_VERSION = 0.17.6
 CLANG_FORMAT_VERSION = 23.1.5
 
-.PHONY: setup test bench lint cuda-check torch-headers-check clean
+.PHONY: setup setup-test-peers setup-bench-peers test bench lint cuda-check torch-headers-check clean
 
 setup:
 	@# Never an unpinned torch: on a CPU machine it pulls gigabytes of CUDA packages.
@@ -21,11 +21,21 @@ setup:
 		$(PIP) ruff==$(RUFF_VERSION) clang-format==$(CLANG_FORMAT_VERSION)
 	$(PIP) --no-build-isolation --no-deps -e .
 
-test: setup lint cuda-check torch-headers-check
+# The libraries our tests and benchmarks compare against, where they install (each comparison skips cleanly
+# without its library): bitsandbytes' AdamW8bit (the int8 state's training tests and benchmark), faiss-cpu (k-NN),
+# torchao's AdamW8bit. Their wheels depend on torch without pulling another one.
+setup-test-peers:
+	@$(PYTHON) -c "import bitsandbytes" 2>/dev/null || $(PIP) bitsandbytes || echo "bitsandbytes did not install: its comparisons skip"
+
+setup-bench-peers: setup-test-peers
+	@$(PYTHON) -c "import faiss" 2>/dev/null || $(PIP) faiss-cpu || echo "faiss-cpu did not install: its rows are left out"
+	@$(PYTHON) -c "import torchao" 2>/dev/null || $(PIP) torchao || echo "torchao did not install: its rows are left out"
+
+test: setup setup-test-peers lint cuda-check torch-headers-check
 	$(PYTHON) -m pytest -q tests
 
 # make bench: a representative case per op and dtype (4-5 minutes on 2 CPU cores); make bench FULL=1: all.
-bench: setup
+bench: setup setup-bench-peers
 	$(PYTHON) -m benchmarks.run $(if $(FULL),--full)
 
 # The pinned clang-format (the pip package's binary), whatever else is on PATH.

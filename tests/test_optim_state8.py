@@ -220,19 +220,32 @@ def train(opt_factory, steps=300, seed=0):
 
 
 def test_training_matches_fp32_adamw_and_bitsandbytes(one_thread):
-    fp32, _, _ = train(lambda ps: torch.optim.AdamW(ps, lr=3e-3))
-    int8, opt, model = train(lambda ps: fused.optim.AdamW(ps, lr=3e-3, state_dtype="int8"))
-    bf16, _, _ = train(lambda ps: fused.optim.AdamW(ps, lr=3e-3, state_dtype=torch.bfloat16))
+    """Six seeds of the MLP run: int8 and bf16 state end within 1% of fp32 AdamW's loss in each (measured on AMD EPYC:
+    int8 -0.42% to +0.06%, bf16 -0.11% to +0.06%), and int8's mean over the seeds is no worse than bitsandbytes'
+    AdamW8bit's (1% slack). One seed would not do: the seeds move these losses by about 0.5% against each other
+    (bitsandbytes 0.50.2 ended -1.17% to -0.12% below fp32, int8's mean -0.23% and bitsandbytes' -0.62%)."""
+    seeds = range(6)
+    runs = {
+        name: [train(make, seed=seed) for seed in seeds]
+        for name, make in {
+            "fp32": lambda ps: torch.optim.AdamW(ps, lr=3e-3),
+            "int8": lambda ps: fused.optim.AdamW(ps, lr=3e-3, state_dtype="int8"),
+            "bf16": lambda ps: fused.optim.AdamW(ps, lr=3e-3, state_dtype=torch.bfloat16),
+        }.items()
+    }
+    _, opt, model = runs["int8"][0]
     assert opt.state[model[2].weight]["exp_avg"].dtype == torch.int8  # 128 x 128: quantized
     assert opt.state[model[0].bias]["exp_avg"].dtype == torch.float32  # small: fp32
-    assert abs(int8 - fp32) <= 0.01 * fp32 + 1e-4, (int8, fp32)
-    assert abs(bf16 - fp32) <= 0.01 * fp32 + 1e-4, (bf16, fp32)
+    loss = {name: torch.tensor([r[0] for r in rs]) for name, rs in runs.items()}
+    for name in ("int8", "bf16"):
+        assert ((loss[name] - loss["fp32"]).abs() <= 0.01 * loss["fp32"] + 1e-4).all(), (name, loss[name], loss["fp32"])
     bnb = pytest.importorskip("bitsandbytes")
     try:
-        theirs, _, _ = train(lambda ps: bnb.optim.AdamW8bit(ps, lr=3e-3, min_8bit_size=4096))
+        theirs = torch.tensor([train(lambda ps: bnb.optim.AdamW8bit(ps, lr=3e-3, min_8bit_size=4096), seed=seed)[0]
+                               for seed in seeds])  # fmt: skip
     except (RuntimeError, NotImplementedError) as e:  # a build without CPU support
         pytest.skip(f"bitsandbytes AdamW8bit does not run on this CPU: {e}")
-    assert int8 <= theirs * 1.01 + 1e-4, (int8, theirs)
+    assert loss["int8"].mean() <= theirs.mean() * 1.01 + 1e-4, (loss["int8"], theirs)
 
 
 @pytest.mark.parametrize("state_dtype", ["int8", torch.bfloat16])
