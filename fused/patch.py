@@ -10,6 +10,7 @@ import contextlib
 import functools
 import inspect
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -183,15 +184,42 @@ def _causal_lm_forward(self, **kwargs):
     return output if return_dict else output.to_tuple()
 
 
+def _renamed_kwargs(fn: Callable) -> dict:
+    """{old: new} for the keyword arguments that transformers' deprecate_kwarg decorators on fn rename before the
+    call (each keeps its old_name and new_name in its closure), outermost first."""
+    renames = {}
+    while fn is not None:
+        try:
+            names = inspect.getclosurevars(fn).nonlocals
+        except TypeError:  # not a Python function
+            break
+        old, new = names.get("old_name"), names.get("new_name")
+        if isinstance(old, str) and isinstance(new, str):
+            renames[old] = new
+        fn = getattr(fn, "__wrapped__", None)
+    return renames
+
+
 def _with_signature_of(cls: type, forward: Callable) -> Callable:
     """forward(self, **kwargs) as a method with cls.forward's signature (which Trainer and generate() read to pick
-    inputs): positional arguments are bound to their names first."""
+    inputs): keyword arguments the original renames (deprecated names) are renamed with its FutureWarning, then
+    positional arguments are bound to their names."""
     base = cls.forward
     signature = inspect.signature(base)
     var_keyword = next((p.name for p in signature.parameters.values() if p.kind is p.VAR_KEYWORD), None)
+    renamed = _renamed_kwargs(base)
 
     @functools.wraps(base)
     def method(self, *args, **kwargs):
+        for old, new in renamed.items():
+            if old in kwargs:
+                warnings.warn(
+                    f"`{old}` is deprecated for `{type(self).__name__}.forward`. Use `{new}` instead.",
+                    FutureWarning,
+                    stacklevel=2,
+                )
+                value = kwargs.pop(old)
+                kwargs.setdefault(new, value)  # both given: the new name wins, as in transformers
         if args:
             bound = signature.bind(self, *args, **kwargs).arguments
             kwargs = {k: v for k, v in bound.items() if k not in ("self", var_keyword)}
@@ -212,12 +240,13 @@ def _forward_of(kind: str, cls: type, model=None) -> Callable:
         return _with_rope(model, cls)
     if kind == "loss":
         return _with_signature_of(cls, _causal_lm_forward)
+    if kind == "decoder":
+        return _with_signature_of(cls, _pre_norm_decoder_forward)
     return {
         "rms": _rms_forward,
         "gated_mlp": _gated_mlp_forward,
         "gate_up_mlp": _gate_up_mlp_forward,
         "gpt2_mlp": _gpt2_mlp_forward,
-        "decoder": _pre_norm_decoder_forward,
     }[kind]
 
 

@@ -150,6 +150,29 @@ def test_causal_lm_forward_keeps_its_signature_and_return_dict():
     assert isinstance(out, tuple) and torch.equal(out[0], want)
 
 
+def test_decoder_layer_takes_the_deprecated_cache_keyword():
+    """A decoder layer called on its own with transformers' deprecated `past_key_values=` (renamed to `cache` by
+    the original's decorator): the patched layer renames it too, with the same FutureWarning, and fills the cache
+    as the original does (without the rename the keyword would be dropped and the cache left empty)."""
+    eager = make_model("llama").eval()
+    patched = fused.patch(copy.deepcopy(eager))
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 5, eager.config.hidden_size, generator=g)
+    pos = torch.arange(5)[None]
+    outs = []
+    for model in (eager, patched):
+        cache = transformers.DynamicCache(config=model.config)
+        with pytest.warns(FutureWarning, match="past_key_values"):
+            out = model.model.layers[0](
+                x, position_ids=pos, position_embeddings=model.model.rotary_emb(x, pos), past_key_values=cache,
+                use_cache=True,
+            )  # fmt: skip
+        assert cache.get_seq_length() == 5
+        outs.append((out[0] if isinstance(out, tuple) else out, cache.layers[0].keys))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5)
+
+
 def test_adapted_or_hooked_modules_are_called():
     """A forward hook (or an adapter, which replaces the module) on GPT-2's c_fc or on the output embedding is seen:
     the patched code calls such modules rather than reading their weights, and the loss falls back to
