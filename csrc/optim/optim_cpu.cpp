@@ -254,9 +254,7 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
   const int64_t per_call = half_words ? 512 : 256;  // elements of 256 words
   uint32_t words[256];
   // element e's addend (e < per_call), in the low 16 bits
-  auto addend = [&](int64_t e) {
-    return half_words ? (e & 1 ? words[e >> 1] & 0xFFFFu : words[e >> 1] >> 16) : words[e] >> 16;
-  };
+  auto addend = [&](int64_t e) { return half_words ? half_word(words, e) : words[e] >> 16; };
   for (int64_t j = 0; j < n; j += per_call) {
     if (half_words) dither_words(key, uint64_t(index0 + j) / 2, words, 256);
     else philox64(uint64_t(index0 + j) / 4, key, words);
@@ -266,14 +264,7 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
     for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
       __m512i bits = _mm512_loadu_si512(src + j + e);
       const __m512 x = _mm512_castsi512_ps(bits);
-      __m512i r;
-      if (half_words) {  // words e/2 .. e/2 + 7, each as (high half, low half) in two lanes
-        const __m512i w = _mm512_cvtepu32_epi64(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2)));
-        r = _mm512_or_si512(_mm512_srli_epi64(w, 16),
-                            _mm512_slli_epi64(_mm512_and_si512(w, _mm512_set1_epi64(0xFFFF)), 32));
-      } else {
-        r = _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
-      }
+      const __m512i r = half_words ? half_word_lanes(words, e) : _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
       bits = _mm512_mask_mov_epi32(_mm512_add_epi32(bits, r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
                                    _mm512_set1_epi32(0x7FC00000));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
@@ -282,14 +273,9 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
     for (; e + 8 <= len; e += 8) {  // the scalar loop below, 8 lanes at a time
       __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j + e));
       const __m256 x = _mm256_castsi256_ps(bits);
-      __m256i r;
-      if (half_words) {
-        const __m256i w = _mm256_cvtepu32_epi64(_mm_loadu_si128(reinterpret_cast<const __m128i*>(words + e / 2)));
-        r = _mm256_or_si256(_mm256_srli_epi64(w, 16),
-                            _mm256_slli_epi64(_mm256_and_si256(w, _mm256_set1_epi64x(0xFFFF)), 32));
-      } else {
-        r = _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
-      }
+      const __m256i r = half_words
+                            ? half_word_lanes(words, e)
+                            : _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
       const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
       bits = _mm256_srli_epi32(_mm256_blendv_epi8(_mm256_add_epi32(bits, r), _mm256_set1_epi32(0x7FC00000), nan), 16);
       // the high halves (< 2^16, so the unsigned saturation keeps them) as 8 bf16

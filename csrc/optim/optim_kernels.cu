@@ -276,21 +276,28 @@ __device__ __forceinline__ void store_param4(T* p, int64_t i, int64_t end, bool 
   store4(p, i, end, aligned, in);
 }
 
-// Stores four updated moments: bf16 stochastically where kRounding and asked (element i + k uses half k % 2 of
-// dither_word(key, i / 2 + k / 2), the high half for even k: the CPU kernel's half words; i is a multiple of 4),
-// else rounded to nearest. kRounding: only the kernel for bf16 state carries the rounding code.
+// The dither halves of elements i..i + 3 (i a multiple of 4) under key: element i + k takes half k % 2 of
+// dither_word(key, i / 2 + k / 2), the high half for even k (quantize_cpu.h's half_word).
+__device__ __forceinline__ void dither_halves4(uint64_t key, int64_t i, uint32_t h[4]) {
+  const uint32_t words[2] = {dither_word(key, uint64_t(i) / 2), dither_word(key, uint64_t(i) / 2 + 1)};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) h[k] = k % 2 == 0 ? words[k / 2] >> 16 : words[k / 2] & 0xFFFFu;
+}
+
+// Stores four updated moments: bf16 stochastically where kRounding and asked (the addends dither_halves4; i is a
+// multiple of 4), else rounded to nearest. kRounding: only the kernel for bf16 state carries the rounding code.
 template <bool kRounding, typename T, typename M>
 __device__ __forceinline__ void store_state4(T* p, int64_t i, int64_t end, bool aligned, const M in[4], bool stochastic,
                                              uint64_t key) {
   if constexpr (kRounding && std::is_same_v<T, __nv_bfloat16>) {
     if (stochastic) {
-      const unsigned words[2] = {dither_word(key, uint64_t(i) / 2), dither_word(key, uint64_t(i) / 2 + 1)};
+      uint32_t half[4];
+      dither_halves4(key, i, half);
       float r[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const unsigned word = words[k / 2], half = k % 2 == 0 ? word >> 16 : word & 0xFFFFu;
         const float x = float(in[k]);
-        const unsigned bits = x != x ? 0x7FC00000u : __float_as_uint(x) + half;
+        const unsigned bits = x != x ? 0x7FC00000u : __float_as_uint(x) + half[k];
         r[k] = __uint_as_float(bits & 0xFFFF0000u);  // exact in bf16: the conversion below keeps it
       }
       store4(p, i, end, aligned, r);
@@ -477,9 +484,8 @@ __device__ __forceinline__ float dithered_code(float t, float d) {
 
 // Encodes element i..i+3 (x; those past end are not part of the block) into their codes; the first thread of the
 // block's two warps stores its scale. Every thread of the CUDA block calls it (it has barriers); exchange: shared
-// scratch of one float per warp. dither (uint8 codes only): rounded stochastically with the words dither_word(key,
-// i / 2) and dither_word(key, i / 2 + 1), element i + k taking half k % 2 of word k / 2, the high half for even k
-// (the CPU kernel's DitherWords and dither_lanes).
+// scratch of one float per warp. dither (uint8 codes only): rounded stochastically with dither_halves4 (the CPU
+// kernel's DitherWords and dither_lanes).
 template <typename C>
 __device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, int64_t i, int64_t end, bool aligned,
                                         float* exchange, bool dither = false, uint64_t key = 0) {
@@ -501,17 +507,15 @@ __device__ __forceinline__ void encode4(const float x[4], C* q, float* scale, in
   // mag / a as mag * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
   const bool by_inverse = inv <= __FLT_MAX__;
-  uint32_t words[2] = {0, 0};
-  if (!std::is_signed_v<C> && dither)
-    for (int w = 0; w < 2; ++w) words[w] = dither_word(key, uint64_t(i) / 2 + w);
+  uint32_t h[4] = {0, 0, 0, 0};
+  if (!std::is_signed_v<C> && dither) dither_halves4(key, i, h);
   Codes4<C> c;
 #pragma unroll
   for (int k = 0; k < 4; ++k) {
     const float t = sqrtf(by_inverse ? mag[k] * inv : mag[k] / a) * kLevels<C>;
     float r;
     if (!std::is_signed_v<C> && dither) {
-      const uint32_t h = k % 2 == 0 ? words[k / 2] >> 16 : words[k / 2] & 0xFFFFu;
-      r = dithered_code(t, float(2 * h + 1) * 0x1p-17f);
+      r = dithered_code(t, float(2 * h[k] + 1) * 0x1p-17f);
     } else {
       r = rintf(t);
     }

@@ -100,25 +100,39 @@ inline float block_scale(FloatVec running_max) {
   return a;
 }
 
-// The dither of elements e.. e + FloatVec::size() - 1 of a block (e even): (2 h + 1) / 2^17 in (0, 1), h the 16-bit
-// half e % 2 of words[e / 2], the high half for even e.
+// The half-word layout of the dither words (the 8-bit codes' and bf16 moments'): element i takes the 16-bit half
+// i % 2 of words[i / 2], the high half for even i.
+inline uint32_t half_word(const uint32_t* words, int64_t i) {
+  return i % 2 ? words[i / 2] & 0xFFFFu : words[i / 2] >> 16;
+}
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+// half_word of elements e.. e + 15 (e even), one a 32-bit lane
+inline __m512i half_word_lanes(const uint32_t* words, int64_t e) {
+  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2));
+  return _mm512_cvtepu16_epi32(_mm256_or_si256(_mm256_srli_epi32(w, 16), _mm256_slli_epi32(w, 16)));
+}
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+// half_word of elements e.. e + 7 (e even), one a 32-bit lane
+inline __m256i half_word_lanes(const uint32_t* words, int64_t e) {
+  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words + e / 2));
+  return _mm256_cvtepu16_epi32(_mm_or_si128(_mm_srli_epi32(w, 16), _mm_slli_epi32(w, 16)));
+}
+#endif
+
+// The dither of elements e.. e + FloatVec::size() - 1 of a block (e even): (2 h + 1) / 2^17 in (0, 1), h their
+// half_word.
 inline FloatVec dither_lanes(const uint32_t* words, int64_t e) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-  const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2));
-  const __m512i h = _mm512_cvtepu16_epi32(_mm256_or_si256(_mm256_srli_epi32(w, 16), _mm256_slli_epi32(w, 16)));
+  const __m512i h = half_word_lanes(words, e);
   const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(h, h), _mm512_set1_epi32(1)));
   return _mm512_mul_ps(odd, _mm512_set1_ps(0x1p-17f));
 #elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
-  const __m128i w = _mm_loadu_si128(reinterpret_cast<const __m128i*>(words + e / 2));
-  const __m256i h = _mm256_cvtepu16_epi32(_mm_or_si128(_mm_srli_epi32(w, 16), _mm_slli_epi32(w, 16)));
+  const __m256i h = half_word_lanes(words, e);
   const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(h, h), _mm256_set1_epi32(1)));
   return _mm256_mul_ps(odd, _mm256_set1_ps(0x1p-17f));
 #else
   alignas(64) float u[FloatVec::size()];
-  for (int64_t l = 0; l < FloatVec::size(); ++l) {
-    const uint32_t word = words[(e + l) / 2], h = (e + l) % 2 ? word & 0xFFFFu : word >> 16;
-    u[l] = float(2 * h + 1) * 0x1p-17f;
-  }
+  for (int64_t l = 0; l < FloatVec::size(); ++l) u[l] = float(2 * half_word(words, e + l) + 1) * 0x1p-17f;
   return FloatVec::loadu(u);
 #endif
 }

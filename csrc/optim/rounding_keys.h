@@ -1,7 +1,8 @@
-// The Philox keys of the optimizers' stochastic rounding (csrc/common/philox.h), the same on every backend (the
-// Triton kernels' tensor_key and state_key spell them in int64): tensor t's parameter takes seed + t * kTensorKeyStep,
-// its k-th state tensor (k = 1: exp_avg, 2: exp_avg_sq, 3: max_exp_avg_sq) state_seed + t * kTensorKeyStep +
-// k * kStateKeyStep, all mod 2^64. dither_word: the random bits of exp_avg_sq's 8-bit codes.
+// The keys of the optimizers' stochastic rounding, the same on every backend (the Triton kernels' tensor_key and
+// state_key spell them in int64): tensor t's parameter takes seed + t * kTensorKeyStep, its k-th state tensor
+// (k = 1: exp_avg, 2: exp_avg_sq, 3: max_exp_avg_sq) state_seed + t * kTensorKeyStep + k * kStateKeyStep, all mod
+// 2^64. Parameters draw Philox words (csrc/common/philox.h) under their key; low-bit state (exp_avg_sq's 8-bit codes,
+// bf16 moments) draws dither_word's.
 #pragma once
 #include <cstdint>
 

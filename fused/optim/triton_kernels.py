@@ -70,6 +70,13 @@ def _dither_word(key, j):
 
 
 @triton.jit
+def _dither_half(key, offs):
+    """The 16 dither bits of elements offs: half i % 2 of _dither_word(key, i / 2), the high half for even i."""
+    word = _dither_word(key, offs // 2)
+    return tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF)
+
+
+@triton.jit
 def _dithered_code(t, d):
     """csrc/optim/quantize_cpu.h's dithered_code: t's uint8 code, rounded up with the probability that keeps the
     decoded v unbiased (to nearest below 1); the same steps (tl.fma where it takes fmas)."""
@@ -88,8 +95,7 @@ def _dithered_code(t, d):
 @triton.jit
 def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexpr, key, DITHER: tl.constexpr):
     """Stores x's codes and each row's scale (its max |x|, or max sqrt(x) unsigned; NaN if any is NaN). DITHER
-    (unsigned only): rounded stochastically, element i taking half i % 2 of _dither_word(key, i / 2), the high half
-    for even i."""
+    (unsigned only): rounded stochastically with _dither_half's bits."""
     levels: tl.constexpr = 127.0 if SIGNED else 255.0
     if SIGNED:
         mag = tl.abs(x)
@@ -106,9 +112,7 @@ def _encode(x, q_ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED: tl.constexp
     ratio = tl.where((inv <= FLT_MAX)[:, None], mag * inv[:, None], div(mag, a[:, None]))
     t = sqrt(ratio) * levels
     if DITHER:
-        word = _dither_word(key, offs // 2)
-        half = tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF)
-        q = _dithered_code(t, (2 * half + 1).to(tl.float32) * 7.62939453125e-06)  # (2 h + 1) / 2^17
+        q = _dithered_code(t, (2 * _dither_half(key, offs) + 1).to(tl.float32) * 7.62939453125e-06)  # (2 h + 1) / 2^17
     else:
         q = _rne_small(t)
     q = tl.where(usable[:, None], q, 0.0)
@@ -147,14 +151,12 @@ def _store_bf16_rounded_up(x, ptr, offs, mask, addend):
 @triton.jit
 def _store_state(x, ptr, scale_ptr, offs, rows, mask, row_mask, key, CODES: tl.constexpr, SIGNED: tl.constexpr,
                  STOCHASTIC: tl.constexpr, DITHER: tl.constexpr = False):  # fmt: skip
-    """8-bit codes (DITHER: rounded stochastically, see _encode), or bf16 moments stochastically (the CPU kernel's
-    half words: element i takes half i % 2, the high one for even i, of _dither_word(key, i / 2)), or rounded to
-    nearest even."""
+    """8-bit codes (DITHER: rounded stochastically, see _encode), or bf16 moments stochastically (_dither_half's
+    addends, the CPU kernel's), or rounded to nearest even."""
     if CODES:
         _encode(x, ptr, scale_ptr, offs, rows, mask, row_mask, SIGNED, key, DITHER)
     elif STOCHASTIC:
-        word = _dither_word(key, offs // 2)
-        _store_bf16_rounded_up(x, ptr, offs, mask, tl.where(offs % 2 == 0, word >> 16, word & 0xFFFF))
+        _store_bf16_rounded_up(x, ptr, offs, mask, _dither_half(key, offs))
     else:
         tl.store(ptr + offs, to_out(x, ptr.dtype.element_ty), mask=mask)
 
