@@ -146,8 +146,14 @@ inline FloatVec dithered_code(FloatVec t, FloatVec d) {
   using V = FloatVec;
   const V c = t.floor(), c2 = c * c, c4 = c2 * c2, next = c + V(1.f), next2 = next * next, t2 = t * t;
   const V gap = at::vec::fmsub(next2, next2, c4), above = at::vec::fmsub(t2, t2, c4);
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  // the comparisons' masks used as they are (at::vec widens them to vectors and back)
+  const __m512 dither = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(c, V(0.f), _CMP_EQ_OQ), d, V(0.0625f));
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(_mm512_mul_ps(dither, gap), above, _CMP_LT_OQ), c, next);
+#else
   const V dither = V::blendv(d, V(0.0625f), c == V(0.f));
   return V::blendv(c, next, dither * gap < above);
+#endif
 }
 
 // Codes of one block of n <= 256 coded values x (exp_avg, or sqrt(exp_avg_sq)) under scale a (block_scale):
@@ -164,35 +170,40 @@ inline void encode_block(const float* x, code_t* q, float a, int64_t n, const ui
   }
   // |x| / a as |x| * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
-  const bool by_inverse = inv <= std::numeric_limits<float>::max();
   const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f), sign_bit(-0.f);
-  // the code of elements e.. of the block
-  auto code_of = [&](const V v, int64_t e) {
-    const V mag = kSigned ? v.abs() : v;
-    const V t = (by_inverse ? mag * vinv : mag / va).sqrt() * levels;
-    if constexpr (!kSigned) {
-      if (words) return dithered_code(t, dither_lanes(words, e));
+  // the loops for one (by_inverse, dithered) pair, so that neither is tested a vector
+  auto encode = [&](auto by_inverse, auto dithered) {
+    // the code of elements e.. of the block
+    auto code_of = [&](const V v, int64_t e) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const V mag = kSigned ? v.abs() : v;
+      const V t = (by_inverse ? mag * vinv : mag / va).sqrt() * levels;
+      if constexpr (dithered) return dithered_code(t, dither_lanes(words, e));
+      const V code = t.round();
+      return kSigned ? code | (v & sign_bit) : code;  // -0 codes as 0
+    };
+    int64_t i = 0;
+    for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
+      const V codes[4] = {code_of(V::loadu(x + i), i), code_of(V::loadu(x + i + kLanes), i + kLanes),
+                          code_of(V::loadu(x + i + 2 * kLanes), i + 2 * kLanes),
+                          code_of(V::loadu(x + i + 3 * kLanes), i + 3 * kLanes)};
+      store_codes4(codes, q + i);
     }
-    const V code = t.round();
-    return kSigned ? code | (v & sign_bit) : code;  // -0 codes as 0
+    for (; i < n; i += kLanes) {
+      const int64_t cnt = std::min(kLanes, n - i);
+      const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt), i);
+      if (cnt == kLanes) store_codes(code, q + i);
+      else {
+        code_t tail[kLanes];
+        store_codes(code, tail);
+        std::memcpy(q + i, tail, cnt * sizeof(code_t));
+      }
+    }
   };
-  int64_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    const V codes[4] = {code_of(V::loadu(x + i), i), code_of(V::loadu(x + i + kLanes), i + kLanes),
-                        code_of(V::loadu(x + i + 2 * kLanes), i + 2 * kLanes),
-                        code_of(V::loadu(x + i + 3 * kLanes), i + 3 * kLanes)};
-    store_codes4(codes, q + i);
-  }
-  for (; i < n; i += kLanes) {
-    const int64_t cnt = std::min(kLanes, n - i);
-    const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt), i);
-    if (cnt == kLanes) store_codes(code, q + i);
-    else {
-      code_t tail[kLanes];
-      store_codes(code, tail);
-      std::memcpy(q + i, tail, cnt * sizeof(code_t));
-    }
-  }
+  using Yes = std::true_type;
+  using No = std::false_type;
+  const bool by_inverse = inv <= std::numeric_limits<float>::max();
+  if (!kSigned && words) by_inverse ? encode(Yes{}, Yes{}) : encode(No{}, Yes{});
+  else by_inverse ? encode(Yes{}, No{}) : encode(No{}, No{});
 }
 
 // words[w] = dither_word(key, j0 + w) for w < count (a multiple of 8): eight words a vector with AVX2 or AVX-512.
