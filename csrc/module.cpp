@@ -39,17 +39,20 @@ PyObject* advise_huge_pages_py(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
-// knn_bf16_gemm(rows): whether the CPU k-NN search (p=2, D >= 32) runs its filter's GEMM in bfloat16 for a with
-// that many rows (distance/knn_gemm_cpu.h).
-PyObject* knn_bf16_gemm_py(PyObject*, PyObject* args) {
-  long long rows = 0;
-  if (!PyArg_ParseTuple(args, "L", &rows)) return nullptr;
-  return PyBool_FromLong(fused::distance::knn_bf16_gemm(rows));
+// knn_filter(rows, D): the GEMM of the CPU k-NN search's filter (p=2, D >= 32) for a with that many rows,
+// "float32" or "int8"; int8_gemm_levels(): the levels of its int8 codes (distance/knn_gemm_cpu.h).
+PyObject* knn_filter_py(PyObject*, PyObject* args) {
+  long long rows = 0, D = 0;
+  if (!PyArg_ParseTuple(args, "LL", &rows, &D)) return nullptr;
+  const bool int8 = fused::distance::knn_filter(rows, D) == fused::distance::KnnFilter::kInt8;
+  return PyUnicode_FromString(int8 ? "int8" : "float32");
 }
+PyObject* int8_gemm_levels_py(PyObject*, PyObject*) { return PyLong_FromLong(fused::distance::int8_gemm_levels()); }
 
 PyMethodDef methods[] = {
     {"advise_huge_pages", advise_huge_pages_py, METH_VARARGS, "MADV_HUGEPAGE on the whole 2 MB pages of a CPU range"},
-    {"knn_bf16_gemm", knn_bf16_gemm_py, METH_VARARGS, "whether the CPU k-NN filter's GEMM runs in bfloat16"},
+    {"knn_filter", knn_filter_py, METH_VARARGS, "the GEMM of the CPU k-NN filter: float32 or int8"},
+    {"int8_gemm_levels", int8_gemm_levels_py, METH_NOARGS, "the levels of int8 codes torch's int8 GEMM sums exactly"},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

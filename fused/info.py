@@ -25,11 +25,14 @@ def kernels(op):
 
 def knn_gemm():
     """The CPU k-NN search's filter GEMM on this machine (the answer is the same either way)."""
-    if not fused._C.knn_bf16_gemm(1 << 20):
-        return "float32 (no bf16 dot products on this CPU, or FUSED_KNN_BF16=0)"
-    if fused._C.knn_bf16_gemm(1):
-        return "bfloat16 (FUSED_KNN_BF16=1)"
-    return "bfloat16 from 128 rows of a (this CPU has bf16 dot products), float32 below"
+    levels = fused._C.int8_gemm_levels()
+    if fused._C.knn_filter(1 << 20, 768) == "float32":
+        why = "FUSED_KNN_FILTER" if levels else "torch's int8 GEMM is not exact on this CPU"
+        return f"float32 ({why})"
+    bits = "8-bit codes" if levels == 127 else "7-bit codes (no int8 dot products)"
+    if fused._C.knn_filter(1, 768) == "int8":
+        return f"int8, {bits} (FUSED_KNN_FILTER=int8)"
+    return f"int8, {bits}, from 128 rows of a; float32 below"
 
 
 def report() -> str:

@@ -470,17 +470,22 @@ def test_topk_gemm_path_non_finite_rows():
 
 @pytest.mark.usefixtures("knn_filter")
 @pytest.mark.parametrize("D", [64, 768])
-def test_topk_gemm_filter_bound_holds_where_bf16_rounding_is_correlated(D):
-    """A row of a and its exact copy in b hold 1 + 0.99 * 2^-8 in every element, which rounds down to 1 in bfloat16
-    alike: a bf16 GEMM puts the copy's d^2 about 4 D 2^-8 too high, above a column of ones (d^2 = D (0.99 2^-8)^2,
-    seen first). The filter's bound must still keep the copy (one under 2 u_b |x||y| on the dot drops it): the
-    float64 search's answer. The copy comes after 127 wide rows, which keep the points uncentered and let each
-    row's list tighten its bound before the copy's turn."""
+def test_topk_gemm_filter_bound_holds_where_code_rounding_is_correlated(D):
+    """A row x of a and its exact copy in b: one element 1 (the row's largest: code L, the int8 GEMM's levels) and
+    the others (c + 0.499) / L, 0.499 of a code step above their codes c. A column z of the same codes, 1 and
+    c / L, comes first. Both columns have x's codes, so the codes' dot ranks z (d^2 = (D - 1) (0.499 / L)^2) far
+    nearer than the copy (d^2 = 0) once the norms are added: the copy is kept only by the codes' bound, which
+    covers it with 2.2% to spare at D = 64 and 0.4% at D = 768 (3% less slack drops it). The answer is the
+    float64 search's; the 127 wide rows keep the points uncentered."""
+    levels = fused._C.int8_gemm_levels() or 127
+    c = round(0.79 * levels)
     g = torch.Generator().manual_seed(99)
-    a = torch.full((3, D), 1 + 0.99 * 2.0**-8)
-    a[1:] = torch.randn(2, D, generator=g)
-    b = torch.cat([torch.ones(1, D), 100 * torch.randn(127, D, generator=g), a[:1]])
-    assert torch.equal(a[0].bfloat16(), torch.ones(D, dtype=torch.bfloat16))
+    a = torch.randn(3, D, generator=g)
+    a[0] = (c + 0.499) / levels
+    a[0, 0] = 1.0
+    z = torch.full((1, D), c / levels)
+    z[0, 0] = 1.0
+    b = torch.cat([z, 100 * torch.randn(127, D, generator=g), a[:1]])
     for k in (1, 2):
         v, i = fused.pairwise_topk(a, b, k)
         rv, ri = ref.pairwise_topk(a.double(), b.double(), k)
@@ -488,15 +493,55 @@ def test_topk_gemm_filter_bound_holds_where_bf16_rounding_is_correlated(D):
     assert i[0].tolist() == [128, 0]
 
 
+@pytest.mark.usefixtures("knn_filter")
+@pytest.mark.parametrize("flush_denormal", [False, True])
+def test_topk_gemm_path_exact_at_every_scale(flush_denormal):
+    """Rows at scales from 1e-38 (subnormal elements and products) to 1e18, mixed within b and within a, with
+    subnormals flushed to zero (DAZ / FTZ) or not: the float64 search's indices, for nearest and farthest."""
+    g = torch.Generator().manual_seed(103)
+    scales = torch.tensor([1e-38, 1e-30, 1e-20, 1e-3, 1.0, 1e10, 1e18], dtype=torch.float64)
+    b = torch.randn(350, 48, generator=g, dtype=torch.float64) * scales[torch.arange(350) % 7, None]
+    a = torch.randn(21, 48, generator=g, dtype=torch.float64) * scales[torch.arange(21) % 7, None]
+    a[::7] = b[:21:7] * (1 + 1e-3)  # queries next to the tiniest rows of b
+    a, b = a.float(), b.float()
+    try:
+        assert torch.set_flush_denormal(flush_denormal) or not flush_denormal  # x86 supports it
+        for largest in (False, True):
+            v, i = fused.pairwise_topk(a, b, 9, largest=largest)
+            rv, ri = ref.pairwise_topk(a.double(), b.double(), 9, largest=largest)
+            assert torch.equal(i, ri), largest
+    finally:
+        torch.set_flush_denormal(False)
+
+
+def test_int8_filter_with_7_bit_codes():
+    """Where torch's int8 GEMM pairs its products in saturating int16 (oneDNN without int8 dot products; forced
+    here with ONEDNN_MAX_CPU_ISA=AVX2), 8-bit codes would overflow it: the probe finds 7-bit codes exact, and the
+    int8 filter's tests pass with them."""
+    if fused._C.int8_gemm_levels() == 0:
+        pytest.skip("torch's int8 GEMM is not exact on this CPU")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", PYTHONPATH=root)
+    levels = "import fused; print(fused._C.int8_gemm_levels())"
+    probe = subprocess.run([sys.executable, "-c", levels], capture_output=True, text=True, env=env, timeout=300)
+    assert probe.stdout.split() == ["63"], probe.stderr
+    tests = "int8_filter and (gemm_path_is_exact or correlated or every_scale or splits or non_finite)"
+    pytest_args = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", tests, __file__]
+    run = subprocess.run([sys.executable, *pytest_args], capture_output=True, text=True, env=env, timeout=600, cwd=root)
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert " passed" in run.stdout and "failed" not in run.stdout, run.stdout[-3000:]
+
+
 def test_topk_takes_the_gemm_path_by_d_alone():
-    """The path follows (p, D): at D >= MATMUL_MIN_D, p = 2, pairwise_topk runs at::mm whatever N and M (one
-    row against three, or 300 against 1000), and never below that D or for another p."""
+    """The path follows (p, D): at D >= MATMUL_MIN_D, p = 2, pairwise_topk runs a GEMM (at::mm, or at::_int_mm
+    for the int8 filter) whatever N and M (one row against three, or 300 against 1000), and never below that D or
+    for another p."""
 
     def runs_mm(n, m, d, p):
         a, b = make((n, d), seed=94), make((m, d), seed=95)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
             fused.pairwise_topk(a, b, 1, p)
-        return any(e.key == "aten::mm" for e in prof.key_averages())
+        return any(e.key in ("aten::mm", "aten::_int_mm") for e in prof.key_averages())
 
     for n, m in ((1, 3), (300, 1000)):
         assert runs_mm(n, m, MATMUL_MIN_D, 2.0) and runs_mm(n, m, 200, 2.0)
@@ -568,7 +613,7 @@ def test_topk_large_m_without_the_matrix():
 def test_matmul_path_copies_b_only_to_center_it(knn_filter):
     """The p = 2 matmul path centers the points at b's mean only where that mean is large against b's rows (points
     far from the origin); otherwise the float32 GEMM reads a and b as they are, and a call allocates far less than
-    b. A bf16 filter (topk) adds one bf16 copy of the GEMM's operands, half of b."""
+    b. An int8 filter (topk) adds the int8 codes of the GEMM's operands, a quarter of b (and a few floats a row)."""
 
     def allocated_mb(a, b):
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
@@ -577,7 +622,7 @@ def test_matmul_path_copies_b_only_to_center_it(knn_filter):
 
     a, b = make((8, 64), seed=97), make((20000, 64), seed=98)
     b_mb = b.numel() * b.element_size() / 2**20
-    copy_mb = b_mb / 2 if knn_filter == "1" else 0
+    copy_mb = b_mb / 4 if knn_filter == "int8" else 0
     assert copy_mb <= allocated_mb(a, b) < copy_mb + b_mb / 4
     assert allocated_mb(a + 100, b + 100) >= b_mb + copy_mb
 

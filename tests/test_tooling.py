@@ -32,14 +32,20 @@ def test_info_lists_every_op_with_its_kernels():
 
 
 def test_info_reports_the_cpu_knn_gemm(monkeypatch):
-    """The k-NN filter's GEMM that this CPU runs, and FUSED_KNN_BF16 forcing either."""
-    has_bf16 = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    native = "bfloat16 from 128 rows" if has_bf16 else "float32 (no bf16"
-    assert f"CPU k-NN GEMM (pairwise_topk, radius_neighbors at p=2, D >= 32): {native}" in report()
-    monkeypatch.setenv("FUSED_KNN_BF16", "0")
-    assert "D >= 32): float32" in report() and not fused._C.knn_bf16_gemm(10**6)
-    monkeypatch.setenv("FUSED_KNN_BF16", "1")
-    assert "D >= 32): bfloat16 (FUSED_KNN_BF16=1)" in report() and fused._C.knn_bf16_gemm(1)
+    """The k-NN filter's GEMM that this CPU runs, and FUSED_KNN_FILTER forcing either."""
+    monkeypatch.delenv("FUSED_KNN_FILTER", raising=False)
+    levels = fused._C.int8_gemm_levels()
+    assert levels in (0, 63, 127)
+    line = "CPU k-NN GEMM (pairwise_topk, radius_neighbors at p=2, D >= 32): "
+    native = {127: "int8, 8-bit codes, from 128 rows", 63: "int8, 7-bit codes", 0: "float32 (torch's int8"}[levels]
+    assert line + native in report()
+    assert fused._C.knn_filter(127, 768) == "float32"
+    assert fused._C.knn_filter(128, 768) == ("int8" if levels else "float32")
+    monkeypatch.setenv("FUSED_KNN_FILTER", "float32")
+    assert line + "float32 (FUSED_KNN_FILTER)" in report() or not levels
+    assert fused._C.knn_filter(10**6, 768) == "float32"
+    monkeypatch.setenv("FUSED_KNN_FILTER", "int8")
+    assert fused._C.knn_filter(1, 768) == ("int8" if levels else "float32")
 
 
 def test_set_backend_validates_and_env_default(monkeypatch):

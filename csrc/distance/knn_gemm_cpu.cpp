@@ -13,15 +13,16 @@
 // the same search with the radius as every row's initial bound (a column whose distance rounds to a value above
 // the radius cannot be in), and the re-rank keeps the columns whose rounded value is within it.
 //
-// On CPUs with bfloat16 dot products (AVX512_BF16, AMX; 2.2x the float32 GEMM's speed on Zen 4) the filter's GEMM
-// is a bfloat16 one with its own, wider bound (bf16_gemm_error): more columns pass it, each at the cost of its
-// direct d^2, and the answer is the same.
+// Where torch's int8 GEMM is exact (x86: oneDNN) the filter's GEMM runs on int8 codes of the centered rows
+// (to_int8; 4x the float32 GEMM's speed with int8 dot products, 2x without, on Zen 4) with its own, wider bound per
+// pair: more columns pass it, each at the cost of its direct d^2, and the answer is the same.
 #include "distance/knn_gemm_cpu.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -38,19 +39,51 @@ namespace {
 // the filter's own rounding; the result is a multiple of |x|^2 + |y|^2 (an absolute floor covers subnormals).
 template <typename T> T gemm_error(int64_t D) { return T(D + 32) * std::numeric_limits<T>::epsilon(); }
 
-// The bfloat16 GEMM's bound on the same score: its operands rounded to bf16 (u_b = 2^-8 each) and its output too
-// (u_b), 3 u_b on 2 |x.y| <= |x|^2 + |y|^2, its float32 sums (gemm_error again), and slack for the second-order
-// terms. Its products are exact in float32, but subnormal operands and products are flushed to zero (DAZ / FTZ):
-// at most FLT_MIN |y_i| + FLT_MIN a term, inside 4 times the floor on top of gemm_error's.
-template <typename T> T bf16_gemm_error(int64_t D) { return 2 * gemm_error<T>(D) + T(3.25) / 256; }
-
-// A bfloat16 copy of a contiguous float tensor (rounded to nearest even).
-inline at::Tensor to_bf16(const at::Tensor& x) {
-  at::Tensor y = empty_output(x.sizes(), x.options().dtype(at::kBFloat16));
+// The int8 filter's operands: each row x as scale * q, q = round(x / scale) in [-levels, levels] and scale =
+// max(max |x_i| / levels, 2 FLT_MIN) (at least 2 FLT_MIN, so that a subnormal x_i read as 0 under DAZ is within
+// scale / 2 of its code). With h = 1/2 + 2^-12 (a code's rounding, and that of x_i * (1 / scale)),
+// |x_i - scale q_i| <= h scale, so |x.y - s_x s_y q_x.q_y| <= s_x s_y (slack_x + slack_y) with
+// slack = h sum |q_i| + D h^2 / 2; q_x.q_y is exact in int32. Non-finite rows get garbage codes: they take no part
+// in the filter.
+struct Int8Rows {
+  at::Tensor q, scale, slack;
+};
+// codes in [-128, 127] from int32 to int8 (restrict: an int8 store may alias anything, which keeps the loop scalar)
+inline void narrow_codes(const int32_t* __restrict codes, int8_t* __restrict q, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(codes[i]);
+}
+inline Int8Rows to_int8(const at::Tensor& x, int levels) {
+  using V = Vec<float>;
+  const int64_t rows = x.size(0), D = x.size(1);
+  Int8Rows r{empty_output(x.sizes(), x.options().dtype(at::kChar)), at::empty({rows}, x.options()),
+             at::empty({rows}, x.options())};
   const float* src = x.data_ptr<float>();
-  at::BFloat16* dst = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, x.numel(), 1 << 16, [&](int64_t i0, int64_t i1) { store_block(src + i0, dst + i0, i1 - i0); });
-  return y;
+  int8_t* q = r.q.data_ptr<int8_t>();
+  float *scale = r.scale.data_ptr<float>(), *slack = r.slack.data_ptr<float>();
+  const double h = 0.5 + 0x1p-12;
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(D, 1)), [&](int64_t r0, int64_t r1) {
+    std::vector<int32_t> codes(D + V::size());
+    for (int64_t row = r0; row < r1; ++row) {
+      const float* xr = src + row * D;
+      V vmax(0.f);
+      for (int64_t d = 0; d < D; d += V::size())
+        vmax = at::vec::maximum(vmax, V::loadu(xr + d, std::min<int64_t>(V::size(), D - d)).abs());
+      const float top = at::vec::vec_reduce_all<float>([](V p, V t) { return at::vec::maximum(p, t); }, vmax);
+      const float s = std::max(top / float(levels), 2 * std::numeric_limits<float>::min()), inv = 1.f / s;
+      V sum(0.f);
+      for (int64_t d = 0; d < D; d += V::size()) {
+        const int64_t cnt = std::min<int64_t>(V::size(), D - d);
+        const V c = at::vec::clamp((V::loadu(xr + d, cnt) * V(inv)).round(), V(-float(levels)), V(float(levels)));
+        sum = sum + c.abs();
+        at::vec::convert_to_int_of_same_size(c).store(codes.data() + d);
+      }
+      narrow_codes(codes.data(), q + row * D, D);
+      scale[row] = s;
+      const double n = at::vec::vec_reduce_all<float>([](V p, V t) { return p + t; }, sum);  // exact integers
+      slack[row] = std::nextafter(static_cast<float>(h * n + double(D) * h * h / 2), INFINITY);
+    }
+  });
+  return r;
 }
 
 // squared_distance's relative error bound, with slack for the list's own rounding of score -+ err.
@@ -134,30 +167,36 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   constexpr int64_t kRows = 256, kCols = 512;
   const T g = gemm_error<T>(D), g_direct = direct_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
   const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
-  const bool coarse = std::is_same_v<T, float> && knn_bf16_gemm(N);
-  // The filter's bound: the bf16 GEMM's where it runs, else the float32 GEMM's.
-  const T g_filter = coarse ? bf16_gemm_error<T>(D) : g, floor_filter = coarse ? 5 * floor : floor;
+  const KnnFilter kind = std::is_same_v<T, float> ? knn_filter(N, D) : KnnFilter::kFloat32;
+  const bool codes = kind == KnnFilter::kInt8;
+  // The filter's bound is the float32 GEMM's, g; with int8 codes, on top of their own bound per pair, it covers the
+  // norms, the centering and the scan's few roundings, and 5 times the floor the subnormals that the scan's
+  // arithmetic may flush (DAZ / FTZ).
+  const T floor_filter = codes ? 5 * floor : floor;
   const Order order{largest};
   c10::optional<RadiusBound> radius;
   if (radius_in.has_value()) radius = radius_bound<scalar_t>(*radius_in);
   const T start = radius_score<T>(radius, D, squared);
 
-  // Per batch: the centered operands (and their bf16 copies for a bf16 filter), and per column of b
-  // c_j = nb_j (sign - g_filter), so that the filter's lower bound of the score is c_i + c_j - 2 sign x.y with
-  // c_i = na_i (sign - g_filter) - floor_filter. Columns with a non-finite or huge norm (inf, NaN, overflow) take
+  // Per batch: the centered operands (and their int8 codes for an int8 filter), and per column of b
+  // c_j = nb_j (sign - g), so that the filter's lower bound of the score is c_i + c_j - 2 sign x.y with
+  // c_i = na_i (sign - g) - floor_filter. Columns with a non-finite or huge norm (inf, NaN, overflow) take
   // no part in the GEMM filter: every row re-ranks them directly.
   std::vector<MatmulOperands<T>> ops;
-  std::vector<at::Tensor> col_terms, a16, b16;
+  std::vector<at::Tensor> col_terms, col_slack;
+  std::vector<Int8Rows> a8, b8;
   std::vector<std::vector<int64_t>> bad_cols(x.B);
   for (int64_t bi = 0; bi < x.B; ++bi) {
     ops.emplace_back(x.a[bi].narrow(0, 0, la(bi)), x.b[bi].narrow(0, 0, lb(bi)));
     if constexpr (std::is_same_v<T, float>) {
-      if (coarse) {
-        a16.push_back(to_bf16(ops.back().ac));
-        b16.push_back(to_bf16(ops.back().bc));
+      if (codes) {
+        const int levels = int8_gemm_levels();
+        a8.push_back(to_int8(ops.back().ac, levels));
+        b8.push_back(to_int8(ops.back().bc, levels));
+        col_slack.push_back(b8.back().slack * sign);
       }
     }
-    at::Tensor c = ops.back().nb * (sign - g_filter);
+    at::Tensor c = ops.back().nb * (sign - g);
     const T* nb = ops.back().nb.template data_ptr<T>();
     T* cp = c.template data_ptr<T>();
     for (int64_t j = 0; j < lb(bi); ++j)
@@ -181,25 +220,45 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
           : std::clamp<int64_t>(std::min((4 * threads + items - 1) / items, max_cols / (4 * kCols)), 1, 4 * threads);
 
   // The GEMM filter of rows [r0, r0 + valid) of batch bi against its columns [c_begin, c_end), into kept[0, valid).
-  // `tile` holds the GEMM's output: floats, or bf16 for a bf16 filter.
+  // `tile` holds the GEMM's output: floats, or int32 from int8 codes.
   auto filter = [&](int64_t bi, int64_t r0, int64_t valid, int64_t c_begin, int64_t c_end, Kept<T>* kept,
                     std::vector<T>& tile) {
     for (int64_t i = 0; i < valid; ++i) kept[i].reset(k, start);
     if (valid == 0) return;
     const MatmulOperands<T>& op = ops[bi];
-    const T *na = op.na.template data_ptr<T>() + r0, *nb = op.nb.template data_ptr<T>();
+    const T* na = op.na.template data_ptr<T>() + r0;
     const T* cj = col_terms[bi].template data_ptr<T>();
     const T *a = op.a.template data_ptr<T>() + r0 * D, *b = op.b.template data_ptr<T>();
-    // The rows' scan of one tile of dots (Dot: T, or at::BFloat16 from a bf16 filter).
+    // int8 codes: the rows' and columns' scales, the rows' slacks and the columns' slacks times sign
+    const T *sa = nullptr, *ra = nullptr, *sb = nullptr, *rb = nullptr;
+    if (codes) {
+      sa = a8[bi].scale.template data_ptr<T>() + r0, ra = a8[bi].slack.template data_ptr<T>() + r0;
+      sb = b8[bi].scale.template data_ptr<T>(), rb = col_slack[bi].template data_ptr<T>();
+    }
+    // The rows' scan of one tile of dots (Dot: T, or int32_t from int8 codes).
     auto scan = [&](const auto* dots, int64_t c0, int64_t nc) {
       using Dot = std::remove_const_t<std::remove_pointer_t<decltype(dots)>>;
       for (int64_t i = 0; i < valid; ++i) {
         if (!(na[i] <= limit)) continue;  // a non-finite row: re-ranked against every column below
         Kept<T>& row = kept[i];
-        const T ci = na[i] * (sign - g_filter) - floor_filter;
+        const T ci = na[i] * (sign - g) - floor_filter;
         const Dot* dot = dots + i * nc;
         // The filter's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
-        const V m(T(-2) * sign);
+        // From int8 codes, x.y is s_x s_y (q_x.q_y + sign (slack_x + slack_y)) at its bound's end.
+        const T ki = codes ? T(-2) * sign * sa[i] : T(0), ri = codes ? sign * ra[i] : T(0);
+        constexpr bool kCodes = std::is_same_v<Dot, int32_t>;
+        auto lower = [&](int64_t j) -> T {
+          if constexpr (kCodes) return cj[c0 + j] + ki * (sb[c0 + j] * (T(dot[j]) + (rb[c0 + j] + ri)));
+          return cj[c0 + j] - T(2) * sign * T(dot[j]);
+        };
+        auto lower_lanes = [&](int64_t j) -> V {
+          if constexpr (kCodes) {
+            const V p = at::vec::convert_to_fp_of_same_size<T>(at::vec::Vectorized<int32_t>::loadu(dot + j));
+            return at::vec::fmadd(V(ki), V::loadu(sb + c0 + j) * (p + (V::loadu(rb + c0 + j) + V(ri))),
+                                  V::loadu(cj + c0 + j));
+          }
+          return at::vec::fmadd(V(T(-2) * sign), V::loadu(dot + j), V::loadu(cj + c0 + j));
+        };
         T thr = row.bound - ci;
         auto take = [&](int64_t j) {  // a column within the filter's bound joins with its direct d^2's bounds
           const T d2 = squared_distance(a + i * D, b + (c0 + j) * D, D), err = g_direct * d2 + floor;
@@ -208,24 +267,23 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
         };
         int64_t j = 0;
         for (; j + L <= nc; j += L) {
-          const V lo = at::vec::fmadd(m, load_math<T>(dot + j, L), V::loadu(cj + c0 + j));
-          for (int mask = (lo <= V(thr)).zero_mask() ^ ((1 << L) - 1); mask; mask &= mask - 1) {
+          for (int mask = (lower_lanes(j) <= V(thr)).zero_mask() ^ ((1 << L) - 1); mask; mask &= mask - 1) {
             const int64_t l = j + __builtin_ctz(mask);
-            if (cj[c0 + l] - T(2) * sign * static_cast<T>(dot[l]) <= thr) take(l);  // thr may have tightened
+            if (lower(l) <= thr) take(l);  // thr may have tightened
           }
         }
         for (; j < nc; ++j)
-          if (cj[c0 + j] - T(2) * sign * static_cast<T>(dot[j]) <= thr) take(j);
+          if (lower(j) <= thr) take(j);
       }
     };
     for (int64_t c0 = c_begin; c0 < c_end; c0 += kCols) {
       const int64_t nc = std::min(kCols, c_end - c0);
       if constexpr (std::is_same_v<T, float>) {
-        if (coarse) {
-          auto* dots = reinterpret_cast<at::BFloat16*>(tile.data());  // half of the float tile's bytes
-          at::Tensor out = at::from_blob(dots, {valid, nc}, op.a.options().dtype(at::kBFloat16));
-          at::mm_out(out, a16[bi].narrow(0, r0, valid), b16[bi].narrow(0, c0, nc).t());
-          scan(static_cast<const at::BFloat16*>(dots), c0, nc);
+        if (codes) {
+          auto* dots = reinterpret_cast<int32_t*>(tile.data());
+          at::Tensor out = at::from_blob(dots, {valid, nc}, op.a.options().dtype(at::kInt));
+          at::_int_mm_out(out, a8[bi].q.narrow(0, r0, valid), b8[bi].q.narrow(0, c0, nc).t());
+          scan(static_cast<const int32_t*>(dots), c0, nc);
           continue;
         }
       }
@@ -326,19 +384,46 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
 
 }  // namespace
 
-// Whether the filter's GEMM runs in bfloat16, given the rows of a per batch: where the CPU has bf16 dot products
-// (AVX512_BF16, which every AMX CPU has too; elsewhere torch's bf16 GEMM is slower than its float one) and a has
-// enough rows to repay the bf16 copy of b (at 128 rows both filters take the same time on Zen 4, D = 64 to 768).
-// Either filter gives the same answer. FUSED_KNN_BF16=0 or 1 decides instead (the tests run both on every CPU).
-bool knn_bf16_gemm(int64_t rows) {
-  const char* env = std::getenv("FUSED_KNN_BF16");
-  if (env != nullptr && *env != '\0') return *env != '0';
-#if defined(__GNUC__) && defined(__x86_64__)
-  static const bool native = __builtin_cpu_supports("avx512bf16");
-  return native && rows >= kBf16MinRows;
-#else
-  return false;
-#endif
+// The levels of int8 codes whose products torch's int8 GEMM (at::_int_mm) sums exactly, found once by trying it:
+// 127 where it has int8 dot products (AVX512_VNNI, AVX-VNNI, AMX), 63 where it pairs products in saturating int16
+// (oneDNN's vpmaddubsw path: 7-bit codes stay below its limit), 0 where neither holds.
+int int8_gemm_levels() {
+  static const int levels = [] {
+    for (int levels : {127, 63}) {
+      // rows of +-levels against columns of +-levels: every pair of products at the largest magnitude
+      const int64_t R = 64, C = 48, K = 96;
+      at::Tensor a = at::empty({R, K}, at::kChar), b = at::empty({C, K}, at::kChar);
+      int8_t *pa = a.data_ptr<int8_t>(), *pb = b.data_ptr<int8_t>();
+      for (int64_t i = 0; i < R * K; ++i)
+        pa[i] = int8_t((i / K) % 3 == 0 ? levels : (i * 7 / 5) % 2 ? levels : -levels);
+      for (int64_t i = 0; i < C * K; ++i) pb[i] = int8_t((i / K) % 2 ? -levels : (i * 3 / 2) % 2 ? levels : -levels);
+      try {
+        const at::Tensor got = at::_int_mm(a, b.t()).to(at::kLong), want = at::mm(a.to(at::kLong), b.to(at::kLong).t());
+        if (at::equal(got, want)) return levels;
+      } catch (const std::exception&) {
+        return 0;
+      }
+    }
+    return 0;
+  }();
+  return levels;
+}
+
+// The filter's GEMM for `rows` rows of a per batch at D columns (the answer is the same with any of them):
+// - int8 codes where torch's int8 GEMM is exact (int8_gemm_levels) and a has enough rows to repay the codes of b
+//   (kCodeMinRows): its GEMM runs at 4x the float32 one's speed on Zen 4 (2x without int8 dot products), and its
+//   bound is about 1% of d^2 for Gaussian points (2% with 7-bit codes);
+// - else float32.
+// FUSED_KNN_FILTER=float32 or int8 decides instead (int8 only where the int8 GEMM is exact; the tests run both).
+KnnFilter knn_filter(int64_t rows, int64_t D) {
+  const char* env = std::getenv("FUSED_KNN_FILTER");
+  const bool int8_ok = D <= kCodeMaxD && int8_gemm_levels() > 0;
+  if (env != nullptr && *env != '\0') {
+    const std::string e(env);
+    if (e == "int8" && int8_ok) return KnnFilter::kInt8;
+    return KnnFilter::kFloat32;
+  }
+  return int8_ok && rows >= kCodeMinRows ? KnnFilter::kInt8 : KnnFilter::kFloat32;
 }
 
 void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,
