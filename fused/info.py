@@ -1,5 +1,6 @@
 """python -m fused.info: version, device, compiled backends, and every op with the kernels it has."""
 
+import os
 import platform
 
 import torch
@@ -26,12 +27,16 @@ def kernels(op):
 def knn_gemm():
     """The CPU k-NN search's filter GEMM on this machine (the answer is the same either way)."""
     levels = fused._C.int8_gemm_levels()
+    forced = os.environ.get("FUSED_KNN_FILTER")
     if fused._C.knn_filter(1 << 20, 768) == "float32":
-        why = "FUSED_KNN_FILTER" if levels else "torch's int8 GEMM is not exact on this CPU"
+        if forced:
+            why = f"FUSED_KNN_FILTER={forced}"
+        else:
+            why = "torch's int8 GEMM is " + ("not oneDNN's x86 one here" if levels else "not exact here")
         return f"float32 ({why})"
     bits = "8-bit codes" if levels == 127 else "7-bit codes (no int8 dot products)"
-    if fused._C.knn_filter(1, 768) == "int8":
-        return f"int8, {bits} (FUSED_KNN_FILTER=int8)"
+    if forced:
+        return f"int8, {bits} (FUSED_KNN_FILTER={forced})"
     return f"int8, {bits}, from 128 rows of a; float32 below"
 
 

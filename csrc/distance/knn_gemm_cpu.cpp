@@ -410,9 +410,9 @@ int int8_gemm_levels() {
 }
 
 // The filter's GEMM for `rows` rows of a per batch at D columns (the answer is the same with any of them):
-// - int8 codes where torch's int8 GEMM is exact (int8_gemm_levels) and a has enough rows to repay the codes of b
-//   (kCodeMinRows): its GEMM runs at 4x the float32 one's speed on Zen 4 (2x without int8 dot products), and its
-//   bound is about 1% of d^2 for Gaussian points (2% with 7-bit codes);
+// - int8 codes on x86 where torch's int8 GEMM is oneDNN's and exact (int8_gemm_levels), and a has enough rows to
+//   repay the codes of b (kCodeMinRows): its GEMM runs at 4x the float32 one's speed on Zen 4 (2x without int8 dot
+//   products), and its bound is about 1% of d^2 for Gaussian points (2% with 7-bit codes);
 // - else float32.
 // FUSED_KNN_FILTER=float32 or int8 decides instead (int8 only where the int8 GEMM is exact; the tests run both).
 KnnFilter knn_filter(int64_t rows, int64_t D) {
@@ -423,7 +423,13 @@ KnnFilter knn_filter(int64_t rows, int64_t D) {
     if (e == "int8" && int8_ok) return KnnFilter::kInt8;
     return KnnFilter::kFloat32;
   }
-  return int8_ok && rows >= kCodeMinRows ? KnnFilter::kInt8 : KnnFilter::kFloat32;
+  // by default only where torch's int8 GEMM is oneDNN's x86 one, measured fast; elsewhere FUSED_KNN_FILTER=int8
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool fast_int8 = at::hasMKLDNN();
+#else
+  constexpr bool fast_int8 = false;
+#endif
+  return fast_int8 && int8_ok && rows >= kCodeMinRows ? KnnFilter::kInt8 : KnnFilter::kFloat32;
 }
 
 void knn_gemm_cpu(const Batched& x, const Lengths& la, const Lengths& lb, bool squared, bool largest,

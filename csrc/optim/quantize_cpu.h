@@ -16,6 +16,7 @@
 // computes the same bits in torch (state dict loading, dequantize_state).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/bit_cast.h>
 
 #include "optim/rounding_keys.h"
 
@@ -92,12 +93,24 @@ inline FloatVec max_magnitude(FloatVec acc, FloatVec x) {
 
 // The scale of a block of coded values: the max of their magnitudes, NaN if any is NaN, from a vector of running
 // maxima (max_magnitude).
+// With AVX2 / AVX-512 the maxima are integer maxima of the bits (max_magnitude), and so is their reduction: a few
+// shuffles, where a loop over the lanes is a chain of compares that the next block's update waits behind.
 inline float block_scale(FloatVec running_max) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  return c10::bit_cast<float>(_mm512_reduce_max_epi32(_mm512_castps_si512(running_max)));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  __m256i m = _mm256_castps_si256(running_max);
+  m = _mm256_max_epi32(m, _mm256_permute2x128_si256(m, m, 1));
+  m = _mm256_max_epi32(m, _mm256_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm256_max_epi32(m, _mm256_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+  return c10::bit_cast<float>(_mm256_cvtsi256_si32(m));
+#else
   float lanes[FloatVec::size()];
   running_max.store(lanes);
   float a = 0.f;
   for (int64_t l = 0; l < FloatVec::size(); ++l) a = std::isnan(lanes[l]) || lanes[l] > a ? lanes[l] : a;
   return a;
+#endif
 }
 
 // The half-word layout of the dither words (the 8-bit codes' and bf16 moments'): element i takes the 16-bit half
