@@ -43,8 +43,9 @@ template <typename T> T gemm_error(int64_t D) { return T(D + 32) * std::numeric_
 // max(max |x_i| / levels, 2 FLT_MIN) (at least 2 FLT_MIN, so that a subnormal x_i read as 0 under DAZ is within
 // scale / 2 of its code). With h = 1/2 + 2^-12 (a code's rounding, and that of x_i * (1 / scale)),
 // |x_i - scale q_i| <= h scale, so |x.y - s_x s_y q_x.q_y| <= s_x s_y (slack_x + slack_y) with
-// slack = h sum |q_i| + D h^2 / 2; q_x.q_y is exact in int32. Non-finite rows get garbage codes: they take no part
-// in the filter.
+// slack = h sum |q_i| + D h^2 / 2; q_x.q_y is exact in int32. The slack is stored times sign (the search's: +1
+// nearest, -1 farthest), the end of that interval the lower bound of the score takes. Non-finite rows get garbage
+// codes: they take no part in the filter.
 struct Int8Rows {
   at::Tensor q, scale, slack;
 };
@@ -52,7 +53,7 @@ struct Int8Rows {
 inline void narrow_codes(const int32_t* __restrict codes, int8_t* __restrict q, int64_t n) {
   for (int64_t i = 0; i < n; ++i) q[i] = static_cast<int8_t>(codes[i]);
 }
-inline Int8Rows to_int8(const at::Tensor& x, int levels) {
+inline Int8Rows to_int8(const at::Tensor& x, int levels, float sign) {
   using V = Vec<float>;
   const int64_t rows = x.size(0), D = x.size(1);
   Int8Rows r{empty_output(x.sizes(), x.options().dtype(at::kChar)), at::empty({rows}, x.options()),
@@ -80,7 +81,7 @@ inline Int8Rows to_int8(const at::Tensor& x, int levels) {
       narrow_codes(codes.data(), q + row * D, D);
       scale[row] = s;
       const double n = at::vec::vec_reduce_all<float>([](V p, V t) { return p + t; }, sum);  // exact integers
-      slack[row] = std::nextafter(static_cast<float>(h * n + double(D) * h * h / 2), INFINITY);
+      slack[row] = sign * std::nextafter(static_cast<float>(h * n + double(D) * h * h / 2), INFINITY);
     }
   });
   return r;
@@ -167,8 +168,7 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   constexpr int64_t kRows = 256, kCols = 512;
   const T g = gemm_error<T>(D), g_direct = direct_error<T>(D), floor = T(D + 32) * std::numeric_limits<T>::min();
   const T sign = largest ? T(-1) : T(1), limit = std::numeric_limits<T>::max() / 8;
-  const KnnFilter kind = std::is_same_v<T, float> ? knn_filter(N, D) : KnnFilter::kFloat32;
-  const bool codes = kind == KnnFilter::kInt8;
+  const bool codes = std::is_same_v<T, float> && knn_filter(N, D) == KnnFilter::kInt8;
   // The filter's bound is the float32 GEMM's, g; with int8 codes, on top of their own bound per pair, it covers the
   // norms, the centering and the scan's few roundings, and 5 times the floor the subnormals that the scan's
   // arithmetic may flush (DAZ / FTZ).
@@ -183,7 +183,7 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
   // c_i = na_i (sign - g) - floor_filter. Columns with a non-finite or huge norm (inf, NaN, overflow) take
   // no part in the GEMM filter: every row re-ranks them directly.
   std::vector<MatmulOperands<T>> ops;
-  std::vector<at::Tensor> col_terms, col_slack;
+  std::vector<at::Tensor> col_terms;
   std::vector<Int8Rows> a8, b8;
   std::vector<std::vector<int64_t>> bad_cols(x.B);
   for (int64_t bi = 0; bi < x.B; ++bi) {
@@ -191,9 +191,8 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
     if constexpr (std::is_same_v<T, float>) {
       if (codes) {
         const int levels = int8_gemm_levels();
-        a8.push_back(to_int8(ops.back().ac, levels));
-        b8.push_back(to_int8(ops.back().bc, levels));
-        col_slack.push_back(b8.back().slack * sign);
+        a8.push_back(to_int8(ops.back().ac, levels, sign));
+        b8.push_back(to_int8(ops.back().bc, levels, sign));
       }
     }
     at::Tensor c = ops.back().nb * (sign - g);
@@ -229,11 +228,11 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
     const T* na = op.na.template data_ptr<T>() + r0;
     const T* cj = col_terms[bi].template data_ptr<T>();
     const T *a = op.a.template data_ptr<T>() + r0 * D, *b = op.b.template data_ptr<T>();
-    // int8 codes: the rows' and columns' scales, the rows' slacks and the columns' slacks times sign
+    // int8 codes: the rows' and columns' scales and slacks (times sign)
     const T *sa = nullptr, *ra = nullptr, *sb = nullptr, *rb = nullptr;
     if (codes) {
       sa = a8[bi].scale.template data_ptr<T>() + r0, ra = a8[bi].slack.template data_ptr<T>() + r0;
-      sb = b8[bi].scale.template data_ptr<T>(), rb = col_slack[bi].template data_ptr<T>();
+      sb = b8[bi].scale.template data_ptr<T>(), rb = b8[bi].slack.template data_ptr<T>();
     }
     // The rows' scan of one tile of dots (Dot: T, or int32_t from int8 codes).
     auto scan = [&](const auto* dots, int64_t c0, int64_t nc) {
@@ -245,7 +244,7 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
         const Dot* dot = dots + i * nc;
         // The filter's lower bound, c_i + c_j - 2 sign x.y, is within bound when c_j - 2 sign x.y <= bound - c_i.
         // From int8 codes, x.y is s_x s_y (q_x.q_y + sign (slack_x + slack_y)) at its bound's end.
-        const T ki = codes ? T(-2) * sign * sa[i] : T(0), ri = codes ? sign * ra[i] : T(0);
+        const T ki = codes ? T(-2) * sign * sa[i] : T(0), ri = codes ? ra[i] : T(0);
         constexpr bool kCodes = std::is_same_v<Dot, int32_t>;
         auto lower = [&](int64_t j) -> T {
           if constexpr (kCodes) return cj[c0 + j] + ki * (sb[c0 + j] * (T(dot[j]) + (rb[c0 + j] + ri)));
