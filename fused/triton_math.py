@@ -21,6 +21,13 @@ NONE: tl.constexpr = tl.constexpr("none")
 
 # ---- math primitives ----
 @triton.jit
+def neg(x):
+    """-x with the sign of zero flipped too (-0 at +0), as eager's neg. Write neg(x), never `-x`, where x can be 0:
+    Triton 3.6 (and earlier) lowers a float's unary minus to 0 - x, which is +0 at +0."""
+    return x * -1.0
+
+
+@triton.jit
 def exp(x):
     if INTERPRET:
         return tl.exp(x)
@@ -109,14 +116,16 @@ def tanh(x):
 @triton.jit
 def pow(x, s):
     if INTERPRET:
-        # float64: |x|^s = exp2(s log2|x|); negative x: sign by parity for integer s, NaN otherwise (but -inf).
+        # float64: |x|^s = exp2(s log2|x|); x with its sign bit set (-0 too): sign by parity for integer s, else NaN
+        # but at -0 and -inf (C's pow)
         w = x.to(tl.float64)
         e = s.to(tl.float64)
         mag = tl.exp2(e * tl.log2(tl.abs(w)))
         is_int = tl.floor(e) == e
         odd = is_int & (tl.floor(e * 0.5) != e * 0.5)
-        neg = tl.where(is_int, tl.where(odd, -mag, mag), tl.where(w == float("-inf"), mag, float("nan")))
-        y = tl.where(w < 0.0, neg, mag)
+        signed = tl.where(odd, neg(mag), mag)
+        at_negative = tl.where(is_int, signed, tl.where((w == float("-inf")) | (w == 0.0), mag, float("nan")))
+        y = tl.where(w.to(tl.int64, bitcast=True) < 0, at_negative, mag)  # sign bit: -0 too (pow(-0, 3) = -0)
         return tl.where(e == 0.0, 1.0, y).to(x.dtype)
     else:
         return libdevice.pow(x, s)
@@ -193,7 +202,7 @@ def unary_fwd(x, OP: tl.constexpr, s):
     if OP == NONE:
         return x
     elif OP == "neg":
-        return -x
+        return neg(x)
     elif OP == "abs":
         return tl.abs(x)
     elif OP == "square":
@@ -235,7 +244,7 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     if OP == NONE:
         return g
     elif OP == "neg":
-        return -g
+        return neg(g)
     elif OP == "abs":  # sign, 0 at 0 (and at NaN)
         return g * ((x > 0.0).to(x.dtype) - (x < 0.0).to(x.dtype))
     elif OP == "square":
@@ -252,12 +261,12 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     elif OP == "sin":
         return g * cos(x)
     elif OP == "cos":
-        return g * -sin(x)
+        return g * neg(sin(x))
     elif OP == "tanh" or OP == "sigmoid" or OP == "relu" or OP == "gelu" or OP == "gelu_tanh" or OP == "silu":
         return g * act_grad(x, OP)
     elif OP == "reciprocal":
         r = div(1.0, x)
-        return g * -(r * r)
+        return g * neg(r * r)
     elif OP == "add":
         return g
     elif OP == "mul":

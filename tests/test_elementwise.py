@@ -149,9 +149,11 @@ def same_values(ours, eager):
 def test_unary_chain_special_values_as_eager(dev, dtype):
     """Signed zeros, infinities, NaN and tiny values through the ops whose edges differ between C and eager: pow
     with exponent 0.5 / -0.5 is sqrt / rsqrt in eager (pow(-0, 0.5) = -0, NaN at -inf), rsqrt's derivative is
-    -0.5 rsqrt(x)^3 (+inf at -0), and clamp to a NaN bound gives NaN. Values and gradients, as eager gives them."""
+    -0.5 rsqrt(x)^3 (+inf at -0), and clamp to a NaN bound gives NaN; neg, cos' -sin and reciprocal's -(1/x)^2 keep
+    the sign of a zero (Triton 3.6 lowers a unary minus to 0 - x). Values and gradients, as eager gives them."""
     x = torch.tensor([-0.0, 0.0, -math.inf, math.inf, -1.0, 4.0, math.nan, 1e-30, -2.0], dtype=dtype, device=dev)
-    chains = [["rsqrt"], ["sqrt"], ["reciprocal"], ["log"], [("clamp_min", 0.5)], [("clamp_max", 0.5)]]
+    chains = [["rsqrt"], ["sqrt"], ["reciprocal"], ["log"], ["neg"], ["cos"]]
+    chains += [[("clamp_min", 0.5)], [("clamp_max", 0.5)]]
     chains += [[("pow", e)] for e in (0.5, -0.5, 1.5, 2.0)]
     chains += [[(c, math.nan)] for c in ("clamp_min", "clamp_max")]
     for chain in chains:

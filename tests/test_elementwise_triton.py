@@ -2,6 +2,7 @@
 TRITON_INTERPRET=1 (tests/conftest.py), so shapes stay small; on a GPU the same tests run on CUDA tensors.
 Each launcher is held against the CPU C++ op (torch.ops.fused.*) and the plain-PyTorch reference."""
 
+import math
 import re
 
 import pytest
@@ -305,6 +306,47 @@ def test_nan_inf_propagate_as_cpu(dtype):
     for op in ops:
         assert_close(tk.unary_chain(dev(x), [op]).cpu(), cpu_op("unary_chain", x, [op]))
         assert_close(tk.unary_chain_backward(dev(up), dev(x), [op]).cpu(), cpu_op("unary_chain_backward", up, x, [op]))
+
+
+# Triton 3.6 (the GPU machine's) lowers a float's unary minus to 0 - x, +0 at +0; later versions negate. Under the
+# interpreter the older lowering is put back for the "zero_minus" case, so the kernels' signs of zero are checked
+# against both here; on a GPU the installed Triton's own lowering is the one there is.
+MINUS_LOWERINGS = ["installed"] + (["zero_minus"] if DEVICE == "cpu" else [])
+
+
+def same_signs_and_values(actual, expected):
+    """NaN where expected has NaN; zeros and infinities equal, sign included; the rest within a few ulps (the
+    interpreter's sin is numpy's, not the CPU op's vector sin)."""
+    a, e = actual.cpu(), expected.cpu()
+    nan = e.isnan()
+    assert torch.equal(a.isnan(), nan), (a, e)
+    a, e = a[~nan], e[~nan]
+    edge = (e == 0) | e.isinf()
+    assert torch.equal(a[edge], e[edge]) and torch.equal(a[edge].signbit(), e[edge].signbit()), (a, e)
+    torch.testing.assert_close(a[~edge], e[~edge], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("minus", MINUS_LOWERINGS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_signed_zeros_as_cpu(dtype, minus, monkeypatch):
+    """neg(+-0), and the derivatives that are 0 with a sign: cos' -sin(+-0), reciprocal's -(1/+-inf)^2 (eager: -0 at
+    +-inf), pow at -0 and at a tiny negative x (odd, even and fractional exponents); the CPU op gives eager's signs."""
+    if minus == "zero_minus":
+        from triton.language.semantic import TritonSemantic
+
+        def zero_minus(self, x):
+            zero = self.make_tensor(self.builder.get_null_value(x.type.scalar.to_ir(self.builder)), x.type.scalar)
+            return self.sub(zero, x, True)
+
+        monkeypatch.setattr(TritonSemantic, "minus", zero_minus)
+    x = torch.tensor([-0.0, 0.0, -math.inf, math.inf, -1.0, 4.0, math.nan, 1e-30, -1e-300, -2.0], dtype=dtype)
+    up = torch.ones_like(x)
+    ops = ["neg", "cos", "sin", "reciprocal", "abs", "sqrt", "rsqrt"]
+    ops += ["pow:3.0", "pow:-3.0", "pow:1.5", "pow:-1.5", "pow:2.0"]
+    for op in ops:
+        same_signs_and_values(tk.unary_chain(dev(x), [op]), cpu_op("unary_chain", x, [op]))
+        backward = tk.unary_chain_backward(dev(up), dev(x), [op])
+        same_signs_and_values(backward, cpu_op("unary_chain_backward", up, x, [op]))
 
 
 def test_bad_input_names_op_and_argument():

@@ -4,8 +4,9 @@
 #   1. install   pip install --no-build-isolation --no-deps -e .  (CUDA kernels for TORCH_CUDA_ARCH_LIST, default 9.0)
 #   2. at once, side by side:
 #      pytest    the parity suite's GPU tests, both backends: the `dev` fixture gives every family's tests the ids
-#                cuda-cuda and cuda-triton (FUSED_TEST_CPU=0 drops its cpu id), and -k "cuda or triton" (PYTEST_K)
-#                keeps the GPU-only tests; pytest-xdist spreads them over the cores. CI runs the CPU tests.
+#                cuda-cuda and cuda-triton (FUSED_TEST_CPU=0 drops its cpu id), and -k "(cuda or triton) and not
+#                emulation" (PYTEST_K) keeps the GPU-only tests; pytest-xdist spreads them over the cores. CI runs the
+#                CPU tests.
 #      sanitize  compute-sanitizer over the CUDA C++ tests (ids cuda-cuda and the test_optim_cuda file), one process
 #                per family: memcheck for each; racecheck and synccheck for the kernels with shared memory and
 #                barriers (norm rows, cross-entropy rows, bias-gradient reductions, the optimizer's grad norm);
@@ -82,10 +83,10 @@ cat "$WORK/install.log.summary"
 bench() {
   local limit=$1 t0=$SECONDS
   pkill -f cuda-gdb; pkill -f "build_ext --inplace"
-  # host time per eager call, per backend (at most 60 s of the limit)
-  [ "$limit" -ge 120 ] && run host-overhead "$OUT/bench.log" 60 "$PYTHON" tools/host_overhead.py
+  # host time per eager call, per backend (at most 60 s of the limit); BENCH_EXTRAS=0 skips it and the next
+  [ "${BENCH_EXTRAS:-1}" = 1 ] && [ "$limit" -ge 120 ] && run host-overhead "$OUT/bench.log" 60 "$PYTHON" tools/host_overhead.py
   # device time per kernel of the cases behind their targets (at most 60 s)
-  [ "$limit" -ge 180 ] && run kernel-times "$OUT/bench.log" 60 "$PYTHON" tools/gpu_kernel_times.py
+  [ "${BENCH_EXTRAS:-1}" = 1 ] && [ "$limit" -ge 180 ] && run kernel-times "$OUT/bench.log" 60 "$PYTHON" tools/gpu_kernel_times.py
   limit=$((limit - (SECONDS - t0)))
   run bench "$OUT/bench.log" "$limit" "$PYTHON" -m benchmarks.run --device cuda --rounds 2 \
     --budget-s "$((limit - 55))" --out "$OUT/bench" ${BENCH_ARGS:-}
@@ -107,9 +108,10 @@ cpu_only=(--ignore=tests/test_cuda_emulation.py --ignore=tests/test_patch.py --i
   --ignore=tests/test_build.py)
 workers=(-n "${WORKERS:-10}")
 "$PYTHON" -c "import xdist" 2>/dev/null || workers=()  # without pytest-xdist: one process
-# GPU tests only: the ids and names with cuda or triton (CI runs the rest); PYTEST_K="" runs everything.
+# GPU tests only: the ids and names with cuda or triton but not the host emulation (CI runs the rest); PYTEST_K=""
+# runs everything.
 run pytest "$OUT/pytest.log" "$cap" env FUSED_TEST_CPU=0 "${pytest[@]}" -v "${workers[@]}" "${cpu_only[@]}" \
-  -k "${PYTEST_K-cuda or triton}" ${SUITE_TESTS:-tests} &
+  -k "${PYTEST_K-(cuda or triton) and not emulation}" ${SUITE_TESTS:-tests} &
 
 sanitizer=$(command -v compute-sanitizer || ls "$cuda_home/bin/compute-sanitizer" /usr/local/cuda/bin/compute-sanitizer \
   2>/dev/null | head -1)
@@ -136,11 +138,11 @@ if [ -n "$sanitizer" ]; then
     i=$((i + 1))
     # Without the caching allocator every tensor is its own allocation, so memcheck sees out-of-bounds accesses.
     # Left to the plain pytest: launch counts (the profiler's CUPTI does not run under the sanitizer) and CUDA
-    # graph capture (each allocation is then a cudaMalloc, which a capture forbids).
+    # graph capture (each allocation is then a cudaMalloc, which a capture forbids). The host emulation runs no GPU code.
     # shellcheck disable=SC2086
     run "$tool $files" "$WORK/san/$i.log" "$cap" env FUSED_BACKEND=cuda PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
       "$sanitizer" --tool "$tool" --target-processes all --error-exitcode 86 --print-limit 20 \
-      "${pytest[@]}" -q $files -k "($filter) and not triton and not compile and not opcheck and not launches and not graph" &
+      "${pytest[@]}" -q $files -k "($filter) and not triton and not compile and not opcheck and not launches and not graph and not emulation" &
   done
 else
   echo "FAILED  sanitize: compute-sanitizer not found" >"$WORK/0.log.summary"

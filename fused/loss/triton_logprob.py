@@ -80,12 +80,12 @@ def _log_prob_rows_kernel(
         g_l = tm.div(tl.load(scale_ptr + 2 * row).to(MATH), temp)
         g_h = tm.div(tl.load(scale_ptr + 2 * row + 1).to(MATH), temp)
         # the target's entry from expm1(log p_t): exact for a confident prediction
-        g_t = -g_l * tm.expm1(logp_t) - g_h * tm.exp(logp_t) * (logp_t + entropy)
+        g_t = tm.neg(g_l) * tm.expm1(logp_t) - g_h * tm.exp(logp_t) * (logp_t + entropy)
         for start in range(0, V, BLOCK):
             cols = start + cols0
             mask = cols < V
             lp = (tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m) - log_s
-            g = -_weight_mul(tm.exp(lp), g_l + g_h * (lp + entropy))
+            g = tm.neg(_weight_mul(tm.exp(lp), g_l + g_h * (lp + entropy)))
             g = tl.where(cols == t, g_t, g)
             tl.store(g_row + cols, to_out(g, g_ptr.dtype.element_ty), mask=mask)
 

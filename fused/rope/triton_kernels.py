@@ -10,6 +10,7 @@ float64), rounded once to the output dtype."""
 import triton
 import triton.language as tl
 
+from fused import triton_math as tm
 from fused.rope import ops as _ops
 from fused.triton_utils import math_dtype, needs_i64, on_device_of, to_out
 
@@ -71,7 +72,7 @@ def _rope_kernel(
         c2 = c1
         s1 = tl.load(sin_row + i, mask=i_mask, other=0.0).to(MATH)
         if BACKWARD:
-            s1 = -s1
+            s1 = tm.neg(s1)
         s2 = s1
     else:  # rotate_half's transpose swaps the sin halves and negates them
         c1 = tl.load(table + i, mask=i_mask, other=0.0).to(MATH)
@@ -79,7 +80,7 @@ def _rope_kernel(
         s1 = tl.load(sin_row + i, mask=i_mask, other=0.0).to(MATH)
         s2 = tl.load(sin_row + half + i, mask=i_mask, other=0.0).to(MATH)
         if BACKWARD:
-            s1, s2 = -s2, -s1
+            s1, s2 = tm.neg(s2), tm.neg(s1)
     c1, c2, s1, s2 = c1[None, :], c2[None, :], s1[None, :], s2[None, :]
     block = tl.program_id(1)
     if block < q_blocks:
