@@ -16,13 +16,15 @@ BACKENDS = ("auto", "cuda", "triton")
 # op -> "cuda" or "triton": the faster one where a GPU benchmark measured both (benchmarks/results/nvidia-h200.md,
 # by the median time of an eager call, launches included): CUDA C++ for the elementwise and norm kernels; Triton
 # for the cross-entropy rows (linear_cross_entropy 4096x1024x131072 bf16 forward+backward 9.0 vs 10.2 ms) and the
-# log-prob rows (linear_log_probs+entropy 4096x1024x131072 fp32 forward+backward 97.0 vs 99.5 ms). Ops not listed
+# log-prob rows (linear_log_probs+entropy 4096x1024x131072 fp32 forward+backward 97.0 vs 99.5 ms; 96.5 vs 99.6 in
+# another run) and the distillation rows (linear_distillation_loss, same shape: 98.0 vs 104.8 ms). Ops not listed
 # take CUDA C++ when it was compiled, which the linear epilogues measured faster too (linear_act 4096^3 bf16: 0.239
 # vs 0.244 ms gelu, 0.232 vs 0.260 relu; FusedMLP 0.318 vs 0.349).
 AUTO_PREFERENCE: dict = {
     **{op: "cuda" for op in ("bias_act", "glu", "unary_chain", "norm_fwd", "norm_backward")},
     "cross_entropy_rows": "triton",
     "log_prob_rows": "triton",
+    "distillation_rows": "triton",
 }
 
 # op -> {"cuda": internal op name or None, "triton": "module:launcher" or None}; fused.info lists it.

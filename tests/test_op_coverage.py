@@ -100,6 +100,15 @@ def test_cuda_twins_match_their_ops():
             assert kernels["cuda"] in twins, f"{op}: define it with def_with_cuda_twin in its schema file"
 
 
+def test_auto_preference_names_gpu_ops_with_both_backends():
+    """Each AUTO_PREFERENCE entry is an op the GPU router knows, with the backend it names among the op's kernels."""
+    from fused._backend import AUTO_PREFERENCE
+
+    for op, backend in AUTO_PREFERENCE.items():
+        assert op in GPU_KERNELS, op
+        assert GPU_KERNELS[op][backend], (op, backend)
+
+
 def test_gpu_router_passes_keyword_only_arguments(monkeypatch):
     """The dispatcher calls a CUDA kernel with the keyword-only arguments that differ from their defaults as
     keywords (fused::rope's interleaved=True): the router hands them on to the CUDA C++ twin and to Triton."""
