@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # A/B of a kernel change on a lent GPU, in one call: builds the extension in place (setup.py build_ext --inplace),
 # keeps that library as A, applies PATCH (git apply) and rebuilds (ninja recompiles only the changed sources), keeps
-# that as B, reverts the patch, then runs AB_CMD with A and B alternately (AB_ROUNDS rounds, a fresh process each),
-# swapping the library in place. Usage: OUT=dir bash tools/gpu_ab.sh PATCH
+# that as B, then runs AB_CMD with A and B alternately (AB_ROUNDS rounds, a fresh process each): A with the tree as
+# it is, B with the patch applied (its Python and Triton changes too) and its library swapped in. Usage:
+# OUT=dir bash tools/gpu_ab.sh PATCH
 #   AB_CMD     the timing command, a bash command line (default: the optimizer benchmark's plain AdamW case with
 #              fp32, bf16 and int8 state, both backends)
 #   AB_ROUNDS  rounds of A then B (default 2)
@@ -32,12 +33,16 @@ git apply -R "$patch"
 [ $built -eq 0 ] || exit 1
 
 lib=$(ls fused/_C*.so)
+failed=0
 for r in $(seq "${AB_ROUNDS:-2}"); do
   for v in A B; do
     cp "$work/$v.so" "$lib"
+    [ $v = B ] && git apply "$patch"
     echo "== $v round $r: $cmd" >>"$OUT/ab.log"
-    bash -c "$cmd" >>"$OUT/ab.log" 2>&1 || { echo "$v round $r failed (ab.log)"; exit 1; }
+    bash -c "$cmd" >>"$OUT/ab.log" 2>&1 || { echo "$v round $r failed (ab.log)"; failed=1; }
+    [ $v = B ] && git apply -R "$patch"
   done
 done
 cp "$work/A.so" "$lib"  # the tree's own build again
 grep -aE "^== |fused\[cuda\]|fused\[triton\]" "$OUT/ab.log"
+exit $failed
