@@ -273,3 +273,13 @@ def test_benchmark_keep_heap_reuses_freed_memory(tmp_path):
     assert faults <= 2 * 8192, faults  # 4 x 8192 when each tensor is fresh memory
     assert ["-keep-heap" in p.name for p in tmp_path.iterdir() if p.suffix == ".md"] == [True]
     assert "freed heap kept" in done.stdout
+
+
+def test_gpu_candidate_patches_apply_to_the_tree():
+    """tools/gpu_candidates/*.patch wait for a GPU timing (tools/gpu_ab.sh): each still applies to this tree."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = os.path.join(root, "tools", "gpu_candidates")
+    patches = sorted(f for f in os.listdir(folder) if f.endswith(".patch")) if os.path.isdir(folder) else []
+    for name in patches:
+        check = subprocess.run(["git", "apply", "--check", os.path.join(folder, name)], cwd=root, capture_output=True)
+        assert check.returncode == 0, (name, check.stderr.decode())
