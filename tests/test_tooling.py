@@ -283,3 +283,19 @@ def test_gpu_candidate_patches_apply_to_the_tree():
     for name in patches:
         check = subprocess.run(["git", "apply", "--check", os.path.join(folder, name)], cwd=root, capture_output=True)
         assert check.returncode == 0, (name, check.stderr.decode())
+
+
+def test_gpu_adam_times_runs(capsys):
+    """tools/gpu_adam_times.py (gpu_ab.sh's timing command) on small CPU tensors: a line per backend and state."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location("gpu_adam_times", os.path.join(root, "tools", "gpu_adam_times.py"))
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    tool.run(layers=1, width=64, device="cpu")
+    lines = [line for line in capsys.readouterr().out.splitlines() if "median" in line]
+    assert [line.split(":")[0] for line in lines] == [
+        f"fused[{b}] state {s}" for b in ("cuda", "triton") for s in ("fp32", "bf16", "int8")
+    ]
+    assert fused._backend._backend in (None, "auto")  # set back
