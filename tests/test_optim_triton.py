@@ -301,6 +301,21 @@ def test_lists_table_cached_and_grouped():
     assert triton_lists.groups([[a, b, e, c]], 2048)[0].table is table
 
 
+def test_per_tensor_hyperparameters_cached_by_their_bits():
+    """The per-tensor rows are copied to the device once for the same values (a captured step copies nothing), and
+    again for other values, -0.0 against 0.0 included."""
+    from fused.optim import triton_lists
+
+    rows = [[1e-3, 0.9, 0.999, 1e-8, 0.0]] * 3
+    first = triton_lists.per_tensor(rows, torch.device(TRITON_DEVICE))
+    assert first.tolist() == rows and first.dtype == torch.float64
+    assert triton_lists.per_tensor([list(r) for r in rows], torch.device(TRITON_DEVICE)) is first
+    for other in ([[2e-3, 0.9, 0.999, 1e-8, 0.0]] * 3, [[1e-3, 0.9, 0.999, 1e-8, -0.0]] * 3, rows[:2]):
+        again = triton_lists.per_tensor(other, torch.device(TRITON_DEVICE))
+        assert again is not first and torch.equal(again.cpu(), torch.tensor(other, dtype=torch.float64))
+        assert [math.copysign(1, x) for x in again[0].tolist()] == [math.copysign(1, x) for x in other[0]]
+
+
 # ---------------------------------------------------------------- sm_90 compile
 
 
@@ -364,3 +379,11 @@ def test_gpu_clip_grad_norm_on_triton(norm_type):
 def test_gpu_master_weights_with_accumulation_on_triton(dtype):
     with backend("triton"):
         cuda_tests.test_cuda_master_weights_with_accumulation(dtype)
+
+
+@requires_cuda
+def test_gpu_triton_step_in_a_cuda_graph():
+    """test_cuda_graph_capture on Triton: after a warm-up step (tables and hyperparameters copied to the device
+    then), a captured clip+AdamW step replays as eager steps run."""
+    with backend("triton"):
+        cuda_tests.test_cuda_graph_capture()

@@ -5,8 +5,8 @@ the whole group whatever its number of tensors (no kernel-argument limit, no lau
 A group's table is an int64 [K + 3, n] tensor: rows 0..K-1 the addresses of its tensors in each of the K lists,
 then each tensor's element count, its first program and its index in the call (its row of per-tensor tables, its
 stochastic-rounding key). Program j of the launch works on tile j - first of tensor `tensor_of[j]` (an int32 map
-of every program). Tables are cached by their content (addresses, sizes, dtypes), so a training loop copies them
-to the device once."""
+of every program). Tables and per-tensor hyperparameters are cached by their content (addresses, sizes, dtypes,
+values), so a training loop copies them to the device once."""
 
 import collections
 import itertools
@@ -92,15 +92,20 @@ def groups(lists, block):
         content = (device, block, key, tuple(indices)) + tuple(
             (lst[t].data_ptr(), lst[t].numel()) for lst in lists if lst is not None for t in indices
         )
-        if content in _cache:
-            _cache.move_to_end(content)
-        else:
-            _cache[content] = _describe(lists, indices, block, device)
-            if len(_cache) > CACHE_SIZE:
-                _cache.popitem(last=False)
-        table, tensor_of, programs = _cache[content]
+        table, tensor_of, programs = _cached(content, lambda: _describe(lists, indices, block, device))
         out.append(Group(key, indices, table, tensor_of, programs))
     return out
+
+
+def _cached(content, make):
+    """make()'s result, kept under its content key (most recently used last, CACHE_SIZE at most)."""
+    if content in _cache:
+        _cache.move_to_end(content)
+    else:
+        _cache[content] = make()
+        if len(_cache) > CACHE_SIZE:
+            _cache.popitem(last=False)
+    return _cache[content]
 
 
 def tl_dtype(dtype, default):
@@ -109,5 +114,9 @@ def tl_dtype(dtype, default):
 
 
 def per_tensor(rows, device):
-    """Per-tensor float64 rows (hyperparameters of several param groups) as a [n, width] device tensor."""
-    return _to_device(torch.tensor(rows, dtype=torch.float64), device)
+    """Per-tensor float64 rows (hyperparameters of several param groups) as a [n, width] device tensor, cached by
+    content as the tables are: a training loop copies them once, and a step captured in a CUDA graph copies nothing
+    from the host (a pinned copy cannot be captured)."""
+    host = torch.tensor(rows, dtype=torch.float64)
+    content = ("rows", device, tuple(host.shape), host.numpy().tobytes())  # the bits: -0.0 is not 0.0, NaN is NaN
+    return _cached(content, lambda: _to_device(host, device))
