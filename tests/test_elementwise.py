@@ -20,6 +20,7 @@ from tests.harness import (
     make,
     noncontiguous,
     raises,
+    same_values,
 )
 
 ACTS = list(ref.ACT_FNS)
@@ -129,20 +130,6 @@ def test_bias_act_nan_inf_propagate_like_eager(dev):
         if act == "gelu":  # eager's CPU gelu gives NaN at +inf; the limit (and eager on CUDA) is +inf
             expected[0, 1] = float("inf")
         torch.testing.assert_close(fused.bias_act(x, None, act), expected, equal_nan=True)
-
-
-def same_values(ours, eager):
-    """NaN where eager has NaN; zeros and infinities equal to eager's, sign included; finite non-zero values within a
-    few ulps (another CPU's vector math may round a log or pow differently)."""
-
-    def same(o, e):
-        if math.isnan(o) or math.isnan(e):
-            return math.isnan(o) and math.isnan(e)
-        if o == 0 or e == 0 or math.isinf(o) or math.isinf(e):
-            return o == e and math.copysign(1, o) == math.copysign(1, e)
-        return abs(o - e) <= 1e-6 * abs(e)
-
-    return all(same(o, e) for o, e in zip(ours.flatten().tolist(), eager.flatten().tolist()))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
