@@ -12,6 +12,7 @@ import test_optim_cuda as cuda_tests  # its GPU checks, run below on Triton
 import torch
 from test_optim_state8 import assert_same  # the CPU op's bits, NaN counting as one NaN
 
+import fused
 from tests.harness import TRITON_DEVICE, backend, compile_for_sm90, requires_cuda, requires_triton
 
 pytestmark = requires_triton
@@ -273,6 +274,110 @@ def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     all_same_bits(ours, run(torch.ops.fused.adam_step_))
 
 
+def adam_call(device, dtypes, steps_at, found=0.0, hyper=None):
+    """adam_step_'s arguments for params of `dtypes` (SHAPES' sizes, the last one empty) on device, with step
+    counters at steps_at."""
+    params = [randn(s, dt, k).to(device) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))]
+    state = [[torch.zeros(p.shape, dtype=p.dtype, device=device) for p in params] for _ in range(2)]
+    steps = [torch.full((), float(s), device=device) for s in steps_at]
+    grads = [randn(p.shape, p.dtype, 50 + k).to(device) for k, p in enumerate(params)]
+    coef, found = torch.tensor(0.5, dtype=torch.float64, device=device), torch.tensor(found, device=device)
+    args = [params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False, True, False, coef, None, found]
+    return args + [math.inf, [], None, hyper, True]
+
+
+def test_step_counters_advance_in_the_kernels_unless_skipped():
+    """adam_step_ and sgd_step_ (momentum): the last program of each dtype group's launch advances that group's
+    counters once (an empty tensor's too; a group of empty tensors alone takes a host op); with found_inf set none
+    moves; the tickets are back at 0 after every launch."""
+    from fused.optim import triton_kernels, triton_lists, triton_sgd
+
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.float64]  # the float64 group: the empty tensor
+    for found in (0.0, 1.0):
+        args = adam_call(TRITON_DEVICE, dtypes, [0, 5, 7, 2], found)
+        triton_kernels.adam_step_(*args)
+        assert [s.item() for s in args[5]] == ([1, 6, 8, 3] if found == 0 else [0, 5, 7, 2])
+        params, grads, bufs, _, _, steps = args[:6]
+        triton_sgd.sgd_step_(
+            params, grads, bufs, steps, 0.1, 0.9, 0.0, 0.0, False, False, args[14], None, args[16], math.inf, []
+        )  # fmt: skip
+        assert [s.item() for s in steps] == ([2, 7, 9, 4] if found == 0 else [0, 5, 7, 2])
+        for t in triton_lists._tickets[torch.device(TRITON_DEVICE)]:
+            assert t.item() == 0
+
+
+def test_adam_bias_corrections_in_the_kernel(monkeypatch):
+    """The corrections as a GPU takes them, from each tensor's step counter in the kernel (pow in float64; under
+    the interpreter not the C library's, so within rounding of the CPU op rather than its bits): per-tensor
+    hyperparameters and step counts."""
+    from fused.optim import triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "host_terms", lambda device: False)
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
+    hyper = torch.tensor([[1e-2, 0.9, 0.99, 1e-8, 0.1], [1e-3, 0.8, 0.999, 1e-6, 0.0]] * 2, dtype=torch.float64)
+    ours = adam_call(TRITON_DEVICE, dtypes, [0, 3, 1000, 1], hyper=hyper)
+    cpu = adam_call("cpu", dtypes, [0, 3, 1000, 1], hyper=hyper)
+    triton_kernels.adam_step_(*ours)
+    torch.ops.fused.adam_step_(*cpu)
+    for a, b in zip(cpu[0] + cpu[2] + cpu[3] + cpu[5], ours[0] + ours[2] + ours[3] + ours[5]):
+        torch.testing.assert_close(b.cpu(), a, rtol=1e-6, atol=0)
+    moved = [(p.cpu() != randn(s, p.dtype, k)).any() for k, (p, s) in enumerate(zip(ours[0][:3], SHAPES))]
+    assert all(moved)
+
+
+class LaunchingOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records the torch ops that would run a kernel on the device (allocations, views and ops on no tensor run
+    none)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        on_tensors = any(isinstance(a, torch.Tensor) for a in torch.utils._pytree.tree_leaves((args, kwargs)))
+        if on_tensors and not (name.startswith("empty") or func.is_view):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_triton_step_is_its_launches(monkeypatch):
+    """With the bias corrections in the kernel (as on a GPU), grad_norm, adam_step_ and sgd_step_ run no torch op
+    of their own once their tables are cached: a clip+step on a GPU is one launch a dtype group for each pass
+    (test_gpu_triton_clip_and_step_launches counts them on the device). The kernels are stubbed: what runs is the
+    launchers' host code."""
+    from fused.optim import triton_kernels, triton_norm, triton_sgd
+
+    monkeypatch.setattr(triton_kernels, "host_terms", lambda device: False)
+    launches = []
+
+    class Stub:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(self.name)
+
+    for module, name in ((triton_norm, "_norm_kernel"), (triton_kernels, "_adam_kernel"), (triton_sgd, "_sgd_kernel")):
+        monkeypatch.setattr(module, name, Stub(name))
+    dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
+    args = adam_call(TRITON_DEVICE, dtypes, [0, 3, 4, 1])
+    params, grads, bufs, _, _, steps = args[:6]
+
+    def step():
+        norm, coef, found = triton_norm.grad_norm(grads, None, None, 2.0, 1.0, math.inf)
+        triton_kernels.adam_step_(*args[:14], coef, None, found, *args[17:])
+        triton_sgd.sgd_step_(params, grads, bufs, steps, 0.1, 0.9, 0.0, 0.0, False, False, coef, None, found,
+                             math.inf, [])  # fmt: skip
+
+    step()  # the tables and hyperparameters copied to the device
+    launches.clear()
+    with LaunchingOps() as recorded:
+        step()
+    assert recorded.ops == []
+    assert launches == ["_norm_kernel"] * 2 + ["_adam_kernel"] * 2 + ["_sgd_kernel"] * 2
+
+
 def test_every_optimizer_op_has_a_triton_kernel():
     """fused.info's table (from the GPU router's registrations) lists a Triton kernel for each op of the family,
     and each registered launcher is the function of that op's name."""
@@ -326,8 +431,8 @@ def test_optim_launchers_compile_for_sm90():
 
     stdout = compile_for_sm90(["optim"])
     for kernel in (
-        "_norm_partial_kernel",
-        "_norm_finish_kernel",
+        "_norm_kernel",
+        "_finish_kernel",
         "_scale_grads_kernel",
         "_sgd_kernel",
         "_accumulate_kernel",
@@ -379,6 +484,26 @@ def test_gpu_clip_grad_norm_on_triton(norm_type):
 def test_gpu_master_weights_with_accumulation_on_triton(dtype):
     with backend("triton"):
         cuda_tests.test_cuda_master_weights_with_accumulation(dtype)
+
+
+@requires_cuda
+def test_gpu_triton_clip_and_step_launches():
+    """A clipped AdamW step and a scaler's step on Triton: one norm launch and one update launch a dtype group,
+    whatever the number of tensors (tests/test_optim_cuda.py's count_launches: every kernel on the device)."""
+    for dtypes, launches in (([torch.float32], 2), ([torch.float32, torch.bfloat16], 4)):
+        params = [torch.randn(i + 1, 33, device="cuda", dtype=dtypes[i % len(dtypes)]) for i in range(300)]
+        params = [p.requires_grad_() for p in params]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        with backend("triton"):
+            opt = fused.optim.AdamW(params, max_grad_norm=1.0)
+            scaler = fused.amp.GradScaler("cuda")
+            opt.step()  # state allocation and the one-time table copies
+            assert cuda_tests.count_launches(opt.step) == launches
+            scaler.scale(torch.ones((), device="cuda"))
+            scaler.step(opt)
+            scaler.update()
+            assert cuda_tests.count_launches(lambda: scaler.step(opt)) == launches
 
 
 @requires_cuda

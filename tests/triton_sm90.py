@@ -224,9 +224,12 @@ def logprob():
 def optim():
     """adam_step_: 8-bit state (amsgrad, value clipping, loss scale; exp_avg_sq's codes rounded stochastically),
     bf16 params rounded stochastically, master weights, bf16 state rounded stochastically, float64 params with their
-    own state."""
+    own state. The bias corrections are taken in the kernel, as on a GPU (not from the host, as under the
+    interpreter)."""
     from fused.optim import quantize
     from fused.optim import triton_kernels as tk
+
+    tk.host_terms = lambda device: False
 
     def step(dt, codes, amsgrad=False, master=False, seed=None, state_seed=None):
         p = torch.randn(5000, dtype=torch.float32 if master else dt)
@@ -261,6 +264,7 @@ def optim_others():
     for norm_type in (2.0, 1.0, math.inf, 3.0):
         triton_norm.grad_norm(grads, one * 0, one * 64, norm_type, 1.0, 0.5)
     triton_norm.grad_norm(grads[:2], None, None, 2.0, math.inf, math.inf, False)
+    triton_norm.grad_norm([torch.zeros(0)], one * 0, None, 2.0, 1.0, math.inf)  # no element: the finish alone
     triton_norm.scale_grads_(grads, coef)
     triton_accumulate.accumulate_grads_([torch.zeros(300), torch.zeros(70, dtype=torch.float64)], grads[1:], False)
 
@@ -285,6 +289,16 @@ def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
+def entries(ptxs):
+    """The kernels' own bodies: each PTX without the functions it calls (.func, e.g. libdevice's accurate pow,
+    whose fmas are its own)."""
+    out = []
+    for p in ptxs:
+        body = p[p.index(".entry") :]
+        out.append(body[: body.index("\n.func")] if "\n.func" in body else body)
+    return out
+
+
 if __name__ == "__main__":
     for family in sys.argv[1:] or ["elementwise", "distance", "linear", "norm", "loss", "rope", "logprob", "optim"]:
         try:
@@ -297,7 +311,8 @@ if __name__ == "__main__":
             f"compiled {name}: {len(ptxs)} variants, sqrt.approx {count(ptxs, 'sqrt.approx')}, "
             f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
             f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}, "
-            f"float64 variants {len(PTX_F64.get(name, ()))}, fma.rn.f64 {count(ptxs, 'fma.rn.f64')}"
+            f"float64 variants {len(PTX_F64.get(name, ()))}, fma.rn.f64 {count(ptxs, 'fma.rn.f64')}, "
+            f"atom.global {count(ptxs, 'atom.global')}, own fma.rn.f64 {count(entries(ptxs), 'fma.rn.f64')}"
         )
         # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
         if count(ptxs, "div.full.f32", "div.approx"):

@@ -8,8 +8,10 @@ Every tensor is walked in flat memory order as [ROWS, 256] tiles, so with 8-bit 
 row is one quantization block: its codes are decoded, updated and re-encoded in registers with
 csrc/optim/quantize_cpu.h's arithmetic (the block's scale a row max). The device scalars (clip coefficient, loss
 scale, found_inf) are read by the kernel: a step skipped on found_inf stores nothing, and nothing syncs with the
-host. The bias corrections are computed in float64 by torch ops on the step counters (std::pow on the CPU, CUDA's
-pow on a GPU: what the CPU and CUDA C++ kernels use)."""
+host. On a GPU each program computes its tensor's bias corrections in float64 from its step counter (libdevice's
+pow, CUDA's: what the CUDA C++ kernel uses), and the last program of a launch advances the group's counters
+(triton_lists.last_program), so a step is its launches and nothing else. Under the interpreter the corrections come
+from the host (the C library's pow, as the CPU kernel: the interpreter's pow is not that one)."""
 
 import math
 
@@ -17,8 +19,17 @@ import torch
 import triton
 import triton.language as tl
 
-from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, per_tensor, program_tensor, tl_dtype
-from fused.triton_math import div, sqrt
+from fused.optim.triton_lists import (
+    TL_DTYPES,
+    advance_steps,
+    groups,
+    list_ptr,
+    per_tensor,
+    program_tensor,
+    step_ticket,
+    tl_dtype,
+)
+from fused.triton_math import div, neg, pow, sqrt
 from fused.triton_utils import scalar_in, to_out
 
 QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
@@ -228,19 +239,32 @@ def _state_key(seed, t, moment: tl.constexpr):
     return tensor_key(seed, t) + moment
 
 
+@triton.jit
+def bias_terms(h, step_ptr, TERMS: tl.constexpr):
+    """-lr / (1 - beta1^step) and 1 / sqrt(1 - beta2^step) (float64) for this step: columns 5 and 6 of the tensor's
+    row h where the host computed them (TERMS == 7), else from its step counter as the CUDA C++ kernel does."""
+    if TERMS == 7:
+        return tl.load(h + 5), tl.load(h + 6)
+    else:
+        step = tl.load(step_ptr).to(tl.float64) + 1.0
+        lr, beta1, beta2 = tl.load(h), tl.load(h + 1), tl.load(h + 2)
+        return neg(lr / (1.0 - pow(beta1, step))), 1.0 / sqrt(1.0 - pow(beta2, step))
+
+
 @triton.jit(do_not_specialize=["n", "seed", "state_seed"])
 def _adam_kernel(
-    table, tensor_of, n, terms_ptr, coef_ptr, scale_ptr, found_ptr, seed, state_seed, clip_value: tl.float64,
-    P: tl.constexpr, G: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, MODEL: tl.constexpr,
-    AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr, CODES: tl.constexpr,
-    HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr, STATE_STOCHASTIC: tl.constexpr,
-    DITHER: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr, ROWS: tl.constexpr,
+    table, tensor_of, n, terms_ptr, coef_ptr, scale_ptr, found_ptr, ticket_ptr, seed, state_seed,
+    clip_value: tl.float64, P: tl.constexpr, G: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr,
+    MODEL: tl.constexpr, AMSGRAD: tl.constexpr, DECOUPLED: tl.constexpr, MAXIMIZE: tl.constexpr,
+    CODES: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, STOCHASTIC: tl.constexpr,
+    STATE_STOCHASTIC: tl.constexpr, DITHER: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr,
+    MATH: tl.constexpr, ROWS: tl.constexpr, TERMS: tl.constexpr,
 ):  # fmt: skip
     """One tile of ROWS x 256 elements of one tensor of the group (table: the lists params, grads, exp_avgs,
-    exp_avg_sqs, max_exp_avg_sqs, their three scale lists, model_params); S1, S2: the dtypes of exp_avg and of
-    exp_avg_sq / max_exp_avg_sq. STATE_STOCHASTIC: bf16 moments rounded stochastically; DITHER: exp_avg_sq's
-    8-bit codes."""
-    i, tile, numel, t = program_tensor(table, tensor_of, n, 9)
+    exp_avg_sqs, max_exp_avg_sqs, their three scale lists, model_params, steps); S1, S2: the dtypes of exp_avg and
+    of exp_avg_sq / max_exp_avg_sq. STATE_STOCHASTIC: bf16 moments rounded stochastically; DITHER: exp_avg_sq's
+    8-bit codes. terms_ptr: TERMS float64 a tensor (bias_terms)."""
+    i, tile, numel, t = program_tensor(table, tensor_of, n, 10)
     rows = tile * ROWS + tl.arange(0, ROWS)
     offs = rows[:, None] * 256 + tl.arange(0, 256)[None, :]
     end = update_end(found_ptr, numel)
@@ -250,8 +274,9 @@ def _adam_kernel(
     m_ptr, v_ptr, x_ptr = list_ptr(table, n, i, 2, S1), list_ptr(table, n, i, 3, S2), list_ptr(table, n, i, 4, S2)
     ms_ptr, vs_ptr = list_ptr(table, n, i, 5, tl.float32), list_ptr(table, n, i, 6, tl.float32)
     xs_ptr = list_ptr(table, n, i, 7, tl.float32)
-    h = terms_ptr + t * 7  # lr, beta1, beta2, eps, weight_decay, -lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)
+    h = terms_ptr + t * TERMS  # lr, beta1, beta2, eps, weight_decay (and bias_terms' two)
     lr, beta1, beta2, eps, wd = tl.load(h), tl.load(h + 1), tl.load(h + 2), tl.load(h + 3), tl.load(h + 4)
+    neg_step, inv_bc2 = bias_terms(h, list_ptr(table, n, i, 9, tl.float32), TERMS)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
     g = update_grad(list_ptr(table, n, i, 1, G), offs, mask, end, coef_ptr, scale_ptr, clip_value, MATH, HAS_SCALE,
                     CLIP, WRITE_GRADS)  # fmt: skip
@@ -273,33 +298,39 @@ def _adam_kernel(
         v = tl.where(x > v, x, v)
         x_key = _state_key(state_seed, t, MAX_EXP_AVG_SQ_KEY)
         _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, x_key, CODES, False, STATE_STOCHASTIC)
-    neg_step = tl.load(h + 5).to(MATH)
-    inv_bc2 = tl.load(h + 6).to(MATH)
-    denom = tl.fma(sqrt(v), inv_bc2, eps.to(MATH))
-    p = tl.fma(neg_step, div(m, denom), p)
+    denom = tl.fma(sqrt(v), inv_bc2.to(MATH), eps.to(MATH))
+    p = tl.fma(neg_step.to(MATH), div(m, denom), p)
     store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
     if MASTER:
         model_ptr = list_ptr(table, n, i, 8, MODEL)
         tl.store(model_ptr + offs, to_out(p, model_ptr.dtype.element_ty), mask=mask)
+    advance_steps(ticket_ptr, table, n, 9, found_ptr)
+
+
+def host_terms(device):
+    """Whether the launch takes the bias corrections from the host: under the interpreter (a CPU device)."""
+    return device.type == "cpu"
 
 
 def _tensor_terms(steps, rows, device):
-    """Per tensor its hyperparameters (lr, beta1, beta2, eps, weight_decay) and (-lr / (1 - beta1^step),
-    1 / sqrt(1 - beta2^step)), float64 [n, 7] on the device, step counting this step: on a GPU by torch's pow in
-    double (CUDA's pow, as the CUDA C++ kernel), on the CPU (the interpreter) by the C library's pow, as the CPU
-    kernel."""
-    if device.type == "cpu":
-        terms = []
-        for s, (lr, beta1, beta2, eps, wd) in zip(steps, rows):
-            step = float(s) + 1.0
-            bias = [-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))]
-            terms.append([lr, beta1, beta2, eps, wd, *bias])
-        return torch.tensor(terms, dtype=torch.float64)
-    step = torch.stack([s.reshape(()) for s in steps]).double() + 1.0
-    h = per_tensor(rows, device)
-    neg_step = -(h[:, 0] / (1.0 - torch.pow(h[:, 1], step)))
-    inv_bc2 = 1.0 / torch.sqrt(1.0 - torch.pow(h[:, 2], step))
-    return torch.cat([h, neg_step[:, None], inv_bc2[:, None]], dim=1).contiguous()
+    """Per tensor its hyperparameters (lr, beta1, beta2, eps, weight_decay), float64 [n, 5] on the device (cached:
+    copied once), and under host_terms (-lr / (1 - beta1^step), 1 / sqrt(1 - beta2^step)) too, [n, 7], from the
+    step counters by the C library's pow, as the CPU kernel."""
+    if not host_terms(device):
+        return per_tensor(rows, device)
+    terms = []
+    for s, (lr, beta1, beta2, eps, wd) in zip(steps, rows):
+        step = float(s) + 1.0
+        bias = [-(lr / (1.0 - math.pow(beta1, step))), 1.0 / math.sqrt(1.0 - math.pow(beta2, step))]
+        terms.append([lr, beta1, beta2, eps, wd, *bias])
+    return torch.tensor(terms, dtype=torch.float64, device=device)
+
+
+def advance_empty_steps(grps, steps, found_inf):
+    """The step counters of groups that take no program (only empty tensors): no kernel advances them."""
+    idle = [steps[t] for g in grps if not g.programs for t in g.indices]
+    if idle:
+        torch._foreach_add_(idle, (found_inf == 0).to(torch.float32))  # a skipped step does not count
 
 
 def seed_of(sr_seed):
@@ -328,11 +359,15 @@ def adam_step_(
         seed, state_key = seed_of(sr_seed), seed_of(state_seed)
         scale_lists = [exp_avg_scales, exp_avg_sq_scales, max_exp_avg_sq_scales if amsgrad else None]
         lists = [params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs if amsgrad else None, *scale_lists]
-        for grp in groups([*lists, model_params or None], ROWS * QBLOCK):
+        grps = groups([*lists, model_params or None, steps], ROWS * QBLOCK, keep_empty=True)
+        for grp in grps:
+            if not grp.programs:
+                continue
             p_t, g_t, m_t, v_t = grp.dtypes[:4]
             _adam_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), terms, clip_coef,
-                grad_scale if grad_scale is not None else found_inf, found_inf, 0 if seed is None else seed,
+                grad_scale if grad_scale is not None else found_inf, found_inf,
+                step_ticket(params[0].device), 0 if seed is None else seed,
                 0 if state_key is None else state_key, float(clip_value),
                 P=TL_DTYPES[p_t], G=TL_DTYPES[g_t], S1=TL_DTYPES[m_t], S2=TL_DTYPES[v_t],
                 MODEL=tl_dtype(grp.dtypes[8], p_t), AMSGRAD=bool(amsgrad), DECOUPLED=bool(decoupled),
@@ -341,7 +376,7 @@ def adam_step_(
                 STATE_STOCHASTIC=state_key is not None and m_t == torch.bfloat16,
                 DITHER=state_key is not None and m_t == torch.int8, MASTER=bool(model_params),
                 WRITE_GRADS=bool(write_grads),
-                MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS,
+                MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS, TERMS=terms.shape[1],
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
             )  # fmt: skip
-        torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
+        advance_empty_steps(grps, steps, found_inf)

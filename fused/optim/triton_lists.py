@@ -6,7 +6,11 @@ A group's table is an int64 [K + 3, n] tensor: rows 0..K-1 the addresses of its 
 then each tensor's element count, its first program and its index in the call (its row of per-tensor tables, its
 stochastic-rounding key). Program j of the launch works on tile j - first of tensor `tensor_of[j]` (an int32 map
 of every program). Tables and per-tensor hyperparameters are cached by their content (addresses, sizes, dtypes,
-values), so a training loop copies them to the device once."""
+values), so a training loop copies them to the device once.
+
+What follows a pass in the CUDA C++ kernels' last block (the norm's finish, advancing the step counters) runs in the
+last program of a launch here too (last_program: an integer ticket per device, no float atomics), so a step is its
+passes' launches and nothing else."""
 
 import collections
 import itertools
@@ -54,6 +58,48 @@ def list_ptr(table, n, i, k: tl.constexpr, DTYPE: tl.constexpr):
     return tl.load(table + k * n + i).to(tl.pointer_type(DTYPE))
 
 
+@triton.jit
+def last_program(ticket_ptr, programs):
+    """Whether this program is the last of `programs` (of one or more launches in stream order) to get here, after
+    every earlier one's reads and writes; the last one leaves the ticket at 0 for the next launch or graph replay."""
+    tl.debug_barrier()  # every thread of this program is done with its loads and stores
+    ticket = tl.atomic_add(ticket_ptr, 1, sem="acq_rel", scope="gpu")
+    last = ticket == programs - 1
+    if last:
+        tl.atomic_xchg(ticket_ptr, 0, sem="relaxed", scope="gpu")
+    return last
+
+
+@triton.jit
+def advance_steps(ticket_ptr, table, n, k: tl.constexpr, found_ptr):
+    """In the last program of the launch (every program has read its step counter by then): adds 1 to the step
+    counter (float32) of every tensor of the group (list k), unless found_inf is set (a skipped step does not
+    count). ticket_ptr: step_ticket's."""
+    if last_program(ticket_ptr, tl.num_programs(0)) & (tl.load(found_ptr) == 0.0):
+        for start in range(0, n, 1024):
+            j = start + tl.arange(0, 1024)
+            ptrs = tl.load(table + k * n + j, mask=j < n, other=0).to(tl.pointer_type(tl.float32))
+            tl.store(ptrs, tl.load(ptrs, mask=j < n, other=0.0) + 1.0, mask=j < n)
+
+
+_tickets = {}  # device -> its tickets (TICKET_*: one a kind of launch), as the CUDA C++ kernels' workspace
+TICKET_NORM, TICKET_STEP = 0, 1
+
+
+def ticket(device, which):
+    """The device's ticket `which` (a one-element int32 tensor), zeroed once; the kernels leave it at 0. One
+    optimizer step at a time per device."""
+    if device not in _tickets:
+        slots = torch.zeros(2, dtype=torch.int32, device=device)
+        _tickets[device] = [slots[k : k + 1] for k in range(2)]
+    return _tickets[device][which]
+
+
+def step_ticket(device):
+    """The ticket of the launches that advance step counters (advance_steps)."""
+    return ticket(device, TICKET_STEP)
+
+
 def _to_device(host, device):
     if device.type == "cpu":
         return host
@@ -78,13 +124,14 @@ def _describe(lists, indices, block, device):
     return _to_device(table, device), _to_device(tensor_of, device), sum(tiles)
 
 
-def groups(lists, block):
+def groups(lists, block, keep_empty=False):
     """The launches of K parallel lists of tensors (a list may be None: absent), `block` elements a program: one
-    Group per combination of dtypes, in the order of first appearance. Tensors with no elements take no launch."""
+    Group per combination of dtypes, in the order of first appearance. Tensors with no elements take no program
+    (keep_empty: they stay in their group's table, for what its last program does for every tensor)."""
     device = lists[0][0].device
     by_key = {}
     for t, p in enumerate(lists[0]):
-        if p.numel() == 0:
+        if p.numel() == 0 and not keep_empty:
             continue
         by_key.setdefault(tuple(lst[t].dtype if lst is not None else None for lst in lists), []).append(t)
     out = []

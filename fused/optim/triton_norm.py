@@ -2,9 +2,10 @@
 fused.clip_grad_norm_): one launch per gradient dtype (fused/optim/triton_lists.py).
 
 grad_norm is deterministic: each program leaves the partial of its tile (|g|^p summed in float32, float64 for
-float64 gradients, as the CPU kernel's chunks) in a fixed float64 slot with its finite flag, and one finishing
-program adds the slots in a fixed order and writes the norm, the clip coefficient min(1, max_norm / (norm + 1e-6))
-and found_inf on the device: no float atomics, no host sync. The sum's order is not the CPU kernel's, so the norm
+float64 gradients, as the CPU kernel's chunks) in a fixed float64 slot with its finite flag, and the last program
+to finish (triton_lists.last_program) adds the slots in a fixed order and writes the norm, the clip coefficient
+min(1, max_norm / (norm + 1e-6)) and found_inf on the device: one launch per gradient dtype, no float atomics, no
+host sync. The sum's order is not the CPU kernel's, so the norm
 agrees with it to rounding, not in bits. scale_grads_ multiplies in the CPU kernel's order: its bits."""
 
 import math
@@ -15,7 +16,7 @@ import triton.language as tl
 
 from fused.optim.functional import norm_dtype
 from fused.optim.triton_kernels import clip_value_of, inverse_scale
-from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, program_tensor
+from fused.optim.triton_lists import TICKET_NORM, TL_DTYPES, groups, last_program, list_ptr, program_tensor, ticket
 from fused.triton_math import div, pow, sqrt
 from fused.triton_utils import scalar_in, to_out
 
@@ -32,52 +33,23 @@ def nan_max(x, axis=None):
     return tl.where(tl.max(nan.to(tl.int32), axis=axis) > 0, float("nan"), top)
 
 
-@triton.jit(do_not_specialize=["n", "first_slot"])
-def _norm_partial_kernel(
-    table, tensor_of, n, first_slot, partial_ptr, flag_ptr, scale_ptr, p: tl.float64, clip_value: tl.float64,
-    G: tl.constexpr, NORM: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, MATH: tl.constexpr,
-    BLOCK: tl.constexpr,
-):  # fmt: skip
-    i, tile, numel, _ = program_tensor(table, tensor_of, n, 1)
-    offs = tile * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    x = tl.load(list_ptr(table, n, i, 0, G) + offs, mask=mask, other=0.0).to(MATH)
-    bad = tl.max(((x - x) != 0.0).to(tl.int32))  # x - x is NaN exactly for inf and NaN
-    x = x * inverse_scale(scale_ptr, HAS_SCALE).to(MATH)
-    if CLIP:
-        x = clip_value_of(x, clip_value, MATH)
-    a = tl.abs(x)
-    if NORM == 0:
-        part = tl.sum(x * x)
-    elif NORM == 1:
-        part = tl.sum(a)
-    elif NORM == 2:
-        part = nan_max(a)
-    else:
-        part = tl.sum(tl.where(mask, pow(a, scalar_in(p, MATH)), 0.0))
-    slot = first_slot + tl.program_id(0)
-    tl.store(partial_ptr + slot, part.to(tl.float64))
-    tl.store(flag_ptr + slot, bad)
-
-
-@triton.jit(do_not_specialize=["slots"])
-def _norm_finish_kernel(
-    partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p: tl.float64,
-    max_norm: tl.float64, NORM: tl.constexpr, HAS_FOUND: tl.constexpr, FINISH: tl.constexpr,
-    NO_CLIP: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """One program: lane j combines slots j, j + BLOCK, ... in order, then the lanes are combined (a fixed tree)."""
+@triton.jit
+def _finish(partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p, max_norm,
+            NORM: tl.constexpr, HAS_FOUND: tl.constexpr, FINISH: tl.constexpr, NO_CLIP: tl.constexpr,
+            BLOCK: tl.constexpr):  # fmt: skip
+    """The norm from every program's slot: lane j combines slots j, j + BLOCK, ... in order, then the lanes are
+    combined (a fixed tree). The slots are read past the L1 cache (.cg): other programs wrote them."""
     acc = tl.zeros((BLOCK,), tl.float64)
     bad = tl.zeros((BLOCK,), tl.int32)
     for start in range(0, slots, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         m = offs < slots
-        v = tl.load(partial_ptr + offs, mask=m, other=0.0)
+        v = tl.load(partial_ptr + offs, mask=m, other=0.0, cache_modifier=".cg")
         if NORM == 2:
             acc = tl.where(v != v, v, tl.where(acc != acc, acc, tl.maximum(acc, v)))
         else:
             acc = acc + v
-        bad = tl.maximum(bad, tl.load(flag_ptr + offs, mask=m, other=0))
+        bad = tl.maximum(bad, tl.load(flag_ptr + offs, mask=m, other=0, cache_modifier=".cg"))
     if NORM == 2:
         total = nan_max(acc)
     else:
@@ -109,6 +81,50 @@ def _norm_finish_kernel(
         tl.store(norm_ptr, total)
 
 
+@triton.jit(do_not_specialize=["n", "first_slot", "slots"])
+def _norm_kernel(
+    table, tensor_of, n, first_slot, slots, partial_ptr, flag_ptr, scale_ptr, ticket_ptr, found_in_ptr, norm_ptr,
+    coef_ptr, found_ptr, p: tl.float64, inv_p: tl.float64, max_norm: tl.float64, clip_value: tl.float64,
+    G: tl.constexpr, NORM: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, MATH: tl.constexpr,
+    HAS_FOUND: tl.constexpr, FINISH: tl.constexpr, NO_CLIP: tl.constexpr, BLOCK: tl.constexpr,
+    FINISH_BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One tile's partial (|g|^p summed, or max |g|) and finite flag into its slot; the last of the `slots` programs
+    of all the gradient groups' launches then finishes (_finish)."""
+    i, tile, numel, _ = program_tensor(table, tensor_of, n, 1)
+    offs = tile * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    x = tl.load(list_ptr(table, n, i, 0, G) + offs, mask=mask, other=0.0).to(MATH)
+    bad = tl.max(((x - x) != 0.0).to(tl.int32))  # x - x is NaN exactly for inf and NaN
+    x = x * inverse_scale(scale_ptr, HAS_SCALE).to(MATH)
+    if CLIP:
+        x = clip_value_of(x, clip_value, MATH)
+    a = tl.abs(x)
+    if NORM == 0:
+        part = tl.sum(x * x)
+    elif NORM == 1:
+        part = tl.sum(a)
+    elif NORM == 2:
+        part = nan_max(a)
+    else:
+        part = tl.sum(tl.where(mask, pow(a, scalar_in(p, MATH)), 0.0))
+    slot = first_slot + tl.program_id(0)
+    tl.store(partial_ptr + slot, part.to(tl.float64))
+    tl.store(flag_ptr + slot, bad)
+    if last_program(ticket_ptr, slots):
+        _finish(partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p, max_norm, NORM,
+                HAS_FOUND, FINISH, NO_CLIP, FINISH_BLOCK)  # fmt: skip
+
+
+@triton.jit
+def _finish_kernel(partial_ptr, flag_ptr, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p: tl.float64,
+                   max_norm: tl.float64, NORM: tl.constexpr, HAS_FOUND: tl.constexpr, FINISH: tl.constexpr,
+                   NO_CLIP: tl.constexpr, BLOCK: tl.constexpr):  # fmt: skip
+    """The finish alone, for a call with no gradient elements (no program to finish it)."""
+    _finish(partial_ptr, flag_ptr, 0, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p, max_norm, NORM, HAS_FOUND,
+            FINISH, NO_CLIP, BLOCK)  # fmt: skip
+
+
 def _check_norm_args(norm_type, max_norm, clip_value):
     """csrc/optim/optim_args.h's check_norm_args."""
     if not norm_type > 0:
@@ -133,21 +149,25 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
         slots = sum(g.programs for g in grps)
         partials = torch.empty(max(slots, 1), **f64)
         flags = torch.empty(max(slots, 1), dtype=torch.int32, device=device)
+        ends = dict(
+            found_in_ptr=found_inf if found_inf is not None else found, norm_ptr=norm,
+            coef_ptr=coef if finish else partials, found_ptr=found, inv_p=1.0 / float(norm_type),
+            max_norm=float(max_norm), NORM=kind, HAS_FOUND=found_inf is not None, FINISH=bool(finish),
+            NO_CLIP=math.isinf(max_norm),
+        )  # fmt: skip
+        if not slots:
+            _finish_kernel[(1,)](partials, flags, **ends, BLOCK=FINISH_BLOCK)
         first = 0
         for grp in grps:
             (g_t,) = grp.dtypes
-            _norm_partial_kernel[(grp.programs,)](
-                grp.table, grp.tensor_of, len(grp.indices), first, partials, flags,
-                grad_scale if grad_scale is not None else partials, float(norm_type), float(clip_value),
-                G=TL_DTYPES[g_t], NORM=kind, HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
-                MATH=tl.float64 if g_t == torch.float64 else tl.float32, BLOCK=BLOCK,
+            _norm_kernel[(grp.programs,)](
+                grp.table, grp.tensor_of, len(grp.indices), first, slots, partials, flags,
+                grad_scale if grad_scale is not None else partials, ticket(device, TICKET_NORM), p=float(norm_type),
+                clip_value=float(clip_value), G=TL_DTYPES[g_t], HAS_SCALE=grad_scale is not None,
+                CLIP=not math.isinf(clip_value), MATH=tl.float64 if g_t == torch.float64 else tl.float32,
+                BLOCK=BLOCK, FINISH_BLOCK=FINISH_BLOCK, **ends,
             )  # fmt: skip
             first += grp.programs
-        _norm_finish_kernel[(1,)](
-            partials, flags, slots, found_inf if found_inf is not None else found, norm,
-            coef if finish else partials, found, 1.0 / float(norm_type), float(max_norm), NORM=kind,
-            HAS_FOUND=found_inf is not None, FINISH=bool(finish), NO_CLIP=math.isinf(max_norm), BLOCK=FINISH_BLOCK,
-        )  # fmt: skip
     return norm, coef, found
 
 

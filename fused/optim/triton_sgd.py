@@ -1,7 +1,8 @@
 """Triton kernel of fused::sgd_step_: one launch per combination of dtypes (fused/optim/triton_lists.py), the CPU
 kernel's formulas (csrc/optim/optim_cpu.cpp, sgd_step_cpu) with its fmas, so its bits from the same inputs. The
 device scalars (clip coefficient, loss scale, found_inf) and the step counters (a momentum buffer's first step)
-are read by the kernel: a step skipped on found_inf stores nothing, and nothing syncs with the host."""
+are read by the kernel: a step skipped on found_inf stores nothing, and nothing syncs with the host; the last
+program of a launch advances the group's step counters (triton_lists.advance_steps): a step is its launches."""
 
 import math
 
@@ -9,17 +10,20 @@ import torch
 import triton
 import triton.language as tl
 
-from fused.optim.triton_kernels import seed_of, store_param, tensor_key, update_end, update_grad
+from fused.optim import triton_lists
+from fused.optim.triton_kernels import advance_empty_steps, seed_of, store_param, tensor_key, update_end, update_grad
 from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, per_tensor, program_tensor, tl_dtype
 from fused.triton_utils import BLOCK, to_out
 
 
 @triton.jit(do_not_specialize=["n", "seed"])
-def _sgd_kernel(table, tensor_of, n, hyper_ptr, coef_ptr, scale_ptr, found_ptr, seed, clip_value: tl.float64,
-                P: tl.constexpr, G: tl.constexpr, B: tl.constexpr, MODEL: tl.constexpr, MOMENTUM: tl.constexpr,
-                NESTEROV: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr,
-                STOCHASTIC: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr,
-                BLOCK: tl.constexpr):  # fmt: skip
+def _sgd_kernel(
+    table, tensor_of, n, hyper_ptr, coef_ptr, scale_ptr, found_ptr, ticket_ptr, seed, clip_value: tl.float64,
+    P: tl.constexpr, G: tl.constexpr, B: tl.constexpr, MODEL: tl.constexpr, MOMENTUM: tl.constexpr,
+    NESTEROV: tl.constexpr, MAXIMIZE: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr,
+    STOCHASTIC: tl.constexpr, MASTER: tl.constexpr, WRITE_GRADS: tl.constexpr, MATH: tl.constexpr,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
     """One tile of BLOCK elements of one tensor of the group (table: the lists params, grads, momentum_buffers,
     steps, model_params; B: the momentum buffers' dtype)."""
     i, tile, numel, t = program_tensor(table, tensor_of, n, 5)
@@ -50,6 +54,8 @@ def _sgd_kernel(table, tensor_of, n, hyper_ptr, coef_ptr, scale_ptr, found_ptr, 
     store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
     if MASTER:
         tl.store(list_ptr(table, n, i, 4, MODEL) + offs, to_out(p, MODEL), mask=mask)
+    if MOMENTUM:
+        triton_lists.advance_steps(ticket_ptr, table, n, 3, found_ptr)
 
 
 def sgd_step_(
@@ -69,12 +75,15 @@ def sgd_step_(
         table = per_tensor(rows, params[0].device)
         seed = seed_of(sr_seed)
         bufs, counts = (momentum_buffers, steps) if use_momentum else (None, None)
-        for grp in groups([params, grads, bufs, counts, model_params or None], BLOCK):
+        grps = groups([params, grads, bufs, counts, model_params or None], BLOCK, keep_empty=use_momentum)
+        for grp in grps:
+            if not grp.programs:
+                continue
             p_t, g_t, b_t = grp.dtypes[:3]
             _sgd_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), table, clip_coef,
-                grad_scale if grad_scale is not None else found_inf, found_inf, 0 if seed is None else seed,
-                float(clip_value),
+                grad_scale if grad_scale is not None else found_inf, found_inf,
+                triton_lists.step_ticket(params[0].device), 0 if seed is None else seed, float(clip_value),
                 P=TL_DTYPES[p_t], G=TL_DTYPES[g_t], B=tl_dtype(b_t, p_t), MODEL=tl_dtype(grp.dtypes[4], p_t),
                 MOMENTUM=use_momentum, NESTEROV=bool(nesterov), MAXIMIZE=bool(maximize),
                 HAS_SCALE=grad_scale is not None, CLIP=not math.isinf(clip_value),
@@ -83,4 +92,4 @@ def sgd_step_(
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
             )  # fmt: skip
         if use_momentum:
-            torch._foreach_add_(steps, (found_inf == 0).to(torch.float32))  # a skipped step does not count
+            advance_empty_steps(grps, steps, found_inf)
