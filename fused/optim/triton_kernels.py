@@ -277,6 +277,7 @@ def _adam_kernel(
     h = terms_ptr + t * TERMS  # lr, beta1, beta2, eps, weight_decay (and bias_terms' two)
     lr, beta1, beta2, eps, wd = tl.load(h), tl.load(h + 1), tl.load(h + 2), tl.load(h + 3), tl.load(h + 4)
     neg_step, inv_bc2 = bias_terms(h, list_ptr(table, n, i, 9, tl.float32), TERMS)
+    neg_step, inv_bc2 = neg_step.to(MATH), inv_bc2.to(MATH)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
     g = update_grad(list_ptr(table, n, i, 1, G), offs, mask, end, coef_ptr, scale_ptr, clip_value, MATH, HAS_SCALE,
                     CLIP, WRITE_GRADS)  # fmt: skip
@@ -298,8 +299,8 @@ def _adam_kernel(
         v = tl.where(x > v, x, v)
         x_key = _state_key(state_seed, t, MAX_EXP_AVG_SQ_KEY)
         _store_state(v, x_ptr, xs_ptr, offs, rows, mask, row_mask, x_key, CODES, False, STATE_STOCHASTIC)
-    denom = tl.fma(sqrt(v), inv_bc2.to(MATH), eps.to(MATH))
-    p = tl.fma(neg_step.to(MATH), div(m, denom), p)
+    denom = tl.fma(sqrt(v), inv_bc2, eps.to(MATH))
+    p = tl.fma(neg_step, div(m, denom), p)
     store_param(p, p_ptr, offs, mask, tensor_key(seed, t), STOCHASTIC)
     if MASTER:
         model_ptr = list_ptr(table, n, i, 8, MODEL)

@@ -76,8 +76,8 @@ def advance_steps(ticket_ptr, table, n, k: tl.constexpr, found_ptr):
     counter (float32) of every tensor of the group (list k), unless found_inf is set (a skipped step does not
     count). ticket_ptr: step_ticket's."""
     if last_program(ticket_ptr, tl.num_programs(0)) & (tl.load(found_ptr) == 0.0):
-        for start in range(0, n, 1024):
-            j = start + tl.arange(0, 1024)
+        for start in range(0, n, 128):  # a counter a thread: few registers in the kernels that end with it
+            j = start + tl.arange(0, 128)
             ptrs = tl.load(table + k * n + j, mask=j < n, other=0).to(tl.pointer_type(tl.float32))
             tl.store(ptrs, tl.load(ptrs, mask=j < n, other=0.0) + 1.0, mask=j < n)
 
