@@ -10,7 +10,7 @@ csrc/optim/quantize_cpu.h's arithmetic (the block's scale a row max). The device
 scale, found_inf) are read by the kernel: a step skipped on found_inf stores nothing, and nothing syncs with the
 host. On a GPU each program computes its tensor's bias corrections in float64 from its step counter (libdevice's
 pow, CUDA's: what the CUDA C++ kernel uses), and the last program of a launch advances the group's counters
-(triton_lists.last_program), so a step is its launches and nothing else. Under the interpreter the corrections come
+(triton_lists.advance_steps), so a step is its launches and nothing else. Under the interpreter the corrections come
 from the host (the C library's pow, as the CPU kernel: the interpreter's pow is not that one)."""
 
 import math

@@ -5,8 +5,8 @@ grad_norm is deterministic: each program leaves the partial of its tile (|g|^p s
 float64 gradients, as the CPU kernel's chunks) in a fixed float64 slot with its finite flag, and the last program
 to finish (triton_lists.last_program) adds the slots in a fixed order and writes the norm, the clip coefficient
 min(1, max_norm / (norm + 1e-6)) and found_inf on the device: one launch per gradient dtype, no float atomics, no
-host sync. The sum's order is not the CPU kernel's, so the norm
-agrees with it to rounding, not in bits. scale_grads_ multiplies in the CPU kernel's order: its bits."""
+host sync. The sum's order is not the CPU kernel's, so the norm agrees with it to rounding, not in bits.
+scale_grads_ multiplies in the CPU kernel's order: its bits."""
 
 import math
 
