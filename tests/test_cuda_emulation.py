@@ -1284,8 +1284,8 @@ def assert_same(a, b):
 @pytest.mark.parametrize("case", range(len(ADAM_CASES)))
 def test_adam_step_int8_state(emu, ws, case, mode):
     """8-bit state (int8 exp_avg, uint8 exp_avg_sq and max_exp_avg_sq, float32 scales per 256), mixed in one launch
-    with float32 state of small tensors: decoded, updated and re-encoded by one warp per block, with the CPU
-    kernel's formulas, so its bits for codes, scales, params, gradients written back and the fp32 state, over
+    with float32 state of small tensors: decoded, updated and re-encoded by two warps per block of 256, with the
+    CPU kernel's formulas, so its bits for codes, scales, params, gradients written back and the fp32 state, over
     three steps (scaled, value- and norm-clipped) with an inf gradient in step 1 (a non-finite block: codes 0,
     scale inf or NaN) and a skipped step 2 (found_inf: everything as it was); exp_avg_sq's codes rounded
     stochastically (the same dither words) but in float32 mode."""
