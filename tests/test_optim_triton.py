@@ -487,6 +487,28 @@ def test_gpu_master_weights_with_accumulation_on_triton(dtype):
 
 
 @requires_cuda
+def test_gpu_triton_last_programs_under_load():
+    """Thousands of programs a launch taking tickets at once, 100 clipped AdamW steps on Triton over 64 tensors and
+    two gradient dtypes: every step's norm is the float64 norm of its gradients to float32 summation (a partial read
+    before its program wrote it would miss), and every step counter ends at 100 (a lost or doubled ticket would
+    miscount)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(1 + 37 * k, 129) for k in range(64)]
+    params = [torch.zeros(s, device="cuda", dtype=torch.bfloat16 if k % 5 == 0 else torch.float32) for k, s in
+              enumerate(shapes)]  # fmt: skip
+    params = [p.requires_grad_() for p in params]
+    with backend("triton"):
+        opt = fused.optim.AdamW(params, lr=1e-3, max_grad_norm=1.0)
+        for _ in range(100):
+            for p in params:
+                p.grad = torch.randn(p.shape, device="cuda", generator=gen).to(p.dtype)
+            expected = torch.linalg.vector_norm(torch.cat([p.grad.double().flatten() for p in params]))
+            opt.step()
+            torch.testing.assert_close(opt.last_grad_norm.double(), expected, rtol=1e-5, atol=0)
+    assert all(opt.state[p]["step"].item() == 100 for p in params)
+
+
+@requires_cuda
 def test_gpu_triton_clip_and_step_launches():
     """A clipped AdamW step and a scaler's step on Triton: one norm launch and one update launch a dtype group,
     whatever the number of tensors (tests/test_optim_cuda.py's count_launches: every kernel on the device)."""
