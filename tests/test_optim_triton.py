@@ -79,6 +79,31 @@ def test_grad_norm_against_float64(norm_type):
         assert abs(acc.item() - acc_ref) <= norm_type * rtol * acc_ref
 
 
+@pytest.mark.parametrize("norm_type", [2.0, math.inf])
+def test_grad_norm_grid_stride(monkeypatch, norm_type):
+    """Programs of the norm take every tile of their stride (pid, pid + programs, ...): with 1, 2, 3 and 100
+    programs for 12 tiles of two tensors, the same norm as float64 within float32's bound, the max exactly, and an
+    inf in a tile only the stride reaches is found."""
+    from fused.optim import triton_lists, triton_norm
+
+    grads = [randn((9 * 2048 + 5,), torch.float32, 3), randn((2 * 2048,), torch.float32, 4)]  # 10 + 2 tiles
+    ref = norm64(grads, 1.0, math.inf, norm_type)
+    for cap in (1, 2, 3, 100):
+        monkeypatch.setattr(triton_lists, "STRIDE_PROGRAMS_INTERPRETED", cap)
+        if TRITON_DEVICE != "cpu":
+            monkeypatch.setattr(triton_lists, "STRIDE_PROGRAMS_PER_SM", cap)
+            monkeypatch.setattr(triton_lists, "_sm_count", lambda index: 1)
+        norm, _, found = triton_norm.grad_norm(dev(grads), None, None, norm_type, 1.0, math.inf)
+        assert found.item() == 0.0
+        if norm_type == math.inf:
+            assert norm.item() == ref, cap
+        else:
+            assert abs(norm.item() - ref) <= 1e-5 * ref, (cap, norm.item(), ref)
+        late = [g.clone() for g in grads]
+        late[0][8 * 2048 + 3] = math.inf  # tile 8: program 8 % programs
+        assert triton_norm.grad_norm(dev(late), None, None, norm_type, 1.0, math.inf)[2].item() == 1.0, cap
+
+
 def test_grad_norm_16bit_dtype_no_clip_and_found_inf_in():
     """A norm over 16-bit gradients comes back in their dtype (the CPU op's value rounded once); max_norm = inf
     gives coefficient 1; a set found_inf argument is passed on; no gradients: norm 0."""

@@ -13,6 +13,7 @@ last program of a launch here too (last_program: an integer ticket per device, n
 passes' launches and nothing else."""
 
 import collections
+import functools
 import itertools
 from typing import NamedTuple
 
@@ -42,14 +43,19 @@ class Group(NamedTuple):
 
 @triton.jit
 def program_tensor(table, tensor_of, n, K: tl.constexpr):
-    """(i, tile, numel, t) of this program: its tensor's column i in the group's table, the tile of that tensor it
-    works on, the tensor's element count and its index t in the call (all int64)."""
-    pid = tl.program_id(0)
-    i = tl.load(tensor_of + pid).to(tl.int64)
+    """tile_tensor of this program's tile (one tile a program)."""
+    return tile_tensor(table, tensor_of, n, K, tl.program_id(0))
+
+
+@triton.jit
+def tile_tensor(table, tensor_of, n, K: tl.constexpr, j):
+    """(i, tile, numel, t) of the group's tile j: its tensor's column i in the group's table, the tile of that
+    tensor, the tensor's element count and its index t in the call (all int64)."""
+    i = tl.load(tensor_of + j).to(tl.int64)
     numel = tl.load(table + K * n + i)
     first = tl.load(table + (K + 1) * n + i)
     t = tl.load(table + (K + 2) * n + i)
-    return i, pid - first, numel, t
+    return i, j - first, numel, t
 
 
 @triton.jit
@@ -93,6 +99,21 @@ def ticket(device, which):
         slots = torch.zeros(2, dtype=torch.int32, device=device)
         _tickets[device] = [slots[k : k + 1] for k in range(2)]
     return _tickets[device][which]
+
+
+STRIDE_PROGRAMS_PER_SM = 8  # a grid-stride launch on a GPU: as the CUDA C++ kernels' grid
+STRIDE_PROGRAMS_INTERPRETED = 2  # under the interpreter: few, so that the tests take the stride loop
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def stride_programs(tiles, device):
+    """The programs of a grid-stride launch over `tiles` tiles (each program takes tiles pid, pid + programs, ...)."""
+    cap = STRIDE_PROGRAMS_INTERPRETED if device.type == "cpu" else STRIDE_PROGRAMS_PER_SM * _sm_count(device.index)
+    return min(tiles, cap)
 
 
 def step_ticket(device):

@@ -1,12 +1,13 @@
 """Triton kernels of fused::grad_norm and fused::scale_grads_ (pass 1 of an optimizer step and the two passes of
 fused.clip_grad_norm_): one launch per gradient dtype (fused/optim/triton_lists.py).
 
-grad_norm is deterministic: each program leaves the partial of its tile (|g|^p summed in float32, float64 for
-float64 gradients, as the CPU kernel's chunks) in a fixed float64 slot with its finite flag, and the last program
-to finish (triton_lists.last_program) adds the slots in a fixed order and writes the norm, the clip coefficient
-min(1, max_norm / (norm + 1e-6)) and found_inf on the device: one launch per gradient dtype, no float atomics, no
-host sync. The sum's order is not the CPU kernel's, so the norm agrees with it to rounding, not in bits.
-scale_grads_ multiplies in the CPU kernel's order: its bits."""
+grad_norm is deterministic: each program of a grid stride (8 an SM) adds the partials of its tiles in float64 in a
+fixed order (|g|^p summed in float32 a tile, float64 for float64 gradients, as the CPU kernel's chunks) and leaves
+that in a fixed slot with its finite flag; the last program to finish (triton_lists.last_program) adds the slots in
+a fixed order and writes the norm, the clip coefficient min(1, max_norm / (norm + 1e-6)) and found_inf on the
+device: one launch per gradient dtype, no float atomics, no host sync. The sum's order is not the CPU kernel's, so
+the norm agrees with it to rounding, not in bits (and is the same from run to run on one GPU model: the stride
+depends on its SM count). scale_grads_ multiplies in the CPU kernel's order: its bits."""
 
 import math
 
@@ -16,7 +17,17 @@ import triton.language as tl
 
 from fused.optim.functional import norm_dtype
 from fused.optim.triton_kernels import clip_value_of, inverse_scale
-from fused.optim.triton_lists import TICKET_NORM, TL_DTYPES, groups, last_program, list_ptr, program_tensor, ticket
+from fused.optim.triton_lists import (
+    TICKET_NORM,
+    TL_DTYPES,
+    groups,
+    last_program,
+    list_ptr,
+    program_tensor,
+    stride_programs,
+    ticket,
+    tile_tensor,
+)
 from fused.triton_math import div, pow, sqrt
 from fused.triton_utils import scalar_in, to_out
 
@@ -81,35 +92,43 @@ def _finish(partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, foun
         tl.store(norm_ptr, total)
 
 
-@triton.jit(do_not_specialize=["n", "first_slot", "slots"])
+@triton.jit(do_not_specialize=["n", "tiles", "first_slot", "slots"])
 def _norm_kernel(
-    table, tensor_of, n, first_slot, slots, partial_ptr, flag_ptr, scale_ptr, ticket_ptr, found_in_ptr, norm_ptr,
-    coef_ptr, found_ptr, p: tl.float64, inv_p: tl.float64, max_norm: tl.float64, clip_value: tl.float64,
+    table, tensor_of, n, tiles, first_slot, slots, partial_ptr, flag_ptr, scale_ptr, ticket_ptr, found_in_ptr,
+    norm_ptr, coef_ptr, found_ptr, p: tl.float64, inv_p: tl.float64, max_norm: tl.float64, clip_value: tl.float64,
     G: tl.constexpr, NORM: tl.constexpr, HAS_SCALE: tl.constexpr, CLIP: tl.constexpr, MATH: tl.constexpr,
     HAS_FOUND: tl.constexpr, FINISH: tl.constexpr, NO_CLIP: tl.constexpr, BLOCK: tl.constexpr,
     FINISH_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """One tile's partial (|g|^p summed, or max |g|) and finite flag into its slot; the last of the `slots` programs
-    of all the gradient groups' launches then finishes (_finish)."""
-    i, tile, numel, _ = program_tensor(table, tensor_of, n, 1)
-    offs = tile * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < numel
-    x = tl.load(list_ptr(table, n, i, 0, G) + offs, mask=mask, other=0.0).to(MATH)
-    bad = tl.max(((x - x) != 0.0).to(tl.int32))  # x - x is NaN exactly for inf and NaN
-    x = x * inverse_scale(scale_ptr, HAS_SCALE).to(MATH)
-    if CLIP:
-        x = clip_value_of(x, clip_value, MATH)
-    a = tl.abs(x)
-    if NORM == 0:
-        part = tl.sum(x * x)
-    elif NORM == 1:
-        part = tl.sum(a)
-    elif NORM == 2:
-        part = nan_max(a)
-    else:
-        part = tl.sum(tl.where(mask, pow(a, scalar_in(p, MATH)), 0.0))
+    """The partial (|g|^p summed, or max |g|) and finite flag of tiles pid, pid + programs, ... of the group (a
+    grid stride: slots as few as programs, so the finish reads few) into this program's slot; the last of the
+    `slots` programs of all the gradient groups' launches then finishes (_finish)."""
+    acc = tl.full((), 0.0, tl.float64)
+    bad = tl.full((), 0, tl.int32)
+    for j in range(tl.program_id(0), tiles, tl.num_programs(0)):
+        i, tile, numel, _ = tile_tensor(table, tensor_of, n, 1, j)
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        mask = offs < numel
+        x = tl.load(list_ptr(table, n, i, 0, G) + offs, mask=mask, other=0.0).to(MATH)
+        bad = tl.maximum(bad, tl.max(((x - x) != 0.0).to(tl.int32)))  # x - x is NaN exactly for inf and NaN
+        x = x * inverse_scale(scale_ptr, HAS_SCALE).to(MATH)
+        if CLIP:
+            x = clip_value_of(x, clip_value, MATH)
+        a = tl.abs(x)
+        if NORM == 0:
+            part = tl.sum(x * x).to(tl.float64)
+        elif NORM == 1:
+            part = tl.sum(a).to(tl.float64)
+        elif NORM == 2:
+            part = nan_max(a).to(tl.float64)
+        else:
+            part = tl.sum(tl.where(mask, pow(a, scalar_in(p, MATH)), 0.0)).to(tl.float64)
+        if NORM == 2:
+            acc = tl.where(part != part, part, tl.where(acc != acc, acc, tl.maximum(acc, part)))
+        else:
+            acc = acc + part
     slot = first_slot + tl.program_id(0)
-    tl.store(partial_ptr + slot, part.to(tl.float64))
+    tl.store(partial_ptr + slot, acc)
     tl.store(flag_ptr + slot, bad)
     if last_program(ticket_ptr, slots):
         _finish(partial_ptr, flag_ptr, slots, found_in_ptr, norm_ptr, coef_ptr, found_ptr, inv_p, max_norm, NORM,
@@ -146,7 +165,8 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
     found = torch.empty((), dtype=torch.float32, device=device)
     with torch.cuda.device_of(found):
         grps = groups([list(grads)], BLOCK) if grads else []
-        slots = sum(g.programs for g in grps)
+        programs = [stride_programs(g.programs, device) for g in grps]
+        slots = sum(programs)
         partials = torch.empty(max(slots, 1), **f64)
         flags = torch.empty(max(slots, 1), dtype=torch.int32, device=device)
         ends = dict(
@@ -158,16 +178,16 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
         if not slots:
             _finish_kernel[(1,)](partials, flags, **ends, BLOCK=FINISH_BLOCK)
         first = 0
-        for grp in grps:
+        for grp, launched in zip(grps, programs):
             (g_t,) = grp.dtypes
-            _norm_kernel[(grp.programs,)](
-                grp.table, grp.tensor_of, len(grp.indices), first, slots, partials, flags,
+            _norm_kernel[(launched,)](
+                grp.table, grp.tensor_of, len(grp.indices), grp.programs, first, slots, partials, flags,
                 grad_scale if grad_scale is not None else partials, ticket(device, TICKET_NORM), p=float(norm_type),
                 clip_value=float(clip_value), G=TL_DTYPES[g_t], HAS_SCALE=grad_scale is not None,
                 CLIP=not math.isinf(clip_value), MATH=tl.float64 if g_t == torch.float64 else tl.float32,
                 BLOCK=BLOCK, FINISH_BLOCK=FINISH_BLOCK, **ends,
             )  # fmt: skip
-            first += grp.programs
+            first += launched
     return norm, coef, found
 
 
