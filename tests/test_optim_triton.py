@@ -272,6 +272,18 @@ def counting(monkeypatch, module, name):
     return launches
 
 
+def adam_call(device, dtypes, steps_at, found=0.0, hyper=None, state_dtype=None):
+    """adam_step_'s arguments for params of `dtypes` (SHAPES' sizes, the last one empty) on device, with step
+    counters at steps_at; the state in state_dtype (default: the params')."""
+    params = [randn(s, dt, k).to(device) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))]
+    state = [[torch.zeros(p.shape, dtype=state_dtype or p.dtype, device=device) for p in params] for _ in range(2)]
+    steps = [torch.full((), float(s), device=device) for s in steps_at]
+    grads = [randn(p.shape, p.dtype, 50 + k).to(device) for k, p in enumerate(params)]
+    coef, found = torch.tensor(0.5, dtype=torch.float64, device=device), torch.tensor(found, device=device)
+    args = [params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False, True, False, coef, None, found]
+    return args + [math.inf, [], None, None if hyper is None else hyper.to(device), True]
+
+
 def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     """Float32 and bfloat16 params (bf16 with float32 state), per-tensor hyperparameters, an empty tensor: two
     launches, the CPU op's bits."""
@@ -280,35 +292,13 @@ def test_adam_step_one_launch_per_dtype_group(monkeypatch):
     launches = counting(monkeypatch, triton_kernels, "_adam_kernel")
     dtypes = [torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
     hyper = torch.tensor([[1e-2, 0.9, 0.99, 1e-8, 0.1], [1e-3, 0.8, 0.999, 1e-6, 0.0]] * 2, dtype=torch.float64)
-
-    def run(step, device="cpu"):
-        on = lambda xs: [x.to(device) for x in xs]  # noqa: E731
-        params = on([randn(s, dt, k) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))])
-        state = [on([torch.zeros(p.shape) for p in params]) for _ in range(2)]
-        steps = on([torch.full((), 3.0) for _ in params])
-        grads = on([randn(p.shape, p.dtype, 50 + k) for k, p in enumerate(params)])
-        coef, found, rows = on([torch.tensor(0.5, dtype=torch.float64), torch.tensor(0.0), hyper])
-        step(
-            params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.0, False, True, False, coef, None, found,
-            math.inf, [], None, rows, True,
-        )  # fmt: skip
-        return params + grads + state[0] + state[1] + steps
-
-    ours = run(triton_kernels.adam_step_, TRITON_DEVICE)
+    ours = adam_call(TRITON_DEVICE, dtypes, [3] * 4, hyper=hyper, state_dtype=torch.float32)
+    cpu = adam_call("cpu", dtypes, [3] * 4, hyper=hyper, state_dtype=torch.float32)
+    triton_kernels.adam_step_(*ours)
+    torch.ops.fused.adam_step_(*cpu)
     assert len(launches) == 2
-    all_same_bits(ours, run(torch.ops.fused.adam_step_))
-
-
-def adam_call(device, dtypes, steps_at, found=0.0, hyper=None):
-    """adam_step_'s arguments for params of `dtypes` (SHAPES' sizes, the last one empty) on device, with step
-    counters at steps_at."""
-    params = [randn(s, dt, k).to(device) for k, (s, dt) in enumerate(zip(SHAPES, dtypes))]
-    state = [[torch.zeros(p.shape, dtype=p.dtype, device=device) for p in params] for _ in range(2)]
-    steps = [torch.full((), float(s), device=device) for s in steps_at]
-    grads = [randn(p.shape, p.dtype, 50 + k).to(device) for k, p in enumerate(params)]
-    coef, found = torch.tensor(0.5, dtype=torch.float64, device=device), torch.tensor(found, device=device)
-    args = [params, grads, *state, [], steps, 1e-3, 0.9, 0.999, 1e-8, 0.01, False, True, False, coef, None, found]
-    return args + [math.inf, [], None, hyper, True]
+    outputs = lambda args: args[0] + args[1] + args[2] + args[3] + args[5]  # noqa: E731 - params .. steps
+    all_same_bits(outputs(ours), outputs(cpu))
 
 
 def test_step_counters_advance_in_the_kernels_unless_skipped():

@@ -240,14 +240,13 @@ def _state_key(seed, t, moment: tl.constexpr):
 
 
 @triton.jit
-def bias_terms(h, step_ptr, TERMS: tl.constexpr):
+def bias_terms(h, step_ptr, lr, beta1, beta2, TERMS: tl.constexpr):
     """-lr / (1 - beta1^step) and 1 / sqrt(1 - beta2^step) (float64) for this step: columns 5 and 6 of the tensor's
     row h where the host computed them (TERMS == 7), else from its step counter as the CUDA C++ kernel does."""
     if TERMS == 7:
         return tl.load(h + 5), tl.load(h + 6)
     else:
         step = tl.load(step_ptr).to(tl.float64) + 1.0
-        lr, beta1, beta2 = tl.load(h), tl.load(h + 1), tl.load(h + 2)
         return neg(lr / (1.0 - pow(beta1, step))), 1.0 / sqrt(1.0 - pow(beta2, step))
 
 
@@ -276,7 +275,7 @@ def _adam_kernel(
     xs_ptr = list_ptr(table, n, i, 7, tl.float32)
     h = terms_ptr + t * TERMS  # lr, beta1, beta2, eps, weight_decay (and bias_terms' two)
     lr, beta1, beta2, eps, wd = tl.load(h), tl.load(h + 1), tl.load(h + 2), tl.load(h + 3), tl.load(h + 4)
-    neg_step, inv_bc2 = bias_terms(h, list_ptr(table, n, i, 9, tl.float32), TERMS)
+    neg_step, inv_bc2 = bias_terms(h, list_ptr(table, n, i, 9, tl.float32), lr, beta1, beta2, TERMS)
     neg_step, inv_bc2 = neg_step.to(MATH), inv_bc2.to(MATH)
     p = tl.load(p_ptr + offs, mask=mask, other=0.0).to(MATH)
     g = update_grad(list_ptr(table, n, i, 1, G), offs, mask, end, coef_ptr, scale_ptr, clip_value, MATH, HAS_SCALE,

@@ -88,17 +88,25 @@ def advance_steps(ticket_ptr, table, n, k: tl.constexpr, found_ptr):
             tl.store(ptrs, tl.load(ptrs, mask=j < n, other=0.0) + 1.0, mask=j < n)
 
 
-_tickets = {}  # device -> its tickets (TICKET_*: one a kind of launch), as the CUDA C++ kernels' workspace
-TICKET_NORM, TICKET_STEP = 0, 1
+_tickets = {}  # device -> int32 [2]: the norm's ticket and the step counters' (one a kind of launch), zeroed once
 
 
-def ticket(device, which):
-    """The device's ticket `which` (a one-element int32 tensor), zeroed once; the kernels leave it at 0. One
-    optimizer step at a time per device."""
+def _ticket(device, which):
+    """A one-element view of the device's tickets, as the CUDA C++ kernels' workspace: the kernels leave it at 0.
+    One optimizer step at a time per device."""
     if device not in _tickets:
-        slots = torch.zeros(2, dtype=torch.int32, device=device)
-        _tickets[device] = [slots[k : k + 1] for k in range(2)]
-    return _tickets[device][which]
+        _tickets[device] = torch.zeros(2, dtype=torch.int32, device=device)
+    return _tickets[device][which : which + 1]
+
+
+def norm_ticket(device):
+    """The ticket of the norm launches (last_program in triton_norm's kernel)."""
+    return _ticket(device, 0)
+
+
+def step_ticket(device):
+    """The ticket of the launches that advance step counters (advance_steps)."""
+    return _ticket(device, 1)
 
 
 STRIDE_PROGRAMS_PER_SM = 8  # a grid-stride launch on a GPU: as the CUDA C++ kernels' grid
@@ -114,11 +122,6 @@ def stride_programs(tiles, device):
     """The programs of a grid-stride launch over `tiles` tiles (each program takes tiles pid, pid + programs, ...)."""
     cap = STRIDE_PROGRAMS_INTERPRETED if device.type == "cpu" else STRIDE_PROGRAMS_PER_SM * _sm_count(device.index)
     return min(tiles, cap)
-
-
-def step_ticket(device):
-    """The ticket of the launches that advance step counters (advance_steps)."""
-    return ticket(device, TICKET_STEP)
 
 
 def _to_device(host, device):

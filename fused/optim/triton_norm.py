@@ -18,14 +18,13 @@ import triton.language as tl
 from fused.optim.functional import norm_dtype
 from fused.optim.triton_kernels import clip_value_of, inverse_scale
 from fused.optim.triton_lists import (
-    TICKET_NORM,
     TL_DTYPES,
     groups,
     last_program,
     list_ptr,
+    norm_ticket,
     program_tensor,
     stride_programs,
-    ticket,
     tile_tensor,
 )
 from fused.triton_math import div, pow, sqrt
@@ -182,7 +181,7 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
             (g_t,) = grp.dtypes
             _norm_kernel[(launched,)](
                 grp.table, grp.tensor_of, len(grp.indices), grp.programs, first, slots, partials, flags,
-                grad_scale if grad_scale is not None else partials, ticket(device, TICKET_NORM), p=float(norm_type),
+                grad_scale if grad_scale is not None else partials, norm_ticket(device), p=float(norm_type),
                 clip_value=float(clip_value), G=TL_DTYPES[g_t], HAS_SCALE=grad_scale is not None,
                 CLIP=not math.isinf(clip_value), MATH=tl.float64 if g_t == torch.float64 else tl.float32,
                 BLOCK=BLOCK, FINISH_BLOCK=FINISH_BLOCK, **ends,
