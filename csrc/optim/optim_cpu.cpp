@@ -247,6 +247,28 @@ struct Rounding {
   bool half_words = false;  // the state's dither words, two elements a word (else the parameters' Philox words)
 };
 
+// x rounded to bf16 with the addend r (16 bits below the bf16 mantissa): inf stays inf, NaN becomes the quiet NaN.
+inline uint16_t bf16_rounded(float x, uint32_t r) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return uint16_t((x != x ? 0x7FC00000u : bits + r) >> 16);
+}
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+inline __m256i bf16_rounded(__m512 x, __m512i r) {  // 16 lanes
+  const __m512i bits = _mm512_mask_mov_epi32(_mm512_add_epi32(_mm512_castps_si512(x), r),
+                                             _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC00000));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16));
+}
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+inline __m128i bf16_rounded(__m256 x, __m256i r) {  // 8 lanes
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+  const __m256i bits = _mm256_srli_epi32(
+      _mm256_blendv_epi8(_mm256_add_epi32(_mm256_castps_si256(x), r), _mm256_set1_epi32(0x7FC00000), nan), 16);
+  // the high halves (< 2^16, so the unsigned saturation keeps them) as 8 bf16
+  return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
+}
+#endif
+
 // index0: the tensor element of src[0], a multiple of 8 (chunks and blocks start at multiples of 1024).
 void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
                            bool half_words) {
@@ -262,35 +284,50 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
     int64_t e = 0;
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
     for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
-      __m512i bits = _mm512_loadu_si512(src + j + e);
-      const __m512 x = _mm512_castsi512_ps(bits);
       const __m512i r = half_words ? half_word_lanes(words, e) : _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
-      bits = _mm512_mask_mov_epi32(_mm512_add_epi32(bits, r), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q),
-                                   _mm512_set1_epi32(0x7FC00000));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), bf16_rounded(_mm512_loadu_ps(src + j + e), r));
     }
 #elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
     for (; e + 8 <= len; e += 8) {  // the scalar loop below, 8 lanes at a time
-      __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + j + e));
-      const __m256 x = _mm256_castsi256_ps(bits);
       const __m256i r = half_words
                             ? half_word_lanes(words, e)
                             : _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
-      const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-      bits = _mm256_srli_epi32(_mm256_blendv_epi8(_mm256_add_epi32(bits, r), _mm256_set1_epi32(0x7FC00000), nan), 16);
-      // the high halves (< 2^16, so the unsigned saturation keeps them) as 8 bf16
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j + e),
-                       _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1)));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j + e), bf16_rounded(_mm256_loadu_ps(src + j + e), r));
     }
 #endif
-    for (; e < len; ++e) {
-      uint32_t bits;
-      std::memcpy(&bits, src + j + e, 4);
-      const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-      bits = nan ? 0x7FC00000u : bits + addend(e);  // inf stays inf; NaN stays NaN
-      dst[j + e] = c10::BFloat16(uint16_t(bits >> 16), c10::BFloat16::from_bits());
-    }
+    for (; e < len; ++e) dst[j + e] = c10::BFloat16(bf16_rounded(src[j + e], addend(e)), c10::BFloat16::from_bits());
   }
+}
+
+// cnt <= FloatVec::size() bf16 values as floats (exact; lanes past cnt 0).
+inline FloatVec load_bf16(const at::BFloat16* src, int64_t cnt) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  if (cnt == 16)
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  if (cnt == 8)
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16));
+#endif
+  alignas(64) float f[FloatVec::size()] = {};
+  for (int64_t l = 0; l < cnt; ++l) f[l] = float(src[l]);
+  return FloatVec::loadu(f);
+}
+// cnt <= FloatVec::size() lanes of x rounded to bf16 stochastically, element l taking half_word(words, e + l) (e
+// even): store_bf16_stochastic's bits for the state's dither words.
+inline void store_bf16_dithered(FloatVec x, at::BFloat16* dst, int64_t cnt, const uint32_t* words, int64_t e) {
+#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
+  if (cnt == 16)
+    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bf16_rounded(__m512(x), half_word_lanes(words, e)));
+#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
+  if (cnt == 8)
+    return _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_rounded(__m256(x), half_word_lanes(words, e)));
+#endif
+  alignas(64) float f[FloatVec::size()];
+  x.store(f);
+  for (int64_t l = 0; l < cnt; ++l)
+    dst[l] = c10::BFloat16(bf16_rounded(f[l], half_word(words, e + l)), c10::BFloat16::from_bits());
 }
 
 // One tensor of an update as run_chunk walks it: whether it is written back, how a bf16 copy is rounded, and for
@@ -511,6 +548,42 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
   }
 }
 
+// The update of elements [offset, offset + len) of bf16 moments rounded stochastically (offset a multiple of 8),
+// p and g the parameter and gradient of those elements: each vector's moments widened, updated and rounded in
+// registers (store_bf16_stochastic's bits), not through float copies in L1. AdamMath's arithmetic, as in the float
+// loops; the step takes the moments before rounding, as there. keys: the moments' (exp_avg, exp_avg_sq and with
+// kAmsgrad max_exp_avg_sq, whose v_max is also bf16). kPlain: as in adam_codes.
+template <bool kPlain, bool kAmsgrad>
+C10_NOINLINE void adam_bf16_moments(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back,
+                                    float* p, float* g, const std::array<at::BFloat16*, 3> moments, int64_t offset,
+                                    int64_t len, const std::array<uint64_t, 3> keys) {
+  using V = FloatVec;
+  TORCH_INTERNAL_ASSERT(offset % 8 == 0);
+  constexpr int64_t kWordsElements = 512;  // the elements of 256 dither words
+  alignas(64) uint32_t words[kAmsgrad ? 3 : 2][256];
+  at::BFloat16 *const m = moments[0], *const v = moments[1], *const v_max = moments[2];
+  for (int64_t j = 0; j < len; j += kWordsElements) {
+    for (int k = 0; k < (kAmsgrad ? 3 : 2); ++k) dither_words(keys[k], uint64_t(offset + j) / 2, words[k], 256);
+    for_vectors<float>(std::min(kWordsElements, len - j), [&](int64_t e, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
+      const int64_t i = j + e;
+      V pv = ld(p + i, cnt);
+      V gv;
+      if constexpr (kPlain) gv = ld(g + i, cnt);
+      else gv = grad_taken(tr, g + i, cnt, write_back);
+      gv = math.decay_into(pv, gv);
+      V mv = load_bf16(m + i, cnt), vv = load_bf16(v + i, cnt);
+      math.moments(gv, mv, vv);
+      store_bf16_dithered(mv, m + i, cnt, words[0], e);
+      store_bf16_dithered(vv, v + i, cnt, words[1], e);
+      if constexpr (kAmsgrad) {
+        vv = at::vec::maximum(load_bf16(v_max + i, cnt), vv);
+        store_bf16_dithered(vv, v_max + i, cnt, words[2], e);
+      }
+      st(math.stepped(pv, mv, vv.sqrt()), p + i, cnt);
+    });
+  }
+}
+
 void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList exp_avgs, at::TensorList exp_avg_sqs,
                    at::TensorList max_exp_avg_sqs, at::TensorList steps, double lr, double beta1, double beta2,
                    double eps, double weight_decay, bool amsgrad, bool decoupled, bool maximize,
@@ -558,8 +631,14 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     // stochastic rounding where a seed is given: bf16 state, and exp_avg_sq's codes (not exp_avg's, whose moves of
     // (1 - beta1) of the gradient are not lost to rounding, nor max_exp_avg_sq's, a max rather than an average)
     const bool max_codes = amsgrad && max_exp_avg_sqs[t].scalar_type() == at::kByte;
+    // bf16 moments rounded stochastically: widened and rounded by the update itself (adam_bf16_moments below),
+    // not buffered
+    const bool bf16_moments = state_key && params[t].scalar_type() != at::kDouble &&
+                              exp_avgs[t].scalar_type() == at::kBFloat16 &&
+                              exp_avg_sqs[t].scalar_type() == at::kBFloat16 &&
+                              (!amsgrad || max_exp_avg_sqs[t].scalar_type() == at::kBFloat16);
     auto state = [&](int k, at::TensorList ts, at::TensorList scales) {
-      if (codes && k < 3) return Operand{};
+      if ((codes && k < 3) || bf16_moments) return Operand{};
       return Operand{&ts[t], true, k == 3 && max_codes ? Rounding{} : rounding_for(state_key, t, k),
                      scales.empty() ? nullptr : &scales[t]};
     };
@@ -584,6 +663,18 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
               (plain_grad ? adam_codes<true> : adam_codes<false>)(math, tr, s->write_back, b[0], b[1], exp_avgs[t],
                                                                   m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
                                                                   v_dither ? &*v_dither : nullptr);
+              return;
+            }
+            if (bf16_moments) {
+              const bool plain_grad = tr.identity() && !s->write_back;
+              auto moment = [&](at::TensorList ts) { return ts[t].data_ptr<at::BFloat16>() + off; };
+              const std::array<at::BFloat16*, 3> moments{moment(exp_avgs), moment(exp_avg_sqs),
+                                                         amsgrad ? moment(max_exp_avg_sqs) : nullptr};
+              const std::array<uint64_t, 3> keys{rounding_key(*state_key, t, 1), rounding_key(*state_key, t, 2),
+                                                 rounding_key(*state_key, t, 3)};
+              auto update = plain_grad ? (amsgrad ? adam_bf16_moments<true, true> : adam_bf16_moments<true, false>)
+                                       : (amsgrad ? adam_bf16_moments<false, true> : adam_bf16_moments<false, false>);
+              update(math, tr, s->write_back, b[0], b[1], moments, off, len, keys);
               return;
             }
           }
