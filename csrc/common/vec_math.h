@@ -2,6 +2,8 @@
 // scalar fallback).
 #pragma once
 #include <ATen/cpu/vec/vec.h>
+
+#include <cmath>
 #include "common/host_device.h"
 
 namespace fused {
@@ -36,7 +38,29 @@ template <typename T> inline Vec<T> p_pow_op(Vec<T> x, Vec<T> s) {
   s.store(&e, 1);
   return e == T(0.5) ? x.sqrt() : e == T(-0.5) ? p_rsqrt(x) : x.pow(s);
 }
-template <typename T> inline Vec<T> p_fma(Vec<T> a, Vec<T> b, Vec<T> c) { return at::vec::fmadd(a, b, c); }
+// a * b + c (fma_once) and a * b - c (fms_once) rounded once on every build, as CUDA's fmaf and Triton's tl.fma:
+// at::vec's generic fmadd and fmsub (the default build, without AVX2) round the product first.
+template <typename T> inline Vec<T> fma_once(Vec<T> a, Vec<T> b, Vec<T> c) {
+#if defined(CPU_CAPABILITY_DEFAULT)
+  alignas(64) T x[Vec<T>::size()], y[Vec<T>::size()], z[Vec<T>::size()];
+  a.store(x);
+  b.store(y);
+  c.store(z);
+  for (int64_t l = 0; l < Vec<T>::size(); ++l) x[l] = std::fma(x[l], y[l], z[l]);
+  return Vec<T>::loadu(x);
+#else
+  return at::vec::fmadd(a, b, c);
+#endif
+}
+template <typename T> inline Vec<T> fms_once(Vec<T> a, Vec<T> b, Vec<T> c) {
+#if defined(CPU_CAPABILITY_DEFAULT)
+  return fma_once(a, b, c.neg());
+#else
+  return at::vec::fmsub(a, b, c);
+#endif
+}
+// as scalar_math.h's p_fma (fmaf): the vector body and the scalar tail round alike
+template <typename T> inline Vec<T> p_fma(Vec<T> a, Vec<T> b, Vec<T> c) { return fma_once(a, b, c); }
 // v as computed, rounded: the empty asm keeps the compiler from fusing the product that made v into a later add or
 // subtract (an fma would use it unrounded), as __fmul_rn does in CUDA.
 template <typename V> inline V rounded(V v) {

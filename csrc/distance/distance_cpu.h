@@ -104,13 +104,13 @@ template <typename T> inline T squared_distance(const T* x, const T* y, int64_t 
   int64_t d = 0;
   for (; d + 2 * L <= D; d += 2 * L) {
     const V p = V::loadu(x + d) - V::loadu(y + d), q = V::loadu(x + d + L) - V::loadu(y + d + L);
-    acc0 = at::vec::fmadd(p, p, acc0);
-    acc1 = at::vec::fmadd(q, q, acc1);
+    acc0 = fma_once(p, p, acc0);
+    acc1 = fma_once(q, q, acc1);
   }
   for (; d < D; d += L) {
     const int64_t cnt = std::min(L, D - d);
     const V p = V::loadu(x + d, cnt) - V::loadu(y + d, cnt);  // lanes past D: 0
-    acc0 = at::vec::fmadd(p, p, acc0);
+    acc0 = fma_once(p, p, acc0);
   }
   return at::vec::vec_reduce_all<T>([](V a, V b) { return a + b; }, acc0 + acc1);
 }
@@ -163,7 +163,7 @@ template <typename T> struct MatmulOperands {
             v = v - V::loadu(c + d, cnt);
             v.store(dst + r * D + d, cnt);
           }
-          acc = at::vec::fmadd(v, v, acc);
+          acc = fma_once(v, v, acc);
         }
         np[r] = at::vec::vec_reduce_all<T>([](V p, V q) { return p + q; }, acc);
       }

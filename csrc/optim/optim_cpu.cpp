@@ -63,7 +63,7 @@ template <typename T> struct GradIn {
 };
 
 template <Norm N, typename T> inline Vec<T> accumulate(Vec<T> acc, Vec<T> x, T p) {
-  if constexpr (N == Norm::L2) return at::vec::fmadd(x, x, acc);
+  if constexpr (N == Norm::L2) return fma_once(x, x, acc);
   else if constexpr (N == Norm::L1) return acc + x.abs();
   else if constexpr (N == Norm::Inf) return at::vec::maximum(acc, x.abs());
   else return acc + x.abs().pow(Vec<T>(p));
@@ -452,14 +452,13 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
                    for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
                      V p = ld(b[0] + i, cnt);
                      V d = grad_taken(tr, b[1] + i, cnt, s->write_back);
-                     if (weight_decay != 0) d = at::vec::fmadd(p, V(T(weight_decay)), d);
+                     if (weight_decay != 0) d = fma_once(p, V(T(weight_decay)), d);
                      if (use_momentum) {
-                       V buf =
-                           is_first ? d : at::vec::fmadd(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+                       V buf = is_first ? d : fma_once(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
                        st(buf, b[2] + i, cnt);
-                       d = nesterov ? at::vec::fmadd(buf, V(T(momentum)), d) : buf;
+                       d = nesterov ? fma_once(buf, V(T(momentum)), d) : buf;
                      }
-                     st(at::vec::fmadd(d, V(T(-lr)), p), b[0] + i, cnt);
+                     st(fma_once(d, V(T(-lr)), p), b[0] + i, cnt);
                    });
                  });
   });
@@ -481,18 +480,16 @@ template <typename T> struct AdamMath {
   V decay_into(V& p, V g) const {
     if (decays) {
       if (decoupled) p = p * V(decay);
-      else g = at::vec::fmadd(p, V(weight_decay), g);
+      else g = fma_once(p, V(weight_decay), g);
     }
     return g;
   }
   void moments(V g, V& m, V& v) const {
-    m = at::vec::fmadd(g - m, V(b1c), m);
-    v = at::vec::fmadd(g * g, V(b2c), v * V(b2));
+    m = fma_once(g - m, V(b1c), m);
+    v = fma_once(g * g, V(b2c), v * V(b2));
   }
   // root: sqrt(v) (of max(v_max, v) with amsgrad: the root keeps the order)
-  V stepped(V p, V m, V root) const {
-    return at::vec::fmadd(V(neg_step), m / at::vec::fmadd(root, V(inv_bc2), V(eps)), p);
-  }
+  V stepped(V p, V m, V root) const { return fma_once(V(neg_step), m / fma_once(root, V(inv_bc2), V(eps)), p); }
 };
 
 // The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), p and g the

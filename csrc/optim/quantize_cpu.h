@@ -18,6 +18,7 @@
 #include <ATen/cpu/vec/vec.h>
 #include <c10/util/bit_cast.h>
 
+#include "common/vec_math.h"
 #include "optim/rounding_keys.h"
 
 #include <algorithm>
@@ -158,7 +159,7 @@ inline FloatVec dither_lanes(const uint32_t* words, int64_t e) {
 inline FloatVec dithered_code(FloatVec t, FloatVec d) {
   using V = FloatVec;
   const V c = t.floor(), c2 = c * c, c4 = c2 * c2, next = c + V(1.f), next2 = next * next, t2 = t * t;
-  const V gap = at::vec::fmsub(next2, next2, c4), above = at::vec::fmsub(t2, t2, c4);
+  const V gap = fms_once(next2, next2, c4), above = fms_once(t2, t2, c4);
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
   // the comparisons' masks used as they are (at::vec widens them to vectors and back)
   const __m512 dither = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(c, V(0.f), _CMP_EQ_OQ), d, V(0.0625f));
