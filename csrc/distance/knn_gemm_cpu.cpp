@@ -253,10 +253,10 @@ void knn_gemm(const Batched& x, const Lengths& la, const Lengths& lb, bool squar
         auto lower_lanes = [&](int64_t j) -> V {
           if constexpr (kCodes) {
             const V p = at::vec::convert_to_fp_of_same_size<T>(at::vec::Vectorized<int32_t>::loadu(dot + j));
-            return at::vec::fmadd(V(ki), V::loadu(sb + c0 + j) * (p + (V::loadu(rb + c0 + j) + V(ri))),
-                                  V::loadu(cj + c0 + j));
+            return fma_once(V(ki), V::loadu(sb + c0 + j) * (p + (V::loadu(rb + c0 + j) + V(ri))),
+                            V::loadu(cj + c0 + j));
           }
-          return at::vec::fmadd(V(T(-2) * sign), V::loadu(dot + j), V::loadu(cj + c0 + j));
+          return fma_once(V(T(-2) * sign), V::loadu(dot + j), V::loadu(cj + c0 + j));
         };
         T thr = row.bound - ci;
         auto take = [&](int64_t j) {  // a column within the filter's bound joins with its direct d^2's bounds
