@@ -299,21 +299,6 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
   }
 }
 
-// cnt <= FloatVec::size() bf16 values as floats (exact; lanes past cnt 0).
-inline FloatVec load_bf16(const at::BFloat16* src, int64_t cnt) {
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-  if (cnt == 16)
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src))), 16));
-#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
-  if (cnt == 8)
-    return _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), 16));
-#endif
-  alignas(64) float f[FloatVec::size()] = {};
-  for (int64_t l = 0; l < cnt; ++l) f[l] = float(src[l]);
-  return FloatVec::loadu(f);
-}
 // cnt <= FloatVec::size() lanes of x rounded to bf16 stochastically, element l taking half_word(words, e + l) (e
 // even): store_bf16_stochastic's bits for the state's dither words.
 inline void store_bf16_dithered(FloatVec x, at::BFloat16* dst, int64_t cnt, const uint32_t* words, int64_t e) {
@@ -492,14 +477,23 @@ template <typename T> struct AdamMath {
   V stepped(V p, V m, V root) const { return fma_once(V(neg_step), m / fma_once(root, V(inv_bc2), V(eps)), p); }
 };
 
+// The gradient of cnt elements at g as the moments take it, the parameter p decayed in place (AdamW) or its L2
+// penalty added. kPlain: the gradient as it is (no loss scale, clipping, maximize or write-back: their factors are
+// exactly 1), two multiplies a vector fewer; else clipped and signed (grad_taken).
+template <bool kPlain>
+C10_ALWAYS_INLINE FloatVec update_grad(const AdamMath<float>& math, const GradTransform<float>& tr, FloatVec& p,
+                                       float* g, int64_t cnt, bool write_back) {
+  if constexpr (kPlain) return math.decay_into(p, ld(g, cnt));
+  return math.decay_into(p, grad_taken(tr, g, cnt, write_back));
+}
+
 // The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), p and g the
 // parameter and gradient of those elements, one quantization block at a time. Each vector of a block decodes m
 // and sqrt(v), updates them and the parameter, and leaves the new moments in L1 until the block's scales (their
 // max) are known; then they are encoded. AdamMath's arithmetic, as in the float loops.
 // v_dither: the stochastic rounding of exp_avg_sq's codes (null: to nearest).
-// kPlain: the gradient is taken as it is (no loss scale, clipping, maximize or write-back: their factors are
-// exactly 1), two multiplies a vector fewer in a loop that the multiply ports bound. Out of line, so that the loop
-// gets registers of its own rather than the caller's spills.
+// kPlain: update_grad's (in a loop that the multiply ports bound). Out of line, so that the loop gets registers of
+// its own rather than the caller's spills.
 template <bool kPlain>
 C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back, float* p,
                              float* g, const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
@@ -522,10 +516,7 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
     V m_max(0.f), root_max(0.f);
     for_vectors<float>(n, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
       V pv = ld(pq + i, cnt);
-      V gv;
-      if constexpr (kPlain) gv = ld(gq + i, cnt);
-      else gv = grad_taken(tr, gq + i, cnt, write_back);
-      gv = math.decay_into(pv, gv);
+      const V gv = update_grad<kPlain>(math, tr, pv, gq + i, cnt, write_back);
       V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
       V v = root * root;
       math.moments(gv, m, v);
@@ -549,7 +540,7 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
 // p and g the parameter and gradient of those elements: each vector's moments widened, updated and rounded in
 // registers (store_bf16_stochastic's bits), not through float copies in L1. AdamMath's arithmetic, as in the float
 // loops; the step takes the moments before rounding, as there. keys: the moments' (exp_avg, exp_avg_sq and with
-// kAmsgrad max_exp_avg_sq, whose v_max is also bf16). kPlain: as in adam_codes.
+// kAmsgrad max_exp_avg_sq, whose v_max is also bf16). kPlain: update_grad's.
 template <bool kPlain, bool kAmsgrad>
 C10_NOINLINE void adam_bf16_moments(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back,
                                     float* p, float* g, const std::array<at::BFloat16*, 3> moments, int64_t offset,
@@ -564,16 +555,13 @@ C10_NOINLINE void adam_bf16_moments(const AdamMath<float> math, const GradTransf
     for_vectors<float>(std::min(kWordsElements, len - j), [&](int64_t e, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
       const int64_t i = j + e;
       V pv = ld(p + i, cnt);
-      V gv;
-      if constexpr (kPlain) gv = ld(g + i, cnt);
-      else gv = grad_taken(tr, g + i, cnt, write_back);
-      gv = math.decay_into(pv, gv);
-      V mv = load_bf16(m + i, cnt), vv = load_bf16(v + i, cnt);
+      const V gv = update_grad<kPlain>(math, tr, pv, g + i, cnt, write_back);
+      V mv = load_math<float>(m + i, cnt), vv = load_math<float>(v + i, cnt);
       math.moments(gv, mv, vv);
       store_bf16_dithered(mv, m + i, cnt, words[0], e);
       store_bf16_dithered(vv, v + i, cnt, words[1], e);
       if constexpr (kAmsgrad) {
-        vv = at::vec::maximum(load_bf16(v_max + i, cnt), vv);
+        vv = at::vec::maximum(load_math<float>(v_max + i, cnt), vv);
         store_bf16_dithered(vv, v_max + i, cnt, words[2], e);
       }
       st(math.stepped(pv, mv, vv.sqrt()), p + i, cnt);
@@ -653,8 +641,8 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
             return math.decay_into(p, grad_taken(tr, b[1] + i, cnt, s->write_back));
           };
           if constexpr (std::is_same_v<T, float>) {
+            const bool plain_grad = tr.identity() && !s->write_back;
             if (codes) {
-              const bool plain_grad = tr.identity() && !s->write_back;
               std::optional<DitherWords> v_dither;
               if (state_key) v_dither.emplace(rounding_key(*state_key, t, 2));
               (plain_grad ? adam_codes<true> : adam_codes<false>)(math, tr, s->write_back, b[0], b[1], exp_avgs[t],
@@ -663,7 +651,6 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
               return;
             }
             if (bf16_moments) {
-              const bool plain_grad = tr.identity() && !s->write_back;
               auto moment = [&](at::TensorList ts) { return ts[t].data_ptr<at::BFloat16>() + off; };
               const std::array<at::BFloat16*, 3> moments{moment(exp_avgs), moment(exp_avg_sqs),
                                                          amsgrad ? moment(max_exp_avg_sqs) : nullptr};
