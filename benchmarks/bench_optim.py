@@ -1,7 +1,8 @@
 """Clip-and-step: fused.optim.X(max_grad_norm=1.0).step() against clip_grad_norm_ + torch.optim.X, in three
 flavours of torch (for-loop "eager", "foreach", and torch's best: clip_grad_norm_(foreach=True) + X(fused=True)).
 Every one leaves the clipped gradient in .grad. First, plain AdamW with no clipping (fused's one-pass step, with
-fp32, bf16 and int8 state, against torch's fused AdamW and bitsandbytes' AdamW8bit, with state bytes/param).
+fp32, bf16 and int8 state, against torch's fused AdamW and bitsandbytes' AdamW8bit, with state bytes/param), on
+fp32 params and (CPU) on bf16 params.
 Bytes floor per parameter (fp32): AdamW 4 (norm reads g) + 32 (reads p, g, m, v; writes p, g, m, v); SGD with
 momentum 4 + 24; bf16 AdamW with fp32 master weights 2 + 30 (against fp32 masters in torch's fused AdamW with
 casts of the gradients in and the parameters out). The write of g is the .grad write-back: 4 B per parameter in
@@ -121,16 +122,17 @@ def state_bytes(opt):
     return sum(storages.values()) / sum(p.numel() for p in params)
 
 
-def plain_adamw_impls(shapes, device, with_torchao=False):
+def plain_adamw_impls(shapes, device, with_torchao=False, dtype=torch.float32):
     """AdamW with no clipping and no scaler, the case most users try first: torch's fused step against fused's
-    one-pass step, with fp32, bf16 and int8 state, and the 8-bit optimizers of bitsandbytes and (with_torchao)
-    torchao where they import. torchao's AdamW8bit compiles a step per parameter shape on its first step and
-    runs its compiled step per parameter, so it only joins a smaller case. Also returns, per impl, a call giving
-    its state's bytes per parameter ("resident_mb" of the case holds that figure, not MB)."""
+    one-pass step, with fp32, bf16 and int8 state, and (fp32 params) the 8-bit optimizers of bitsandbytes and
+    (with_torchao) torchao where they import. torchao's AdamW8bit compiles a step per parameter shape on its first
+    step and runs its compiled step per parameter, so it only joins a smaller case. With bf16 params, torch's
+    steps keep bf16 state (fused's default keeps fp32). Also returns, per impl, a call giving its state's bytes per
+    parameter ("resident_mb" of the case holds that figure, not MB)."""
     out, state = {}, {}
 
     def add(label, make, backend=None):
-        p = make_params(shapes, torch.float32, device)
+        p = make_params(shapes, dtype, device)
         opt = make(p)
         out[label] = with_backend(backend, opt.step)
         state[label] = lambda opt=opt: state_bytes(opt)
@@ -142,6 +144,8 @@ def plain_adamw_impls(shapes, device, with_torchao=False):
         for kind, state_dtype in (("bf16", torch.bfloat16), ("int8", "int8")):
             make = lambda p, s=state_dtype: fused.optim.AdamW(p, lr=1e-3, state_dtype=s)  # noqa: E731
             add(f"{label} state_dtype={kind}", make, backend)
+    if dtype != torch.float32:
+        return out, state
     try:
         import bitsandbytes as bnb
 
@@ -192,17 +196,19 @@ def clip_cases(shapes, dtypes, device, default):
     return out
 
 
-def plain_case(shapes, device, with_torchao=False):
-    """AdamW with no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter), with
-    fused's fp32, bf16 and int8 state. In the default run on a GPU; on a CPU, FULL=1 (make bench's default AdamW
-    float32 there is clip+AdamW)."""
+def plain_case(shapes, device, with_torchao=False, dtype=torch.float32):
+    """AdamW with no clipping: one pass reading p, g, m, v and writing p, m, v (28 B per fp32 parameter; 14 B for
+    bf16 params and moments, the floor of torch's bf16 step), with fused's fp32, bf16 and int8 state. In the
+    default run on a GPU (float32); on a CPU, FULL=1 (make bench's default AdamW float32 there is clip+AdamW)."""
     n = sum(torch.Size(s).numel() for s in shapes)
     return {
-        "name": f"AdamW (no clipping) {n / 1e6:.1f}M params in {len(shapes)} tensors float32",
-        "bytes": 28 * n,
+        "name": f"AdamW (no clipping) {n / 1e6:.1f}M params in {len(shapes)} tensors {str(dtype)[6:]}",
+        "bytes": 7 * torch.finfo(dtype).bits // 8 * n,
         "flops": None,
-        "build": lambda: dict(zip(("impls", "state_bytes_per_param"), plain_adamw_impls(shapes, device, with_torchao))),
-        "default": device == "cuda",
+        "build": lambda: dict(
+            zip(("impls", "state_bytes_per_param"), plain_adamw_impls(shapes, device, with_torchao, dtype))
+        ),
+        "default": device == "cuda" and dtype == torch.float32,
     }
 
 
@@ -221,6 +227,7 @@ def cases(device: str, quick: bool) -> list:
     out.append(plain_case(plain_shapes, device))
     if device == "cpu" and not quick:
         out.append(plain_case(model_shapes(256, 2), device, with_torchao=True))
+        out.append(plain_case(plain_shapes, device, dtype=torch.bfloat16))
     small_default = device == "cpu" and not quick
     out += clip_cases(shapes, dtypes, device, default=not small_default)
     if small_default:

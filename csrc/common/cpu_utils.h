@@ -8,6 +8,7 @@
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "common/checks.h"
@@ -36,7 +37,7 @@ template <typename T, typename scalar_t> inline void store_block(const T* src, s
   }
 }
 // m <= Vec<T>::size() elements of src as a Vec<T> in the math type (lanes past m: 0), converted in registers.
-template <typename T, typename scalar_t> inline Vec<T> load_math(const scalar_t* src, int64_t m) {
+template <typename T, typename scalar_t> C10_ALWAYS_INLINE Vec<T> load_math(const scalar_t* src, int64_t m) {
   using V = Vec<T>;
   if constexpr (std::is_same_v<scalar_t, T>) {
     return m == V::size() ? V::loadu(src) : V::loadu(src, m);
@@ -51,6 +52,27 @@ template <typename T, typename scalar_t> inline Vec<T> load_math(const scalar_t*
       at::vec::load_to_float(tail, v);
     }
     return v;
+  }
+}
+// m <= Vec<T>::size() lanes of x into dst in the storage type, in registers: 16-bit rounded to nearest even, as
+// at::vec::convert rounds (a NaN stays a NaN).
+template <typename T, typename scalar_t> C10_ALWAYS_INLINE void store_math(Vec<T> x, scalar_t* dst, int64_t m) {
+  using V = Vec<T>;
+  if constexpr (std::is_same_v<scalar_t, T>) {
+    if (m == V::size()) x.store(dst);
+    else x.store(dst, m);
+  } else {
+    static_assert(std::is_same_v<T, float>, "16-bit storage computes in float");
+#if (defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)) || (defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__))
+    if (m == V::size()) {
+      const auto bits = std::is_same_v<scalar_t, at::BFloat16> ? at::vec::cvtfp32_bf16(x) : at::vec::cvtfp32_fp16(x);
+      std::memcpy(dst, &bits, sizeof(bits));
+      return;
+    }
+#endif
+    alignas(64) T lanes[V::size()];
+    x.store(lanes);
+    for (int64_t l = 0; l < m; ++l) dst[l] = c10::convert<scalar_t>(lanes[l]);
   }
 }
 

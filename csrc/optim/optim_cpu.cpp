@@ -55,7 +55,7 @@ enum class Norm { L2, L1, Inf, P };
 template <typename T> struct GradIn {
   T inv_scale, clip_value;  // clip_value = inf: no value clipping
   bool clip;
-  inline Vec<T> operator()(Vec<T> x) const {
+  C10_ALWAYS_INLINE Vec<T> operator()(Vec<T> x) const {
     x = x * Vec<T>(inv_scale);
     if (clip) x = at::vec::clamp(x, Vec<T>(-clip_value), Vec<T>(clip_value));
     return x;
@@ -205,8 +205,8 @@ template <typename T> struct GradTransform {
   GradIn<T> in;
   T coef;
   bool maximize;
-  inline Vec<T> clipped(Vec<T> g) const { return in(g) * Vec<T>(coef); }
-  inline Vec<T> signed_(Vec<T> g) const { return maximize ? Vec<T>(0) - g : g; }
+  C10_ALWAYS_INLINE Vec<T> clipped(Vec<T> g) const { return in(g) * Vec<T>(coef); }
+  C10_ALWAYS_INLINE Vec<T> signed_(Vec<T> g) const { return maximize ? Vec<T>(0) - g : g; }
   // clipped() and signed_() return g unchanged (their factors are exactly 1)
   bool identity() const { return in.inv_scale == T(1) && !in.clip && coef == T(1) && !maximize; }
   static GradTransform of(const UpdateScalars& s, bool maximize) {
@@ -220,15 +220,14 @@ template <typename T, typename F> inline void for_vectors(int64_t n, const F& bo
   for (; i + Vec<T>::size() <= n; i += Vec<T>::size()) body(i, Vec<T>::size());
   if (i < n) body(i, n - i);
 }
-template <typename T> inline Vec<T> ld(const T* p, int64_t cnt) {
-  return cnt == Vec<T>::size() ? Vec<T>::loadu(p) : Vec<T>::loadu(p, cnt);
+// cnt elements at p in the math type, and back (16-bit: widened and rounded to nearest in registers).
+template <typename S> C10_ALWAYS_INLINE Vec<at::opmath_type<S>> ld(const S* p, int64_t cnt) {
+  return load_math<at::opmath_type<S>>(p, cnt);
 }
-template <typename T> inline void st(Vec<T> v, T* p, int64_t cnt) {
-  if (cnt == Vec<T>::size()) v.store(p);
-  else v.store(p, cnt);
-}
+template <typename S> C10_ALWAYS_INLINE void st(Vec<at::opmath_type<S>> v, S* p, int64_t cnt) { store_math(v, p, cnt); }
 // The cnt gradient elements at g as an update takes them: clipped (and stored back at g when write_back), then signed.
-template <typename T> inline Vec<T> grad_taken(const GradTransform<T>& tr, T* g, int64_t cnt, bool write_back) {
+template <typename T, typename G>
+C10_ALWAYS_INLINE Vec<T> grad_taken(const GradTransform<T>& tr, G* g, int64_t cnt, bool write_back) {
   const Vec<T> c = tr.clipped(ld(g, cnt));
   if (write_back) st(c, g, cnt);
   return tr.signed_(c);
@@ -354,37 +353,80 @@ template <typename T> void store_any(const T* src, const Operand& o, int64_t off
                           [&] { store_block(src, t.data_ptr<scalar_t>() + offset, n); });
 }
 
-// Runs body(std::array<T*, K>, len, offset) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient;
-// null tensors stay null), block by block in the math type T (double for double params, else float). Each tensor
-// has its own dtype: memory already in T is used in place, other memory goes through L1 buffers (only operands
-// marked `write` are stored back). With master weights, `model` (16-bit) receives the rounded parameter and is
-// never read.
+// One block of an update's operands as its loops take them: the parameter p (k = 0) and the gradient g (k = 1) in
+// their storage types P and G, the state s[k] (k >= 2) in the math type T, and with master weights the 16-bit
+// model copy (M; M = T: none, or written by run_chunk). Float memory is used in place; 16-bit memory is widened
+// and rounded (to nearest) by the loops, vector by vector in registers, so that every operand streams from memory
+// in the same loop; other memory goes through L1 buffers.
+template <typename T, typename P, typename G, typename M, int K> struct Block {
+  using Math = T;
+  P* p;
+  G* g;
+  std::array<T*, K> s;  // s[0], s[1]: unused
+  M* model;
+  // the new parameter of elements i.. i + cnt - 1, and its rounded copy in the model
+  C10_ALWAYS_INLINE void put_p(Vec<T> v, int64_t i, int64_t cnt) const {
+    st(v, p + i, cnt);
+    if constexpr (!std::is_same_v<M, T>) st(v, model + i, cnt);
+  }
+};
+
+inline bool is_16bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+// Runs body(Block, len, offset) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient; null
+// tensors stay null), block by block in the math type T (double for double params, else float). Each tensor has
+// its own dtype: p and g of one 16-bit dtype, or float p with a 16-bit g, are passed as they are (Block); other
+// memory not in T goes through L1 buffers (only operands marked `write` are stored back), as does a parameter
+// rounded stochastically (store_bf16_stochastic). With master weights, `model` (16-bit) receives the rounded
+// parameter and is never read.
 template <int K, typename F>
 void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const Chunk& ch, const F& body) {
-  auto run = [&](auto tag) {
-    using T = decltype(tag);
+  auto run = [&](auto math_tag, auto p_tag, auto g_tag, auto model_tag) {
+    using T = decltype(math_tag);
+    using P = decltype(p_tag);
+    using G = decltype(g_tag);
+    using M = decltype(model_tag);
     T buf[K][kBlock];
     for (int64_t i = 0; i < ch.len; i += kBlock) {
       const int64_t len = std::min(kBlock, ch.len - i), off = ch.start + i;
-      std::array<T*, K> b;
+      std::array<T*, K> b{};
       for (int k = 0; k < K; ++k) {
         const at::Tensor* t = ops[k].t;
-        if (!t) b[k] = nullptr;
-        else if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
+        if (!t || (k == 0 && !std::is_same_v<P, T>) || (k == 1 && !std::is_same_v<G, T>)) continue;
+        if (t->scalar_type() == c10::CppTypeToScalarType<T>::value)
           b[k] = (ops[k].write ? t->template data_ptr<T>() : const_cast<T*>(t->template const_data_ptr<T>())) + off;
         else {
           load_any(ops[k], off, buf[k], len);
           b[k] = buf[k];
         }
       }
-      body(b, len, off);
+      auto direct = [&](auto tag, const at::Tensor* t, T* in_math) {
+        using S = decltype(tag);
+        if constexpr (std::is_same_v<S, T>) return in_math;
+        else return t ? t->template data_ptr<S>() + off : nullptr;
+      };
+      body(Block<T, P, G, M, K>{direct(P{}, ops[0].t, b[0]), direct(G{}, ops[1].t, b[1]), b,
+                                direct(M{}, model, nullptr)},
+           len, off);
       for (int k = 0; k < K; ++k)
         if (ops[k].t && ops[k].write && b[k] == buf[k]) store_any(buf[k], ops[k], off, len);
-      if (model) store_any(b[0], Operand{model}, off, len);
+      if constexpr (std::is_same_v<P, T> && std::is_same_v<M, T>)
+        if (model) store_any(b[0], Operand{model}, off, len);
     }
   };
-  if (ops[0].t->scalar_type() == at::kDouble) run(double{});
-  else run(float{});
+  const at::ScalarType p_type = ops[0].t->scalar_type();
+  const at::ScalarType g_type = ops[1].t ? ops[1].t->scalar_type() : p_type;
+  if (p_type == at::kDouble) return run(double{}, double{}, double{}, double{});
+  const bool p16 = is_16bit(p_type) && !ops[0].rnd.stochastic;
+  // master weights: a model copy of the gradient's dtype is written in registers
+  const bool model_as_g = model && model->scalar_type() == g_type;
+  if (p16 && g_type == at::kBFloat16 && p_type == g_type) run(float{}, at::BFloat16{}, at::BFloat16{}, float{});
+  else if (p16 && g_type == at::kHalf && p_type == g_type) run(float{}, at::Half{}, at::Half{}, float{});
+  else if (!p16 && g_type == at::kBFloat16)
+    model_as_g ? run(float{}, float{}, at::BFloat16{}, at::BFloat16{}) : run(float{}, float{}, at::BFloat16{}, float{});
+  else if (!p16 && g_type == at::kHalf)
+    model_as_g ? run(float{}, float{}, at::Half{}, at::Half{}) : run(float{}, float{}, at::Half{}, float{});
+  else run(float{}, float{}, float{}, float{});
 }
 
 // The rounding of tensor `tensor`'s parameter (k = 0) or its k-th state tensor: stochastic for bf16 when a seed
@@ -431,19 +473,19 @@ void sgd_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList bu
     run_chunk<3>({Operand{&params[t], true, rounding_for(seed, t)}, Operand{&grads[t], s->write_back},
                   Operand{use_momentum ? &bufs[t] : nullptr, true}},
                  model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len, int64_t) {
-                   using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+                   using T = typename decltype(b)::Math;
                    using V = Vec<T>;
                    const auto tr = GradTransform<T>::of(*s, maximize);
                    for_vectors<T>(len, [&](int64_t i, int64_t cnt) {
-                     V p = ld(b[0] + i, cnt);
-                     V d = grad_taken(tr, b[1] + i, cnt, s->write_back);
+                     V p = ld(b.p + i, cnt);
+                     V d = grad_taken(tr, b.g + i, cnt, s->write_back);
                      if (weight_decay != 0) d = fma_once(p, V(T(weight_decay)), d);
                      if (use_momentum) {
-                       V buf = is_first ? d : fma_once(ld(b[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
-                       st(buf, b[2] + i, cnt);
+                       V buf = is_first ? d : fma_once(ld(b.s[2] + i, cnt), V(T(momentum)), d * V(T(1 - dampening)));
+                       st(buf, b.s[2] + i, cnt);
                        d = nesterov ? fma_once(buf, V(T(momentum)), d) : buf;
                      }
-                     st(fma_once(d, V(T(-lr)), p), b[0] + i, cnt);
+                     b.put_p(fma_once(d, V(T(-lr)), p), i, cnt);
                    });
                  });
   });
@@ -462,42 +504,45 @@ template <typename T> struct AdamMath {
             T(-step_size), T(1 / bc2_sqrt), weight_decay != 0, decoupled};
   }
   // weight decay: p decayed in place (AdamW) or the L2 penalty added to the gradient g
-  V decay_into(V& p, V g) const {
+  C10_ALWAYS_INLINE V decay_into(V& p, V g) const {
     if (decays) {
       if (decoupled) p = p * V(decay);
       else g = fma_once(p, V(weight_decay), g);
     }
     return g;
   }
-  void moments(V g, V& m, V& v) const {
+  C10_ALWAYS_INLINE void moments(V g, V& m, V& v) const {
     m = fma_once(g - m, V(b1c), m);
     v = fma_once(g * g, V(b2c), v * V(b2));
   }
   // root: sqrt(v) (of max(v_max, v) with amsgrad: the root keeps the order)
-  V stepped(V p, V m, V root) const { return fma_once(V(neg_step), m / fma_once(root, V(inv_bc2), V(eps)), p); }
+  C10_ALWAYS_INLINE V stepped(V p, V m, V root) const {
+    return fma_once(V(neg_step), m / fma_once(root, V(inv_bc2), V(eps)), p);
+  }
 };
 
 // The gradient of cnt elements at g as the moments take it, the parameter p decayed in place (AdamW) or its L2
 // penalty added. kPlain: the gradient as it is (no loss scale, clipping, maximize or write-back: their factors are
 // exactly 1), two multiplies a vector fewer; else clipped and signed (grad_taken).
-template <bool kPlain>
-C10_ALWAYS_INLINE FloatVec update_grad(const AdamMath<float>& math, const GradTransform<float>& tr, FloatVec& p,
-                                       float* g, int64_t cnt, bool write_back) {
+template <bool kPlain, typename G>
+C10_ALWAYS_INLINE FloatVec update_grad(const AdamMath<float>& math, const GradTransform<float>& tr, FloatVec& p, G* g,
+                                       int64_t cnt, bool write_back) {
   if constexpr (kPlain) return math.decay_into(p, ld(g, cnt));
   return math.decay_into(p, grad_taken(tr, g, cnt, write_back));
 }
 
-// The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), p and g the
-// parameter and gradient of those elements, one quantization block at a time. Each vector of a block decodes m
+// The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), b the parameter and
+// gradient of those elements (run_chunk's Block), one quantization block at a time. Each vector of a block decodes m
 // and sqrt(v), updates them and the parameter, and leaves the new moments in L1 until the block's scales (their
 // max) are known; then they are encoded. AdamMath's arithmetic, as in the float loops.
 // v_dither: the stochastic rounding of exp_avg_sq's codes (null: to nearest).
 // kPlain: update_grad's (in a loop that the multiply ports bound). Out of line, so that the loop gets registers of
 // its own rather than the caller's spills.
-template <bool kPlain>
-C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back, float* p,
-                             float* g, const at::Tensor& m_codes, const at::Tensor& m_scales, const at::Tensor& v_codes,
-                             const at::Tensor& v_scales, int64_t offset, int64_t len, DitherWords* v_dither) {
+template <bool kPlain, typename B>
+C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back,
+                             const B& b, const at::Tensor& m_codes, const at::Tensor& m_scales,
+                             const at::Tensor& v_codes, const at::Tensor& v_scales, int64_t offset, int64_t len,
+                             DitherWords* v_dither) {
   using V = FloatVec;
   int8_t* const m_code0 = m_codes.data_ptr<int8_t>() + offset;
   uint8_t* const v_code0 = v_codes.data_ptr<uint8_t>() + offset;
@@ -509,19 +554,17 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
     uint8_t* const vq = v_code0 + q;
     float* const m_scale = m_scale0 + q / kQuantBlock;
     float* const v_scale = v_scale0 + q / kQuantBlock;
-    float* const pq = p + q;
-    float* const gq = g + q;
     const V ms = code_step<int8_t>(*m_scale), vs = code_step<uint8_t>(*v_scale);
     alignas(64) float m_new[kQuantBlock], root_new[kQuantBlock];
     V m_max(0.f), root_max(0.f);
     for_vectors<float>(n, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
-      V pv = ld(pq + i, cnt);
-      const V gv = update_grad<kPlain>(math, tr, pv, gq + i, cnt, write_back);
+      V pv = ld(b.p + q + i, cnt);
+      const V gv = update_grad<kPlain>(math, tr, pv, b.g + q + i, cnt, write_back);
       V m = decode(mq + i, cnt, ms), root = decode(vq + i, cnt, vs);
       V v = root * root;
       math.moments(gv, m, v);
       root = v.sqrt();
-      st(math.stepped(pv, m, root), pq + i, cnt);
+      b.put_p(math.stepped(pv, m, root), q + i, cnt);
       if (cnt < V::size()) {  // lanes past the block stay out of its max
         m = V::set(V(0.f), m, cnt);
         root = V::set(V(0.f), root, cnt);
@@ -536,35 +579,41 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
   }
 }
 
-// The update of elements [offset, offset + len) of bf16 moments rounded stochastically (offset a multiple of 8),
-// p and g the parameter and gradient of those elements: each vector's moments widened, updated and rounded in
-// registers (store_bf16_stochastic's bits), not through float copies in L1. AdamMath's arithmetic, as in the float
-// loops; the step takes the moments before rounding, as there. keys: the moments' (exp_avg, exp_avg_sq and with
-// kAmsgrad max_exp_avg_sq, whose v_max is also bf16). kPlain: update_grad's.
-template <bool kPlain, bool kAmsgrad>
+// The update of elements [offset, offset + len) of bf16 moments (offset a multiple of 8), b the parameter and
+// gradient of those elements (run_chunk's Block): each vector's moments widened, updated and rounded in registers
+// (with keys stochastically, store_bf16_stochastic's bits; else to nearest), not through float copies in L1. AdamMath's
+// arithmetic, as in the float loops; the step takes the moments before rounding, as there. keys: the moments' (exp_avg,
+// exp_avg_sq and with kAmsgrad max_exp_avg_sq, whose v_max is also bf16). kPlain: update_grad's.
+template <bool kPlain, bool kAmsgrad, typename B>
 C10_NOINLINE void adam_bf16_moments(const AdamMath<float> math, const GradTransform<float> tr, const bool write_back,
-                                    float* p, float* g, const std::array<at::BFloat16*, 3> moments, int64_t offset,
-                                    int64_t len, const std::array<uint64_t, 3> keys) {
+                                    const B& b, const std::array<at::BFloat16*, 3> moments, int64_t offset, int64_t len,
+                                    const std::optional<std::array<uint64_t, 3>> keys) {
   using V = FloatVec;
   TORCH_INTERNAL_ASSERT(offset % 8 == 0);
   constexpr int64_t kWordsElements = 512;  // the elements of 256 dither words
   alignas(64) uint32_t words[kAmsgrad ? 3 : 2][256];
   at::BFloat16 *const m = moments[0], *const v = moments[1], *const v_max = moments[2];
   for (int64_t j = 0; j < len; j += kWordsElements) {
-    for (int k = 0; k < (kAmsgrad ? 3 : 2); ++k) dither_words(keys[k], uint64_t(offset + j) / 2, words[k], 256);
+    if (keys)
+      for (int k = 0; k < (kAmsgrad ? 3 : 2); ++k) dither_words((*keys)[k], uint64_t(offset + j) / 2, words[k], 256);
+    // moment k of elements i.. rounded to bf16: stochastically (with keys), else to nearest
+    auto put = [&](V x, int k, at::BFloat16* dst, int64_t e, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
+      if (keys) store_bf16_dithered(x, dst, cnt, words[k], e);
+      else st(x, dst, cnt);
+    };
     for_vectors<float>(std::min(kWordsElements, len - j), [&](int64_t e, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
       const int64_t i = j + e;
-      V pv = ld(p + i, cnt);
-      const V gv = update_grad<kPlain>(math, tr, pv, g + i, cnt, write_back);
+      V pv = ld(b.p + i, cnt);
+      const V gv = update_grad<kPlain>(math, tr, pv, b.g + i, cnt, write_back);
       V mv = load_math<float>(m + i, cnt), vv = load_math<float>(v + i, cnt);
       math.moments(gv, mv, vv);
-      store_bf16_dithered(mv, m + i, cnt, words[0], e);
-      store_bf16_dithered(vv, v + i, cnt, words[1], e);
+      put(mv, 0, m + i, e, cnt);
+      put(vv, 1, v + i, e, cnt);
       if constexpr (kAmsgrad) {
         vv = at::vec::maximum(load_math<float>(v_max + i, cnt), vv);
-        store_bf16_dithered(vv, v_max + i, cnt, words[2], e);
+        put(vv, 2, v_max + i, e, cnt);
       }
-      st(math.stepped(pv, mv, vv.sqrt()), p + i, cnt);
+      b.put_p(math.stepped(pv, mv, vv.sqrt()), i, cnt);
     });
   }
 }
@@ -616,10 +665,8 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
     // stochastic rounding where a seed is given: bf16 state, and exp_avg_sq's codes (not exp_avg's, whose moves of
     // (1 - beta1) of the gradient are not lost to rounding, nor max_exp_avg_sq's, a max rather than an average)
     const bool max_codes = amsgrad && max_exp_avg_sqs[t].scalar_type() == at::kByte;
-    // bf16 moments rounded stochastically: widened and rounded by the update itself (adam_bf16_moments below),
-    // not buffered
-    const bool bf16_moments = state_key && params[t].scalar_type() != at::kDouble &&
-                              exp_avgs[t].scalar_type() == at::kBFloat16 &&
+    // bf16 moments: widened and rounded by the update itself (adam_bf16_moments below), not buffered
+    const bool bf16_moments = params[t].scalar_type() != at::kDouble && exp_avgs[t].scalar_type() == at::kBFloat16 &&
                               exp_avg_sqs[t].scalar_type() == at::kBFloat16 &&
                               (!amsgrad || max_exp_avg_sqs[t].scalar_type() == at::kBFloat16);
     auto state = [&](int k, at::TensorList ts, at::TensorList scales) {
@@ -632,33 +679,36 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
          state(1, exp_avgs, m_scales), state(2, exp_avg_sqs, v_scales),
          amsgrad ? state(3, max_exp_avg_sqs, max_scales) : Operand{}},
         model_params.empty() ? nullptr : &model_params[t], ch, [&](auto b, int64_t len, int64_t off) {
-          using T = std::remove_pointer_t<typename decltype(b)::value_type>;
+          using T = typename decltype(b)::Math;
           using V = Vec<T>;
           const auto tr = GradTransform<T>::of(*s, maximize);
           const auto math = AdamMath<T>::of(lr, beta1, beta2, eps, weight_decay, decoupled, step_size[t], bc2_sqrt[t]);
           // the gradient element i.. as the moments take it (written back clipped), p decayed in place
           auto grad_at = [&](V& p, int64_t i, int64_t cnt) {
-            return math.decay_into(p, grad_taken(tr, b[1] + i, cnt, s->write_back));
+            return math.decay_into(p, grad_taken(tr, b.g + i, cnt, s->write_back));
           };
           if constexpr (std::is_same_v<T, float>) {
+            using B = decltype(b);
             const bool plain_grad = tr.identity() && !s->write_back;
             if (codes) {
               std::optional<DitherWords> v_dither;
               if (state_key) v_dither.emplace(rounding_key(*state_key, t, 2));
-              (plain_grad ? adam_codes<true> : adam_codes<false>)(math, tr, s->write_back, b[0], b[1], exp_avgs[t],
-                                                                  m_scales[t], exp_avg_sqs[t], v_scales[t], off, len,
-                                                                  v_dither ? &*v_dither : nullptr);
+              (plain_grad ? adam_codes<true, B> : adam_codes<false, B>)(math, tr, s->write_back, b, exp_avgs[t],
+                                                                        m_scales[t], exp_avg_sqs[t], v_scales[t], off,
+                                                                        len, v_dither ? &*v_dither : nullptr);
               return;
             }
             if (bf16_moments) {
               auto moment = [&](at::TensorList ts) { return ts[t].data_ptr<at::BFloat16>() + off; };
               const std::array<at::BFloat16*, 3> moments{moment(exp_avgs), moment(exp_avg_sqs),
                                                          amsgrad ? moment(max_exp_avg_sqs) : nullptr};
-              const std::array<uint64_t, 3> keys{rounding_key(*state_key, t, 1), rounding_key(*state_key, t, 2),
-                                                 rounding_key(*state_key, t, 3)};
-              auto update = plain_grad ? (amsgrad ? adam_bf16_moments<true, true> : adam_bf16_moments<true, false>)
-                                       : (amsgrad ? adam_bf16_moments<false, true> : adam_bf16_moments<false, false>);
-              update(math, tr, s->write_back, b[0], b[1], moments, off, len, keys);
+              std::optional<std::array<uint64_t, 3>> keys;
+              if (state_key)
+                keys = {rounding_key(*state_key, t, 1), rounding_key(*state_key, t, 2), rounding_key(*state_key, t, 3)};
+              auto update = plain_grad
+                                ? (amsgrad ? adam_bf16_moments<true, true, B> : adam_bf16_moments<true, false, B>)
+                                : (amsgrad ? adam_bf16_moments<false, true, B> : adam_bf16_moments<false, false, B>);
+              update(math, tr, s->write_back, b, moments, off, len, keys);
               return;
             }
           }
@@ -669,32 +719,32 @@ void adam_step_cpu(at::TensorList params, at::TensorList grads, at::TensorList e
           const bool plain = tr.identity() && !s->write_back && !amsgrad && !v_root;
           if (plain) {
             for_vectors<T>(len, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
-              V p = ld(b[0] + i, cnt);
-              V m = ld(b[2] + i, cnt), v = ld(b[3] + i, cnt);
-              math.moments(math.decay_into(p, ld(b[1] + i, cnt)), m, v);
-              st(m, b[2] + i, cnt);
-              st(v, b[3] + i, cnt);
-              st(math.stepped(p, m, v.sqrt()), b[0] + i, cnt);
+              V p = ld(b.p + i, cnt);
+              V m = ld(b.s[2] + i, cnt), v = ld(b.s[3] + i, cnt);
+              math.moments(math.decay_into(p, ld(b.g + i, cnt)), m, v);
+              st(m, b.s[2] + i, cnt);
+              st(v, b.s[3] + i, cnt);
+              b.put_p(math.stepped(p, m, v.sqrt()), i, cnt);
             });
             return;
           }
           for_vectors<T>(len, [&](int64_t i, int64_t cnt) C10_ALWAYS_INLINE_ATTRIBUTE {
-            V p = ld(b[0] + i, cnt);
-            V m = ld(b[2] + i, cnt), v = ld(b[3] + i, cnt);
+            V p = ld(b.p + i, cnt);
+            V m = ld(b.s[2] + i, cnt), v = ld(b.s[3] + i, cnt);
             if (v_root) v = v * v;  // 8-bit codes (with amsgrad) hold the root of v
             math.moments(grad_at(p, i, cnt), m, v);
-            st(m, b[2] + i, cnt);
+            st(m, b.s[2] + i, cnt);
             V root;
             if (v_root) {
               root = v.sqrt();
-              st(root, b[3] + i, cnt);
-              if (amsgrad) st(root = at::vec::maximum(ld(b[4] + i, cnt), root), b[4] + i, cnt);
+              st(root, b.s[3] + i, cnt);
+              if (amsgrad) st(root = at::vec::maximum(ld(b.s[4] + i, cnt), root), b.s[4] + i, cnt);
             } else {
-              st(v, b[3] + i, cnt);
-              if (amsgrad) st(v = at::vec::maximum(ld(b[4] + i, cnt), v), b[4] + i, cnt);
+              st(v, b.s[3] + i, cnt);
+              if (amsgrad) st(v = at::vec::maximum(ld(b.s[4] + i, cnt), v), b.s[4] + i, cnt);
               root = v.sqrt();
             }
-            st(math.stepped(p, m, root), b[0] + i, cnt);
+            b.put_p(math.stepped(p, m, root), i, cnt);
           });
         });
   });
@@ -707,8 +757,9 @@ void accumulate_grads_cpu(at::TensorList accs, at::TensorList grads, bool overwr
   parallel_chunks(make_chunks(accs), [&](int64_t, const Chunk& ch) {
     run_chunk<2>({Operand{&accs[ch.tensor], true}, Operand{&grads[ch.tensor]}}, nullptr, ch,
                  [&](auto b, int64_t len, int64_t) {
-                   if (overwrite) std::copy(b[1], b[1] + len, b[0]);
-                   else vec_map2(b[0], b[1], len, [](auto a, auto g) { return a + g; });
+                   for_vectors<typename decltype(b)::Math>(len, [&](int64_t i, int64_t cnt) {
+                     st(overwrite ? ld(b.g + i, cnt) : ld(b.p + i, cnt) + ld(b.g + i, cnt), b.p + i, cnt);
+                   });
                  });
   });
 }
