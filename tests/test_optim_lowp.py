@@ -1,7 +1,9 @@
-"""16-bit training with the fused optimizers: master weights tracking an fp32 model trained by torch.optim,
-stochastic rounding (bit-exact against the reference, unbiased, reproducible), fp32 gradient accumulation,
-fp16 overflow with fused.amp.GradScaler, and fp32 state through state_dict."""
+"""16-bit training with the fused optimizers: master weights tracking an fp32 model trained by torch.optim, 16-bit
+steps bit-identical to the fp32 step on the widened tensors, rounded, stochastic rounding (bit-exact against the
+reference, unbiased, reproducible), fp32 gradient accumulation, fp16 overflow with fused.amp.GradScaler, and fp32
+state through state_dict."""
 
+import copy
 import io
 import math
 
@@ -311,3 +313,43 @@ def test_state_dict_mid_accumulation_loses_nothing():
         assert torch.equal(p, q)
     assert "accumulated_grads" not in opt.state_dict()  # after the step nothing is pending
     torch.optim.AdamW(params(dtype), lr=1e-3).load_state_dict(other.state_dict())  # torch ignores the extra key
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "name,hyper",
+    [
+        ("AdamW", {}),
+        ("AdamW", dict(max_grad_norm=0.5)),
+        ("AdamW", dict(clip_value=0.3, maximize=True)),
+        ("Adam", dict(amsgrad=True, weight_decay=0.1)),
+        ("SGD", dict(momentum=0.9, nesterov=True, max_grad_norm=0.5)),
+    ],
+)
+def test_16bit_step_is_the_fp32_step_rounded(dtype, name, hyper):
+    """16-bit params, gradients and state are widened and rounded (to nearest) in registers by the update loops, and
+    fp32 ones are used in place: a 16-bit step's bits are those of the fp32 step on the widened tensors, rounded,
+    for the parameters, the clipped gradients written back and every state tensor (odd sizes: vector tails)."""
+    ps = params(dtype)
+    opt = getattr(fused.optim, name)(ps, lr=1e-2, **hyper)
+    for step in range(3):
+        for p, g in zip(ps, grads_for(ps, step, dtype)):
+            p.grad = g
+        opt.step()
+    for p, g in zip(ps, grads_for(ps, 3, dtype)):
+        p.grad = g
+    wide = [p.detach().float().requires_grad_() for p in ps]
+    for w, p in zip(wide, ps):
+        w.grad = p.grad.float()
+    ref = getattr(fused.optim, name)(wide, lr=1e-2, **hyper)
+    ref.load_state_dict(copy.deepcopy(opt.state_dict()))  # a copy: loading shares "step", as torch.optim's does
+    assert all(v.dtype == torch.float32 for w in wide for k, v in ref.state[w].items() if k != "step")
+    opt.step()
+    ref.step()
+    for p, w in zip(ps, wide):
+        assert torch.equal(p.detach(), w.detach().to(dtype))
+        assert torch.equal(p.grad, w.grad.to(dtype))
+        assert ref.state[w].keys() == opt.state[p].keys()
+        for key, value in opt.state[p].items():
+            if key != "step":
+                assert value.dtype == dtype and torch.equal(value, ref.state[w][key].to(dtype)), key
