@@ -299,19 +299,29 @@ void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, 
 }
 
 // cnt <= FloatVec::size() lanes of x rounded to bf16 stochastically, element l taking half_word(words, e + l) (e
-// even): store_bf16_stochastic's bits for the state's dither words.
+// even; the state's dither words) or with whole words the top half of words[e + l] (the parameters' Philox words):
+// store_bf16_stochastic's bits.
+template <bool kHalfWords = true>
 inline void store_bf16_dithered(FloatVec x, at::BFloat16* dst, int64_t cnt, const uint32_t* words, int64_t e) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-  if (cnt == 16)
-    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bf16_rounded(__m512(x), half_word_lanes(words, e)));
+  if (cnt == 16) {
+    const __m512i r = kHalfWords ? half_word_lanes(words, e) : _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
+    return _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), bf16_rounded(__m512(x), r));
+  }
 #elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
-  if (cnt == 8)
-    return _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_rounded(__m256(x), half_word_lanes(words, e)));
+  if (cnt == 8) {
+    const __m256i r = kHalfWords
+                          ? half_word_lanes(words, e)
+                          : _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
+    return _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), bf16_rounded(__m256(x), r));
+  }
 #endif
   alignas(64) float f[FloatVec::size()];
   x.store(f);
-  for (int64_t l = 0; l < cnt; ++l)
-    dst[l] = c10::BFloat16(bf16_rounded(f[l], half_word(words, e + l)), c10::BFloat16::from_bits());
+  for (int64_t l = 0; l < cnt; ++l) {
+    const uint32_t r = kHalfWords ? half_word(words, e + l) : words[e + l] >> 16;
+    dst[l] = c10::BFloat16(bf16_rounded(f[l], r), c10::BFloat16::from_bits());
+  }
 }
 
 // One tensor of an update as run_chunk walks it: whether it is written back, how a bf16 copy is rounded, and for
@@ -364,8 +374,12 @@ template <typename T, typename P, typename G, typename M, int K> struct Block {
   G* g;
   std::array<T*, K> s;  // s[0], s[1]: unused
   M* model;
+  const uint32_t* p_words;  // a bf16 p rounded stochastically: the block's Philox words, one an element (else null)
   // the new parameter of elements i.. i + cnt - 1, and its rounded copy in the model
   C10_ALWAYS_INLINE void put_p(Vec<T> v, int64_t i, int64_t cnt) const {
+    if constexpr (std::is_same_v<P, at::BFloat16>) {
+      if (p_words) return store_bf16_dithered<false>(v, p + i, cnt, p_words, i);
+    }
     st(v, p + i, cnt);
     if constexpr (!std::is_same_v<M, T>) st(v, model + i, cnt);
   }
@@ -376,9 +390,9 @@ inline bool is_16bit(at::ScalarType t) { return t == at::kBFloat16 || t == at::k
 // Runs body(Block, len, offset) over chunk ch of the K operands (k = 0: the parameter, k = 1: the gradient; null
 // tensors stay null), block by block in the math type T (double for double params, else float). Each tensor has
 // its own dtype: p and g of one 16-bit dtype, or float p with a 16-bit g, are passed as they are (Block); other
-// memory not in T goes through L1 buffers (only operands marked `write` are stored back), as does a parameter
-// rounded stochastically (store_bf16_stochastic). With master weights, `model` (16-bit) receives the rounded
-// parameter and is never read.
+// memory not in T goes through L1 buffers (only operands marked `write` are stored back). A bf16 parameter rounded
+// stochastically takes store_bf16_stochastic's bits either way. With master weights, `model` (16-bit) receives the
+// rounded parameter and is never read.
 template <int K, typename F>
 void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const Chunk& ch, const F& body) {
   auto run = [&](auto math_tag, auto p_tag, auto g_tag, auto model_tag) {
@@ -387,6 +401,8 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
     using G = decltype(g_tag);
     using M = decltype(model_tag);
     T buf[K][kBlock];
+    alignas(64) uint32_t p_words[kBlock];
+    const bool p_stochastic = std::is_same_v<P, at::BFloat16> && ops[0].rnd.stochastic;
     for (int64_t i = 0; i < ch.len; i += kBlock) {
       const int64_t len = std::min(kBlock, ch.len - i), off = ch.start + i;
       std::array<T*, K> b{};
@@ -405,8 +421,10 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
         if constexpr (std::is_same_v<S, T>) return in_math;
         else return t ? t->template data_ptr<S>() + off : nullptr;
       };
+      if (p_stochastic)  // store_bf16_stochastic's words: element e of a call takes word e
+        for (int64_t j = 0; j < len; j += 256) philox64(uint64_t(off + j) / 4, ops[0].rnd.key, p_words + j);
       body(Block<T, P, G, M, K>{direct(P{}, ops[0].t, b[0]), direct(G{}, ops[1].t, b[1]), b,
-                                direct(M{}, model, nullptr)},
+                                direct(M{}, model, nullptr), p_stochastic ? p_words : nullptr},
            len, off);
       for (int k = 0; k < K; ++k)
         if (ops[k].t && ops[k].write && b[k] == buf[k]) store_any(buf[k], ops[k], off, len);
@@ -417,7 +435,7 @@ void run_chunk(const std::array<Operand, K>& ops, const at::Tensor* model, const
   const at::ScalarType p_type = ops[0].t->scalar_type();
   const at::ScalarType g_type = ops[1].t ? ops[1].t->scalar_type() : p_type;
   if (p_type == at::kDouble) return run(double{}, double{}, double{}, double{});
-  const bool p16 = is_16bit(p_type) && !ops[0].rnd.stochastic;
+  const bool p16 = is_16bit(p_type);  // stochastic rounding: bf16 only (put_p)
   // master weights: a model copy of the gradient's dtype is written in registers
   const bool model_as_g = model && model->scalar_type() == g_type;
   if (p16 && g_type == at::kBFloat16 && p_type == g_type) run(float{}, at::BFloat16{}, at::BFloat16{}, float{});
