@@ -268,39 +268,9 @@ inline __m128i bf16_rounded(__m256 x, __m256i r) {  // 8 lanes
 }
 #endif
 
-// index0: the tensor element of src[0], a multiple of 8 (chunks and blocks start at multiples of 1024).
-void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
-                           bool half_words) {
-  TORCH_INTERNAL_ASSERT(index0 % 8 == 0);
-  const int64_t per_call = half_words ? 512 : 256;  // elements of 256 words
-  uint32_t words[256];
-  // element e's addend (e < per_call), in the low 16 bits
-  auto addend = [&](int64_t e) { return half_words ? half_word(words, e) : words[e] >> 16; };
-  for (int64_t j = 0; j < n; j += per_call) {
-    if (half_words) dither_words(key, uint64_t(index0 + j) / 2, words, 256);
-    else philox64(uint64_t(index0 + j) / 4, key, words);
-    const int64_t len = std::min<int64_t>(per_call, n - j);
-    int64_t e = 0;
-#if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-    for (; e + 16 <= len; e += 16) {  // the scalar loop below, 16 lanes at a time
-      const __m512i r = half_words ? half_word_lanes(words, e) : _mm512_srli_epi32(_mm512_loadu_si512(words + e), 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + j + e), bf16_rounded(_mm512_loadu_ps(src + j + e), r));
-    }
-#elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
-    for (; e + 8 <= len; e += 8) {  // the scalar loop below, 8 lanes at a time
-      const __m256i r = half_words
-                            ? half_word_lanes(words, e)
-                            : _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e)), 16);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + j + e), bf16_rounded(_mm256_loadu_ps(src + j + e), r));
-    }
-#endif
-    for (; e < len; ++e) dst[j + e] = c10::BFloat16(bf16_rounded(src[j + e], addend(e)), c10::BFloat16::from_bits());
-  }
-}
-
 // cnt <= FloatVec::size() lanes of x rounded to bf16 stochastically, element l taking half_word(words, e + l) (e
-// even; the state's dither words) or with whole words the top half of words[e + l] (the parameters' Philox words):
-// store_bf16_stochastic's bits.
+// even; the state's dither words) or with whole words the top half of words[e + l] (the parameters' Philox words),
+// as Rounding describes.
 template <bool kHalfWords = true>
 inline void store_bf16_dithered(FloatVec x, at::BFloat16* dst, int64_t cnt, const uint32_t* words, int64_t e) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
@@ -321,6 +291,24 @@ inline void store_bf16_dithered(FloatVec x, at::BFloat16* dst, int64_t cnt, cons
   for (int64_t l = 0; l < cnt; ++l) {
     const uint32_t r = kHalfWords ? half_word(words, e + l) : words[e + l] >> 16;
     dst[l] = c10::BFloat16(bf16_rounded(f[l], r), c10::BFloat16::from_bits());
+  }
+}
+
+// n floats rounded to bf16 stochastically, vector by vector (store_bf16_dithered), with the words of `key` for
+// tensor elements index0.. (index0 a multiple of 8: chunks and blocks start at multiples of 1024).
+void store_bf16_stochastic(const float* src, at::BFloat16* dst, int64_t index0, int64_t n, uint64_t key,
+                           bool half_words) {
+  TORCH_INTERNAL_ASSERT(index0 % 8 == 0);
+  const int64_t per_call = half_words ? 512 : 256;  // elements of 256 words
+  alignas(64) uint32_t words[256];
+  for (int64_t j = 0; j < n; j += per_call) {
+    if (half_words) dither_words(key, uint64_t(index0 + j) / 2, words, 256);
+    else philox64(uint64_t(index0 + j) / 4, key, words);
+    for_vectors<float>(std::min(per_call, n - j), [&](int64_t e, int64_t cnt) {
+      const FloatVec x = ld(src + j + e, cnt);
+      if (half_words) store_bf16_dithered<true>(x, dst + j + e, cnt, words, e);
+      else store_bf16_dithered<false>(x, dst + j + e, cnt, words, e);
+    });
   }
 }
 
@@ -623,12 +611,12 @@ C10_NOINLINE void adam_bf16_moments(const AdamMath<float> math, const GradTransf
       const int64_t i = j + e;
       V pv = ld(b.p + i, cnt);
       const V gv = update_grad<kPlain>(math, tr, pv, b.g + i, cnt, write_back);
-      V mv = load_math<float>(m + i, cnt), vv = load_math<float>(v + i, cnt);
+      V mv = ld(m + i, cnt), vv = ld(v + i, cnt);
       math.moments(gv, mv, vv);
       put(mv, 0, m + i, e, cnt);
       put(vv, 1, v + i, e, cnt);
       if constexpr (kAmsgrad) {
-        vv = at::vec::maximum(load_math<float>(v_max + i, cnt), vv);
+        vv = at::vec::maximum(ld(v_max + i, cnt), vv);
         put(vv, 2, v_max + i, e, cnt);
       }
       b.put_p(math.stepped(pv, mv, vv.sqrt()), i, cnt);
