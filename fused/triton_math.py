@@ -4,9 +4,10 @@ dropout. The formulas mirror csrc/common/pointwise_math.h and csrc/common/philox
 the same thing; activations and ops are chosen by name (a constexpr string: the names of csrc/common/op_codes.h).
 
 On a GPU the transcendental functions come from libdevice (IEEE-accurate, unlike tl.exp / tl.sin, which lower to
-the approximate PTX instructions). Triton's interpreter cannot call libdevice, so under TRITON_INTERPRET=1 the
-same functions come from tl.math, with tanh and pow (absent from tl.math) computed in float64. Divide with div and
-take roots with sqrt: correctly rounded, as in eager (Triton's float32 `/` and tl.sqrt are not).
+the approximate PTX instructions), with subnormal results kept: every launch passes triton_utils.KEEP_SUBNORMALS.
+Triton's interpreter cannot call libdevice, so under TRITON_INTERPRET=1 the same functions come from tl.math, with
+tanh and pow (absent from tl.math) computed in float64. Divide with div and take roots with sqrt: correctly rounded,
+as in eager (Triton's float32 `/` and tl.sqrt are not).
 """
 
 import triton

@@ -11,6 +11,11 @@ import triton.language as tl
 
 INTERPRET = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
 
+# Launch keywords of every kernel: libdevice's functions (exp, pow, division, sqrt) keep subnormal results, as eager's
+# CUDA kernels and the CPU do; Triton's default (enable_reflect_ftz=True) flushes them to zero. The interpreter
+# drops the keyword.
+KEEP_SUBNORMALS = {"enable_reflect_ftz": False}
+
 # ---- launch parameters of the memory-bound kernels ----
 BLOCK = 2048  # elements per program of the flat kernels
 NUM_WARPS = 8

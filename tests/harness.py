@@ -138,14 +138,15 @@ def rel_error(out, ref64):
     return (diff / ref64[finite].norm().clamp_min(1e-300)).item()
 
 
-def assert_accuracy(ours, eager, ref64, slack=2.0, floor=None):
+def assert_accuracy(ours, eager, ref64, slack=2.0, floor=None, what="error"):
     """Our error against float64 is no worse than eager PyTorch's error on the same inputs, times `slack`.
-    `floor`: an absolute error allowed regardless (default: a few ulps of the dtype), for when eager is exact."""
+    `floor`: an absolute error allowed regardless (default: a few ulps of the dtype), for when eager is exact;
+    `what` names the output in the message."""
     if floor is None:
         floor = 4 * torch.finfo(ours.dtype).eps if ours.dtype != torch.float64 else 1e-14
     ours_err, eager_err = rel_error(ours, ref64), rel_error(eager, ref64)
     assert ours_err <= slack * eager_err + floor, (
-        f"error vs float64 {ours_err:.3e} exceeds {slack} x eager's {eager_err:.3e} (+{floor:.1e})"
+        f"{what} vs float64 {ours_err:.3e} exceeds {slack} x eager's {eager_err:.3e} (+{floor:.1e})"
     )
 
 

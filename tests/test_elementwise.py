@@ -132,6 +132,25 @@ def test_bias_act_nan_inf_propagate_like_eager(dev):
         torch.testing.assert_close(fused.bias_act(x, None, act), expected, equal_nan=True)
 
 
+def test_subnormal_results_are_kept(dev):
+    """exp, its gradient and pow whose float32 results are subnormal give them, as eager does (on a GPU
+    Triton's libdevice flushes them to zero unless the launch keeps them): within a subnormal ulp of float64."""
+    x = torch.tensor([-88.5, -95.0, -100.0, -103.0], device=dev, requires_grad=True)
+    small = torch.tensor([1e-26, 1e-27, 1e-28, 1e-29], device=dev)
+    exp = fused.unary_chain(x, ["exp"])
+    (grad,) = torch.autograd.grad(exp.sum(), x)
+    x64 = x.detach().double()
+    cases = {
+        "exp": (exp, x64.exp()),
+        "exp's gradient": (grad, x64.exp()),
+        "pow 1.5": (fused.unary_chain(small, [("pow", 1.5)]), small.double().pow(1.5)),
+    }
+    for name, (ours, exact) in cases.items():
+        assert (exact < torch.finfo(torch.float32).tiny).all() and (exact > 2.0**-149).all()  # subnormal results
+        err = (ours.double() - exact).abs().cpu()
+        assert (err <= 2.0**-149).all(), (name, ours, exact)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_unary_chain_special_values_as_eager(dev, dtype):
     """Signed zeros, infinities, NaN and tiny values through the ops whose edges differ between C and eager: pow

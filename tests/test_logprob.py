@@ -325,17 +325,18 @@ def test_masked_vocabulary_gives_finite_entropy_and_divergences(dev, dtype):
     bias = {k: v.to(dev) for k, v in bias.items()}
     floor = 4 * torch.finfo(dtype).eps if dtype == torch.float32 else 1e-14  # harness's default for the dtype
 
-    def check(ours, eager, exact):
+    def check(ours, eager, exact, what):
         """Each output and the gradients of their sum for x and w: finite, within eager's error x2 of float64."""
         grads = [torch.autograd.grad(sum(o.sum() for o in outs), inputs) for outs, inputs in
                  ((ours, (x, w)), (eager, (x, w)), (exact, (x64, w64)))]  # fmt: skip
-        for o, e, r in zip((*ours, *grads[0]), (*eager, *grads[1]), (*exact, *grads[2])):
-            assert o.isfinite().all()
-            h.assert_accuracy(o.double(), e.double(), r, floor=floor)
+        names = [f"{what} output {i}" for i in range(len(ours))] + [f"{what} grad x", f"{what} grad w"]
+        for name, o, e, r in zip(names, (*ours, *grads[0]), (*eager, *grads[1]), (*exact, *grads[2])):
+            assert o.isfinite().all(), name
+            h.assert_accuracy(o.double(), e.double(), r, floor=floor, what=name)
 
     ours = fused.linear_log_probs(x, w, t, linear_bias=bias["inf"], return_entropy=True)
     eager = ref.linear_log_probs(x, w, t, linear_bias=bias["big"], return_entropy=True)
-    check(ours, eager, ref.linear_log_probs(x64, w64, t, linear_bias=bias["big64"], return_entropy=True))
+    check(ours, eager, ref.linear_log_probs(x64, w64, t, linear_bias=bias["big64"], return_entropy=True), "log_probs")
     entropy = torch.distributions.Categorical(logits=x64.detach() @ w64.detach().T + bias["inf"].double()).entropy()
     h.assert_accuracy(ours[1].double(), eager[1].double(), entropy, floor=floor)
     for divergence, student_masked in (("forward_kl", False), ("jsd", False), ("reverse_kl", True), ("jsd", True)):
@@ -350,7 +351,33 @@ def test_masked_vocabulary_gives_finite_entropy_and_divergences(dev, dtype):
             run(fused.linear_distillation_loss, x, w, bias["inf"], masked["inf"]),
             run(ref.linear_distillation_loss, x, w, bias["big"], masked["big"]),
             run(ref.linear_distillation_loss, x64, w64, bias["big64"], masked["big64"]),
+            f"{divergence} (student masked: {student_masked})",
         )
+
+
+@pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
+def test_distillation_logits_far_from_zero(dev, divergence):
+    """Logits with a large common offset (a bias of 1000 and 500, as log_softmax's inputs often carry): log p is
+    formed as (z - m) - log_s, so the offset's ulp (6e-5 at 1000) never enters p; forming z - (m + log_s) would
+    put it into every p of the row. Loss and student gradients within eager's error x2 of float64."""
+    N, K, V = 8, 16, 300
+    x = h.make((N, K), torch.float32, dev, low=-1, high=1, seed=1, requires_grad=True)
+    w = h.make((V, K), torch.float32, dev, low=-1, high=1, seed=2, requires_grad=True)
+    xt, wt = h.make((N, K), torch.float32, dev, low=-1, high=1, seed=3), h.make((V, K), torch.float32, dev, seed=4)
+    t = torch.randint(0, V, (N,), generator=torch.Generator().manual_seed(5)).to(dev)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b_s, b_t = torch.full((V,), 1000.0, device=dev), torch.full((V,), 500.0, device=dev)
+
+    def run(fn, s_in, s_w):
+        cast = (lambda v: v) if s_in.dtype == torch.float32 else (lambda v: v.double())
+        loss = fn(s_in, s_w, cast(xt), cast(wt), t, student_bias=cast(b_s), teacher_bias=cast(b_t),
+                  divergence=divergence, reduction="none")  # fmt: skip
+        return (loss, *torch.autograd.grad(loss.sum(), (s_in, s_w)))
+
+    ours, eager = run(fused.linear_distillation_loss, x, w), run(ref.linear_distillation_loss, x, w)
+    exact = run(ref.linear_distillation_loss, x64, w64)
+    for name, o, e, r in zip(("loss", "grad x", "grad w"), ours, eager, exact):
+        h.assert_accuracy(o.double(), e.double(), r, what=name)
 
 
 def test_errors_name_op_and_argument():
@@ -444,6 +471,42 @@ def test_triton_rows_match_cpu_kernels(dtype):
     tk.distillation_rows(in_place, *on(teacher, t, scale[:, 0]), in_place, "reverse_kl", 0.5, 1.0, -100)
     torch.ops.fused.distillation_rows(logits, teacher, t, scale[:, 0], want_grad, "reverse_kl", 0.5, 1.0, -100)
     h.assert_close(in_place.cpu(), want_grad, scale=4)
+
+
+FLOOR32 = 4 * torch.finfo(torch.float32).eps  # assert_accuracy's floor for float32 outputs
+
+
+@h.requires_triton
+def test_triton_rows_far_from_zero():
+    """The Triton row kernels on logits with a large common offset (1000 and 500): log p = (z - m) - log_s keeps
+    the offset's ulp out of p, so loss, log-probs and gradients are as accurate against float64 as the CPU kernels'."""
+    from fused.loss import triton_logprob as tk
+
+    logits = h.make((6, 300), low=-6, high=6, seed=1) + 1000.0
+    teacher = h.make((6, 300), low=-6, high=6, seed=2) + 500.0
+    t, scale = torch.tensor([0, 5, 299, 17, 150, 3]), h.make((6, 2), low=-2, high=2, seed=3)
+
+    def rows(fn, x, *args, **kwargs):
+        grad = torch.empty_like(x)
+        out = fn(x, *args[:-1], grad, *args[-1], **kwargs)
+        return (*(out if isinstance(out, tuple) else (out,)), grad)
+
+    def on(x):
+        return x.to(h.TRITON_DEVICE)
+
+    lp_args = (t, scale, (-100, 1.0))
+    got = rows(tk.log_prob_rows, on(logits), on(t), on(scale), (-100, 1.0))
+    cpu = rows(torch.ops.fused.log_prob_rows, logits, *lp_args)
+    exact = rows(torch.ops.fused.log_prob_rows, logits.double(), t, scale.double(), (-100, 1.0))
+    for name, a, e, r in zip(("log p", "entropy", "gradient"), got, cpu, exact):
+        h.assert_accuracy(a.cpu().double(), e.double(), r, floor=FLOOR32, what=f"log_prob_rows {name}")
+    for divergence in ("forward_kl", "reverse_kl", "jsd"):
+        kd = (divergence, 0.3, 1.0, -100)
+        got = rows(tk.distillation_rows, on(logits), on(teacher), on(t), on(scale[:, 0]), kd)
+        cpu = rows(torch.ops.fused.distillation_rows, logits, teacher, t, scale[:, 0], kd)
+        exact = rows(torch.ops.fused.distillation_rows, logits.double(), teacher.double(), t, scale[:, 0].double(), kd)
+        for name, a, e, r in zip(("loss", "gradient"), got, cpu, exact):
+            h.assert_accuracy(a.cpu().double(), e.double(), r, floor=FLOOR32, what=f"{divergence} {name}")
 
 
 @h.requires_triton

@@ -317,7 +317,7 @@ def test_step_counters_advance_in_the_kernels_unless_skipped():
             params, grads, bufs, steps, 0.1, 0.9, 0.0, 0.0, False, False, args[14], None, args[16], math.inf, []
         )  # fmt: skip
         assert [s.item() for s in steps] == ([2, 7, 9, 4] if found == 0 else [0, 5, 7, 2])
-        for t in triton_lists._tickets[torch.device(TRITON_DEVICE)]:
+        for t in triton_lists._tickets[params[0].device]:  # keyed by the tensors' device (cuda:0, not cuda)
             assert t.item() == 0
 
 

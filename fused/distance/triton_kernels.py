@@ -33,7 +33,7 @@ from fused.distance.ops import (
     check_radius,
 )
 from fused.distance.reference import select_sorted
-from fused.triton_utils import on_device_of, program_2d, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, on_device_of, program_2d, to_out
 
 # The metric codes of csrc/common/op_codes.h (host code gets them from fused._codes.metric_of).
 P0, P1, P2, PINF, PGEN = (tl.constexpr(METRIC_CODES[name]) for name in ("P0", "P1", "P2", "PInf", "PGen"))
@@ -288,6 +288,7 @@ def pairwise_distances(a, b, p=2.0, squared=False, lengths_a=None, lengths_b=Non
         bn,
         bm,
         bk,
+        **KEEP_SUBNORMALS,
     )
     return out
 
@@ -463,6 +464,7 @@ def _select(op, a, b, width, p, squared, largest, radius, lengths_a, lengths_b):
         bm,
         bk,
         triton.next_power_of_2(keep),
+        **KEEP_SUBNORMALS,
     )
     return values, indices
 
@@ -626,11 +628,11 @@ def pairwise_distances_backward(grad, a, b, dist, p, squared, lengths_a=None, le
     br, bc, bd = 16, 32, min(16, triton.next_power_of_2(d))
     args = (_p_const(metric, p), metric, squared, _acc_type(a.dtype))
     _grad_kernel[(bsz * triton.cdiv(n, br) * triton.cdiv(d, bd),)](
-        a3, b3, g3, dist3, la, lb, ga, n, m, d, m, 1, *args, has_la, has_lb, br, bc, bd
+        a3, b3, g3, dist3, la, lb, ga, n, m, d, m, 1, *args, has_la, has_lb, br, bc, bd, **KEEP_SUBNORMALS
     )
     # grad_b = sum_i w phi(b_j - a_i): phi is odd, so the same kernel with grad and dist read transposed.
     _grad_kernel[(bsz * triton.cdiv(m, br) * triton.cdiv(d, bd),)](
-        b3, a3, g3, dist3, lb, la, gb, m, n, d, 1, m, *args, has_lb, has_la, br, bc, bd
+        b3, a3, g3, dist3, lb, la, gb, m, n, d, 1, m, *args, has_lb, has_la, br, bc, bd, **KEEP_SUBNORMALS
     )
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 
@@ -677,7 +679,7 @@ def pairwise_topk_backward(grad, a, b, values, indices, p, squared):
     keys = torch.cat([keys, keys.new_full((1,), -1)])  # a sentinel ends the last run
     pairs, bd = flat.numel(), min(64, triton.next_power_of_2(d))
     _segment_sum_kernel[(pairs, triton.cdiv(d, bd))](
-        term.reshape(pairs, d).contiguous(), order, keys, gb, bsz * m, d, _acc_type(a.dtype), bd
+        term.reshape(pairs, d).contiguous(), order, keys, gb, bsz * m, d, _acc_type(a.dtype), bd, **KEEP_SUBNORMALS
     )
     return _reduce_to(ga, batch, n, a), _reduce_to(gb, batch, m, b)
 

@@ -9,6 +9,7 @@ from fused._codes import parse_op
 from fused.elementwise import ops as _ops
 from fused.triton_math import NONE, keep_scale_at, keep_scale_block, unary_fwd, unary_grad_step
 from fused.triton_utils import (
+    KEEP_SUBNORMALS,
     flat_load,
     flat_meta,
     math_dtype,
@@ -125,6 +126,7 @@ def _launch_dropout(x, bias, residual, p, seed):
             HAS_RESIDUAL=residual is not None,
             enable_fp_fusion=False,  # the CPU rounds (x + b) * keep before adding the residual
             **meta,
+            **KEEP_SUBNORMALS,
         )
     return y
 
@@ -164,7 +166,7 @@ def dropout_backward(grad, p, seed, bias_grad):
     partial = torch.empty((chunks, cols), dtype=math_torch_dtype(grad), device=grad.device)
     threshold, scale = _threshold_scale(p)
     _dropout_bias_grad_kernel[(chunks * col_blocks,)](
-        grad, grad_x, partial, rows, cols, rows_per_chunk, seed, threshold, scale, **meta
+        grad, grad_x, partial, rows, cols, rows_per_chunk, seed, threshold, scale, **meta, **KEEP_SUBNORMALS
     )
     return grad_x, partial.sum(0).to(grad.dtype)  # fixed-order torch reduction of the partial sums
 
@@ -273,6 +275,7 @@ def _launch_chain(x, g, y, gy, part, math):
         GRAD=g is not None,
         STORE_Y=y is not None,
         **meta,
+        **KEEP_SUBNORMALS,
     )
 
 

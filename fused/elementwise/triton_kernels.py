@@ -21,6 +21,7 @@ from fused.elementwise.triton_dropout_chain import (
 )
 from fused.triton_math import act_fwd, act_grad
 from fused.triton_utils import (
+    KEEP_SUBNORMALS,
     math_torch_dtype,
     on_device_of,
     program_2d,
@@ -101,7 +102,7 @@ def bias_act(x, bias=None, act="gelu"):
     block_r, block_c, meta = tile_meta(x, cols, x.numel())
     grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
     b = bias.contiguous() if bias is not None else x
-    _bias_act_kernel[grid](x, b, y, rows, cols, ACT=act, HAS_BIAS=bias is not None, **meta)
+    _bias_act_kernel[grid](x, b, y, rows, cols, ACT=act, HAS_BIAS=bias is not None, **meta, **KEEP_SUBNORMALS)
     return y
 
 
@@ -123,7 +124,18 @@ def bias_act_backward(grad, x, bias, act):
         chunks, rows_per_chunk, partial = triton.cdiv(rows, block_r), block_r, grad_x
     b = bias.contiguous() if bias is not None else x
     _bias_act_backward_kernel[(chunks * col_blocks,)](
-        grad, x, b, grad_x, partial, rows, cols, rows_per_chunk, ACT=act, HAS_BIAS=bias is not None, **meta
+        grad,
+        x,
+        b,
+        grad_x,
+        partial,
+        rows,
+        cols,
+        rows_per_chunk,
+        ACT=act,
+        HAS_BIAS=bias is not None,
+        **meta,
+        **KEEP_SUBNORMALS,
     )
     if bias is None:
         return grad_x, x.new_empty(0)
@@ -195,7 +207,9 @@ def _launch_glu(gate, up, grad, act, backward):
         block_r, block_c, meta = tile_meta(gate, cols, rows * max(g_stride, u_stride, cols))
         grid = (triton.cdiv(rows, block_r) * triton.cdiv(cols, block_c),)
         d = grad if backward else g
-        _glu_kernel[grid](g, u, d, y, grad_up, rows, cols, g_stride, u_stride, ACT=act, BACKWARD=backward, **meta)
+        _glu_kernel[grid](
+            g, u, d, y, grad_up, rows, cols, g_stride, u_stride, ACT=act, BACKWARD=backward, **meta, **KEEP_SUBNORMALS
+        )
     return (y, grad_up) if backward else y
 
 

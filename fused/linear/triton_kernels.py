@@ -17,7 +17,7 @@ import triton.language as tl
 
 from fused.linear.ops import NEEDS_PRE, check_grad_pre, check_linear
 from fused.triton_math import act_fwd, act_grad
-from fused.triton_utils import INTERPRET, on_device_of, program_2d
+from fused.triton_utils import INTERPRET, KEEP_SUBNORMALS, on_device_of, program_2d
 
 
 @triton.jit
@@ -193,11 +193,11 @@ def linear_act_fwd(x, weight, bias, act, save_pre):
         }
         if INTERPRET:
             _linear_act_fixed[(triton.cdiv(M, 32) * triton.cdiv(N, 32),)](
-                *args, **flags, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2
+                *args, **flags, BLOCK_M=32, BLOCK_N=32, BLOCK_K=16, GROUP_M=2, **KEEP_SUBNORMALS
             )
         else:
             grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-            _linear_act_tuned[grid](*args, **flags)
+            _linear_act_tuned[grid](*args, **flags, **KEEP_SUBNORMALS)
     return y.view(out_shape), pre.view(out_shape) if keep_pre else pre
 
 
@@ -267,6 +267,7 @@ def linear_act_grad_pre(grad, saved, act, bias_grad):
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=4,
+        **KEEP_SUBNORMALS,
     )
     if bias_grad:
         grad_bias = partial.sum(0).to(grad.dtype)

@@ -14,7 +14,7 @@ import triton.language as tl
 from fused import triton_math as tm
 from fused.loss.ops import check_rows, check_target_range
 from fused.loss.ops import math_dtype as math_torch_dtype
-from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, math_dtype, on_device_of, scalar_in, to_out
 
 BLOCK = 4096  # columns per step of a row (fewer for a short row)
 
@@ -178,6 +178,7 @@ def launch_rows(kernel, logits, grad, *args, **constexprs):
         MATH=math_dtype(logits),
         BLOCK=block,
         num_warps=8,
+        **KEEP_SUBNORMALS,
     )
 
 

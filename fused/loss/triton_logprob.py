@@ -169,15 +169,16 @@ def _distillation_rows_kernel(
     l1b = scalar_in(log_1mb, MATH)
     m_s, s_s, _ = _row_stats(x_row, V, inv_t, cols0, MATH, BLOCK)
     m_t, s_t, _ = _row_stats(y_row, V, inv_t, cols0, MATH, BLOCK)
-    off_s = m_s + tm.log(s_s)  # log p = z - off
-    off_t = m_t + tm.log(s_t)
+    # log p = (z - m) - log_s, as the CPU kernel's log_softmax: z - (m + log_s) would put the ulp of a large m into p
+    log_ss = tm.log(s_s)
+    log_st = tm.log(s_t)
     sum_t = tl.zeros((), MATH)
     sum_s = tl.zeros((), MATH)
     for start in range(0, V, BLOCK):
         cols = start + cols0
         mask = cols < V
-        ls = tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_s
-        lt = tl.load(y_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_t
+        ls = (tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m_s) - log_ss
+        lt = (tl.load(y_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m_t) - log_st
         x = _point(ls, lt, lb, l1b, DIV)
         sum_t += tl.sum(tl.where(mask, _weight_mul(tm.exp(lt), lt - x), 0.0), axis=0)
         sum_s += tl.sum(tl.where(mask, _weight_mul(tm.exp(ls), ls - x), 0.0), axis=0)
@@ -193,8 +194,8 @@ def _distillation_rows_kernel(
         for start in range(0, V, BLOCK):
             cols = start + cols0
             mask = cols < V
-            ls = tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_s
-            lt = tl.load(y_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - off_t
+            ls = (tl.load(x_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m_s) - log_ss
+            lt = (tl.load(y_row + cols, mask=mask, other=0.0).to(MATH) * inv_t - m_t) - log_st
             if DIV == 0:
                 g = tm.exp(ls) - tm.exp(lt)
             elif DIV == 1:

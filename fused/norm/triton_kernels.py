@@ -14,7 +14,7 @@ import triton.language as tl
 
 from fused.norm import ops as _ops
 from fused.triton_math import div, sqrt
-from fused.triton_utils import math_dtype, on_device_of, scalar_in, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, math_dtype, on_device_of, scalar_in, to_out
 
 MAX_C = 65536  # elements per row one program holds
 BACKWARD_PROGRAMS = 256  # about how many programs the backward launches (fixed: deterministic)
@@ -183,6 +183,7 @@ def norm_fwd(x, residual, normalized_shape, weight, bias, eps, rms):
         BLOCK_C=block_c,
         I64=_needs_i64(x),
         num_warps=_num_warps(block_c),
+        **KEEP_SUBNORMALS,
     )
     return out, total, mean, rstd
 
@@ -235,6 +236,7 @@ def norm_backward(grad, grad_sum, h, mean, rstd, weight, normalized_shape, rms, 
         I64=_needs_i64(h),
         num_warps=_num_warps(block_c),
         enable_fp_fusion=False,  # gw - mean(gw) from the same rounded gw (an fma would leave the product unrounded)
+        **KEEP_SUBNORMALS,
     )
     # fixed-order torch reductions of the partial sums (no atomics)
     if weight_grad:

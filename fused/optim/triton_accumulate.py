@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, program_tensor
-from fused.triton_utils import BLOCK
+from fused.triton_utils import BLOCK, KEEP_SUBNORMALS
 
 
 @triton.jit
@@ -33,5 +33,5 @@ def accumulate_grads_(accs, grads, overwrite):
             a_t, g_t = grp.dtypes
             _accumulate_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), A=TL_DTYPES[a_t], G=TL_DTYPES[g_t],
-                OVERWRITE=bool(overwrite), BLOCK=BLOCK,
+                OVERWRITE=bool(overwrite), BLOCK=BLOCK, **KEEP_SUBNORMALS
             )  # fmt: skip

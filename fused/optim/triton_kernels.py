@@ -30,7 +30,7 @@ from fused.optim.triton_lists import (
     tl_dtype,
 )
 from fused.triton_math import div, neg, pow, sqrt
-from fused.triton_utils import scalar_in, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, scalar_in, to_out
 
 QBLOCK = 256  # fused.optim.quantize.BLOCK: one tile row
 ROWS = 4  # tile rows a program
@@ -378,5 +378,6 @@ def adam_step_(
                 WRITE_GRADS=bool(write_grads),
                 MATH=tl.float64 if p_t == torch.float64 else tl.float32, ROWS=ROWS, TERMS=terms.shape[1],
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
+                **KEEP_SUBNORMALS,
             )  # fmt: skip
         advance_empty_steps(grps, steps, found_inf)

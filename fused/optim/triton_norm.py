@@ -28,7 +28,7 @@ from fused.optim.triton_lists import (
     tile_tensor,
 )
 from fused.triton_math import div, pow, sqrt
-from fused.triton_utils import scalar_in, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, scalar_in, to_out
 
 BLOCK = 2048  # elements a program
 FINISH_BLOCK = 1024  # slots the finishing program reads at a time
@@ -175,7 +175,7 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
             NO_CLIP=math.isinf(max_norm),
         )  # fmt: skip
         if not slots:
-            _finish_kernel[(1,)](partials, flags, **ends, BLOCK=FINISH_BLOCK)
+            _finish_kernel[(1,)](partials, flags, **ends, BLOCK=FINISH_BLOCK, **KEEP_SUBNORMALS)
         first = 0
         for grp, launched in zip(grps, programs):
             (g_t,) = grp.dtypes
@@ -184,7 +184,7 @@ def grad_norm(grads, found_inf, grad_scale, norm_type, max_norm, clip_value, fin
                 grad_scale if grad_scale is not None else partials, norm_ticket(device), p=float(norm_type),
                 clip_value=float(clip_value), G=TL_DTYPES[g_t], HAS_SCALE=grad_scale is not None,
                 CLIP=not math.isinf(clip_value), MATH=tl.float64 if g_t == torch.float64 else tl.float32,
-                BLOCK=BLOCK, FINISH_BLOCK=FINISH_BLOCK, **ends,
+                BLOCK=BLOCK, FINISH_BLOCK=FINISH_BLOCK, **ends, **KEEP_SUBNORMALS
             )  # fmt: skip
             first += launched
     return norm, coef, found
@@ -209,5 +209,5 @@ def scale_grads_(grads, clip_coef):
             (g_t,) = grp.dtypes
             _scale_grads_kernel[(grp.programs,)](
                 grp.table, grp.tensor_of, len(grp.indices), clip_coef, G=TL_DTYPES[g_t],
-                MATH=tl.float64 if g_t == torch.float64 else tl.float32, BLOCK=BLOCK,
+                MATH=tl.float64 if g_t == torch.float64 else tl.float32, BLOCK=BLOCK, **KEEP_SUBNORMALS
             )  # fmt: skip

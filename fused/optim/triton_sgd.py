@@ -13,7 +13,7 @@ import triton.language as tl
 from fused.optim import triton_lists
 from fused.optim.triton_kernels import advance_empty_steps, seed_of, store_param, tensor_key, update_end, update_grad
 from fused.optim.triton_lists import TL_DTYPES, groups, list_ptr, per_tensor, program_tensor, tl_dtype
-from fused.triton_utils import BLOCK, to_out
+from fused.triton_utils import BLOCK, KEEP_SUBNORMALS, to_out
 
 
 @triton.jit(do_not_specialize=["n", "seed"])
@@ -90,6 +90,7 @@ def sgd_step_(
                 STOCHASTIC=seed is not None and p_t == torch.bfloat16, MASTER=bool(model_params),
                 WRITE_GRADS=bool(write_grads), MATH=tl.float64 if p_t == torch.float64 else tl.float32, BLOCK=BLOCK,
                 enable_fp_fusion=False,  # only the CPU kernel's fmas (tl.fma): no other product left unrounded
+                **KEEP_SUBNORMALS,
             )  # fmt: skip
         if use_momentum:
             advance_empty_steps(grps, steps, found_inf)

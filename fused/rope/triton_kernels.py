@@ -12,7 +12,7 @@ import triton.language as tl
 
 from fused import triton_math as tm
 from fused.rope import ops as _ops
-from fused.triton_utils import math_dtype, needs_i64, on_device_of, to_out
+from fused.triton_utils import KEEP_SUBNORMALS, math_dtype, needs_i64, on_device_of, to_out
 
 MAX_R = 16384  # rotary features one program holds
 TILE = 2048  # heads x half-features per program
@@ -122,7 +122,7 @@ def _rope(op, first, second, q, k, cos, sin, unsqueeze_dim, interleaved, backwar
         q, k, cos, sin, out_q, out_k, *strides, s, hq, hk, r, d, 0 if cos_b == 1 else s * r, q_blocks,
         INTERLEAVED=interleaved, BACKWARD=backward, MATH=math_dtype(q), BLOCK_H=block_h, BLOCK_I=block_i,
         BLOCK_P=min(triton.next_power_of_2(max(d - r, 1)), 128), I64=needs_i64(*(_extent(v) for v in views)),
-        num_warps=4,
+        num_warps=4, **KEEP_SUBNORMALS
     )  # fmt: skip
     return out_q, out_k
 
