@@ -289,6 +289,12 @@ def count(ptxs, *needles):
     return sum(p.count(n) for p in ptxs for n in needles)
 
 
+def flushed(ptxs):
+    """The .ftz instructions but the approximate ones: libdevice builds expf and correctly rounded division on
+    ex2.approx.ftz and rcp.approx.ftz seeds, scaled so that no result is flushed (those stay in its non-ftz code)."""
+    return count(ptxs, ".ftz") - count(ptxs, ".approx.ftz")
+
+
 def entries(ptxs):
     """The kernels' own bodies: each PTX without the functions it calls (.func, e.g. libdevice's accurate pow,
     whose fmas are its own)."""
@@ -312,11 +318,16 @@ if __name__ == "__main__":
             f"fma.rn.f32 {count(ptxs, 'fma.rn.f32')}, div.rn.f32 {count(ptxs, 'div.rn.f32')}, "
             f"div.full.f32 {count(ptxs, 'div.full.f32')}, div.approx {count(ptxs, 'div.approx')}, "
             f"float64 variants {len(PTX_F64.get(name, ()))}, fma.rn.f64 {count(ptxs, 'fma.rn.f64')}, "
-            f"atom.global {count(ptxs, 'atom.global')}, own fma.rn.f64 {count(entries(ptxs), 'fma.rn.f64')}"
+            f"atom.global {count(ptxs, 'atom.global')}, own fma.rn.f64 {count(entries(ptxs), 'fma.rn.f64')}, "
+            f"flushed {flushed(ptxs)}"
         )
         # Eager and the C++ kernels divide correctly rounded (div.rn); Triton's `/` on float32 is div.full.f32.
         if count(ptxs, "div.full.f32", "div.approx"):
             FAILURES.append(f"{name}: approximate float32 division (div.full / div.approx) in its PTX")
+        # Launched without KEEP_SUBNORMALS, libdevice's functions compile to .ftz arithmetic (fma.rn.ftz, cvt.ftz,
+        # abs.ftz) that flushes subnormal results to zero, where eager keeps them.
+        if flushed(ptxs):
+            FAILURES.append(f"{name}: {flushed(ptxs)} flush-to-zero (.ftz) instructions in its PTX")
         # A Python float reaches a kernel as an fp32 parameter unless annotated tl.float64: a float64 kernel
         # would compute with an fp32-rounded scalar (eps = 1e-5 as 9.99999974738e-06, 1e-50 as 0).
         if count(PTX_F64.get(name, ()), ".param .f32"):
