@@ -540,7 +540,8 @@ C10_ALWAYS_INLINE FloatVec update_grad(const AdamMath<float>& math, const GradTr
 // The update of elements [offset, offset + len) of 8-bit moments (offset a multiple of 256), b the parameter and
 // gradient of those elements (run_chunk's Block), one quantization block at a time. Each vector of a block decodes m
 // and sqrt(v), updates them and the parameter, and leaves the new moments in L1 until the block's scales (their
-// max) are known; then they are encoded. AdamMath's arithmetic, as in the float loops.
+// max) are known; then they are encoded, a full block's two codes in one loop (encode_block_pair). AdamMath's
+// arithmetic, as in the float loops.
 // v_dither: the stochastic rounding of exp_avg_sq's codes (null: to nearest).
 // kPlain: update_grad's (in a loop that the multiply ports bound). Out of line, so that the loop gets registers of
 // its own rather than the caller's spills.
@@ -580,8 +581,15 @@ C10_NOINLINE void adam_codes(const AdamMath<float> math, const GradTransform<flo
       m_max = max_magnitude(m_max, m);
       root_max = max_magnitude(root_max, root);
     });
-    encode_block(m_new, mq, *m_scale = block_scale(m_max), n);
-    encode_block(root_new, vq, *v_scale = block_scale(root_max), n, v_dither ? v_dither->block(offset + q) : nullptr);
+    const float am = *m_scale = block_scale(m_max), av = *v_scale = block_scale(root_max);
+    const uint32_t* const words = v_dither ? v_dither->block(offset + q) : nullptr;
+    if (n == kQuantBlock && usable_pair(am, av)) {
+      if (words) encode_block_pair<true>(m_new, mq, am, root_new, vq, av, words);
+      else encode_block_pair<false>(m_new, mq, am, root_new, vq, av, nullptr);
+    } else {
+      encode_block(m_new, mq, am, n);
+      encode_block(root_new, vq, av, n, words);
+    }
   }
 }
 

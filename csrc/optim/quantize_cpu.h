@@ -123,7 +123,7 @@ inline uint32_t half_word(const uint32_t* words, int64_t i) {
 // half_word of elements e.. e + 15 (e even), one a 32-bit lane
 inline __m512i half_word_lanes(const uint32_t* words, int64_t e) {
   const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(words + e / 2));
-  return _mm512_cvtepu16_epi32(_mm256_or_si256(_mm256_srli_epi32(w, 16), _mm256_slli_epi32(w, 16)));
+  return _mm512_cvtepu16_epi32(_mm256_rol_epi32(w, 16));  // each word's halves swapped: the high half first
 }
 #elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
 // half_word of elements e.. e + 7 (e even), one a 32-bit lane
@@ -134,16 +134,14 @@ inline __m256i half_word_lanes(const uint32_t* words, int64_t e) {
 #endif
 
 // The dither of elements e.. e + FloatVec::size() - 1 of a block (e even): (2 h + 1) / 2^17 in (0, 1), h their
-// half_word.
+// half_word; as h 2^-16 + 2^-17 in one fma, which is exact (the value has 17 significant bits).
 inline FloatVec dither_lanes(const uint32_t* words, int64_t e) {
 #if defined(CPU_CAPABILITY_AVX512) && defined(__AVX512F__)
-  const __m512i h = half_word_lanes(words, e);
-  const __m512 odd = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_add_epi32(h, h), _mm512_set1_epi32(1)));
-  return _mm512_mul_ps(odd, _mm512_set1_ps(0x1p-17f));
+  const __m512 h = _mm512_cvtepi32_ps(half_word_lanes(words, e));
+  return _mm512_fmadd_ps(h, _mm512_set1_ps(0x1p-16f), _mm512_set1_ps(0x1p-17f));
 #elif defined(CPU_CAPABILITY_AVX2) && defined(__AVX2__)
-  const __m256i h = half_word_lanes(words, e);
-  const __m256 odd = _mm256_cvtepi32_ps(_mm256_add_epi32(_mm256_add_epi32(h, h), _mm256_set1_epi32(1)));
-  return _mm256_mul_ps(odd, _mm256_set1_ps(0x1p-17f));
+  const __m256 h = _mm256_cvtepi32_ps(half_word_lanes(words, e));
+  return _mm256_fmadd_ps(h, _mm256_set1_ps(0x1p-16f), _mm256_set1_ps(0x1p-17f));
 #else
   alignas(64) float u[FloatVec::size()];
   for (int64_t l = 0; l < FloatVec::size(); ++l) u[l] = float(2 * half_word(words, e + l) + 1) * 0x1p-17f;
@@ -218,6 +216,34 @@ inline void encode_block(const float* x, code_t* q, float a, int64_t n, const ui
   const bool by_inverse = inv <= std::numeric_limits<float>::max();
   if (!kSigned && words) by_inverse ? encode(Yes{}, Yes{}) : encode(No{}, Yes{});
   else by_inverse ? encode(Yes{}, No{}) : encode(No{}, No{});
+}
+
+// encode_block of a whole block of exp_avg (int8) and one of sqrt(exp_avg_sq) (uint8, dithered where words are
+// given) in one loop, the two codes' arithmetic interleaved: the same codes as two encode_block calls. Only for
+// scales that are usable and invertible (usable_pair); encode_block takes the rest.
+inline bool usable_pair(float am, float av) {
+  return usable_scale(am) && usable_scale(av) && 1.f / am <= std::numeric_limits<float>::max() &&
+         1.f / av <= std::numeric_limits<float>::max();
+}
+template <bool kDithered>
+inline void encode_block_pair(const float* m, int8_t* m_codes, float am, const float* root, uint8_t* root_codes,
+                              float av, const uint32_t* words) {
+  using V = FloatVec;
+  constexpr int64_t kLanes = V::size();
+  const V inv_m(1.f / am), inv_root(1.f / av), sign_bit(-0.f);
+  for (int64_t i = 0; i < kQuantBlock; i += 4 * kLanes) {
+    V cm[4], cr[4];
+    for (int k = 0; k < 4; ++k) {
+      const int64_t e = i + k * kLanes;
+      const V x = V::loadu(m + e);
+      cm[k] = ((x.abs() * inv_m).sqrt() * V(127.f)).round() | (x & sign_bit);  // -0 codes as 0
+      const V t = (V::loadu(root + e) * inv_root).sqrt() * V(255.f);
+      if constexpr (kDithered) cr[k] = dithered_code(t, dither_lanes(words, e));
+      else cr[k] = t.round();
+    }
+    store_codes4(cm, m_codes + i);
+    store_codes4(cr, root_codes + i);
+  }
 }
 
 // words[w] = dither_word(key, j0 + w) for w < count (a multiple of 8): eight words a vector with AVX2 or AVX-512.
