@@ -13,6 +13,7 @@ import torch
 import fused
 from fused.loss import chunked
 from fused.loss import reference as ref
+from fused.loss.distillation import DIVERGENCES
 from tests import cuda_emulation
 from tests import harness as h
 from tests.test_cuda_emulation import buf, launch, out
@@ -473,9 +474,6 @@ def test_triton_rows_match_cpu_kernels(dtype):
     h.assert_close(in_place.cpu(), want_grad, scale=4)
 
 
-FLOOR32 = 4 * torch.finfo(torch.float32).eps  # assert_accuracy's floor for float32 outputs
-
-
 @h.requires_triton
 def test_triton_rows_far_from_zero():
     """The Triton row kernels on logits with a large common offset (1000 and 500): log p = (z - m) - log_s keeps
@@ -486,27 +484,23 @@ def test_triton_rows_far_from_zero():
     teacher = h.make((6, 300), low=-6, high=6, seed=2) + 500.0
     t, scale = torch.tensor([0, 5, 299, 17, 150, 3]), h.make((6, 2), low=-2, high=2, seed=3)
 
-    def rows(fn, x, *args, **kwargs):
+    def outputs(fn, x, *args):
+        """fn's outputs on rows x and the gradient it writes (args: None in the gradient's place)."""
         grad = torch.empty_like(x)
-        out = fn(x, *args[:-1], grad, *args[-1], **kwargs)
+        out = fn(x, *(grad if a is None else a for a in args))
         return (*(out if isinstance(out, tuple) else (out,)), grad)
 
-    def on(x):
-        return x.to(h.TRITON_DEVICE)
+    def cast(args, to):
+        return [to(a) if isinstance(a, torch.Tensor) else a for a in args]
 
-    lp_args = (t, scale, (-100, 1.0))
-    got = rows(tk.log_prob_rows, on(logits), on(t), on(scale), (-100, 1.0))
-    cpu = rows(torch.ops.fused.log_prob_rows, logits, *lp_args)
-    exact = rows(torch.ops.fused.log_prob_rows, logits.double(), t, scale.double(), (-100, 1.0))
-    for name, a, e, r in zip(("log p", "entropy", "gradient"), got, cpu, exact):
-        h.assert_accuracy(a.cpu().double(), e.double(), r, floor=FLOOR32, what=f"log_prob_rows {name}")
-    for divergence in ("forward_kl", "reverse_kl", "jsd"):
-        kd = (divergence, 0.3, 1.0, -100)
-        got = rows(tk.distillation_rows, on(logits), on(teacher), on(t), on(scale[:, 0]), kd)
-        cpu = rows(torch.ops.fused.distillation_rows, logits, teacher, t, scale[:, 0], kd)
-        exact = rows(torch.ops.fused.distillation_rows, logits.double(), teacher.double(), t, scale[:, 0].double(), kd)
-        for name, a, e, r in zip(("loss", "gradient"), got, cpu, exact):
-            h.assert_accuracy(a.cpu().double(), e.double(), r, floor=FLOOR32, what=f"{divergence} {name}")
+    cases = [("log_prob_rows", [logits, t, scale, None, -100, 1.0])]
+    cases += [("distillation_rows", [logits, teacher, t, scale[:, 0], None, d, 0.3, 1.0, -100]) for d in DIVERGENCES]
+    for op, args in cases:
+        got = outputs(getattr(tk, op), *cast(args, lambda a: a.to(h.TRITON_DEVICE)))
+        cpu = outputs(getattr(torch.ops.fused, op), *args)
+        exact = outputs(getattr(torch.ops.fused, op), *cast(args, lambda a: a.double() if a.is_floating_point() else a))
+        for i, (a, e, r) in enumerate(zip(got, cpu, exact)):
+            h.assert_accuracy(a.cpu(), e, r, what=f"{op} {args[5:]} output {i}")
 
 
 @h.requires_triton

@@ -168,9 +168,22 @@ inline FloatVec dithered_code(FloatVec t, FloatVec d) {
 #endif
 }
 
+// The codes of coded values x (elements e.. of a block) from r = |x| / a: round(sqrt(r) * levels), signed like x
+// for int8 (levels 127), as it is for uint8 (levels 255, x >= 0); kDithered (uint8): dithered_code with the block's
+// dither words.
+template <typename code_t, bool kDithered>
+C10_ALWAYS_INLINE FloatVec code_of(FloatVec x, FloatVec r, const uint32_t* words, int64_t e) {
+  using V = FloatVec;
+  constexpr bool kSigned = std::is_signed_v<code_t>;
+  const V t = r.sqrt() * V(kSigned ? 127.f : 255.f);
+  if constexpr (kDithered) return dithered_code(t, dither_lanes(words, e));
+  const V code = t.round();
+  return kSigned ? code | (x & V(-0.f)) : code;  // -0 codes as 0
+}
+
 // Codes of one block of n <= 256 coded values x (exp_avg, or sqrt(exp_avg_sq)) under scale a (block_scale):
-// round(sqrt(|x| / a) * levels), signed like x for int8 (levels 127), as it is for uint8 (levels 255, x >= 0);
-// all 0 when a is 0, inf or NaN. With dither words (uint8 only; 128 words, dither_lanes' layout): dithered_code.
+// code_of, all 0 when a is 0, inf or NaN. With dither words (uint8 only; 128 words, dither_lanes' layout):
+// dithered.
 template <typename code_t>
 inline void encode_block(const float* x, code_t* q, float a, int64_t n, const uint32_t* words = nullptr) {
   using V = FloatVec;
@@ -182,31 +195,28 @@ inline void encode_block(const float* x, code_t* q, float a, int64_t n, const ui
   }
   // |x| / a as |x| * (1 / a), but for a denormal a, whose inverse overflows
   const float inv = 1.f / a;
-  const V va(a), vinv(inv), levels(kSigned ? 127.f : 255.f), sign_bit(-0.f);
+  const V va(a), vinv(inv);
   // the loops for one (by_inverse, dithered) pair, so that neither is tested a vector
   auto encode = [&](auto by_inverse, auto dithered) {
     // the code of elements e.. of the block
-    auto code_of = [&](const V v, int64_t e) C10_ALWAYS_INLINE_ATTRIBUTE {
+    auto code = [&](const V v, int64_t e) C10_ALWAYS_INLINE_ATTRIBUTE {
       const V mag = kSigned ? v.abs() : v;
-      const V t = (by_inverse ? mag * vinv : mag / va).sqrt() * levels;
-      if constexpr (dithered) return dithered_code(t, dither_lanes(words, e));
-      const V code = t.round();
-      return kSigned ? code | (v & sign_bit) : code;  // -0 codes as 0
+      return code_of<code_t, dithered>(v, by_inverse ? mag * vinv : mag / va, words, e);
     };
     int64_t i = 0;
     for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-      const V codes[4] = {code_of(V::loadu(x + i), i), code_of(V::loadu(x + i + kLanes), i + kLanes),
-                          code_of(V::loadu(x + i + 2 * kLanes), i + 2 * kLanes),
-                          code_of(V::loadu(x + i + 3 * kLanes), i + 3 * kLanes)};
+      const V codes[4] = {code(V::loadu(x + i), i), code(V::loadu(x + i + kLanes), i + kLanes),
+                          code(V::loadu(x + i + 2 * kLanes), i + 2 * kLanes),
+                          code(V::loadu(x + i + 3 * kLanes), i + 3 * kLanes)};
       store_codes4(codes, q + i);
     }
     for (; i < n; i += kLanes) {
       const int64_t cnt = std::min(kLanes, n - i);
-      const V code = code_of(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt), i);
-      if (cnt == kLanes) store_codes(code, q + i);
+      const V code_v = code(cnt == kLanes ? V::loadu(x + i) : V::loadu(x + i, cnt), i);
+      if (cnt == kLanes) store_codes(code_v, q + i);
       else {
         code_t tail[kLanes];
-        store_codes(code, tail);
+        store_codes(code_v, tail);
         std::memcpy(q + i, tail, cnt * sizeof(code_t));
       }
     }
@@ -219,8 +229,8 @@ inline void encode_block(const float* x, code_t* q, float a, int64_t n, const ui
 }
 
 // encode_block of a whole block of exp_avg (int8) and one of sqrt(exp_avg_sq) (uint8, dithered where words are
-// given) in one loop, the two codes' arithmetic interleaved: the same codes as two encode_block calls. Only for
-// scales that are usable and invertible (usable_pair); encode_block takes the rest.
+// given) in one loop, the two codes' arithmetic interleaved: the same codes (code_of) as two encode_block calls.
+// Only for scales that are usable and invertible (usable_pair); encode_block takes the rest.
 inline bool usable_pair(float am, float av) {
   return usable_scale(am) && usable_scale(av) && 1.f / am <= std::numeric_limits<float>::max() &&
          1.f / av <= std::numeric_limits<float>::max();
@@ -230,16 +240,14 @@ inline void encode_block_pair(const float* m, int8_t* m_codes, float am, const f
                               float av, const uint32_t* words) {
   using V = FloatVec;
   constexpr int64_t kLanes = V::size();
-  const V inv_m(1.f / am), inv_root(1.f / av), sign_bit(-0.f);
+  const V inv_m(1.f / am), inv_root(1.f / av);
   for (int64_t i = 0; i < kQuantBlock; i += 4 * kLanes) {
     V cm[4], cr[4];
     for (int k = 0; k < 4; ++k) {
       const int64_t e = i + k * kLanes;
-      const V x = V::loadu(m + e);
-      cm[k] = ((x.abs() * inv_m).sqrt() * V(127.f)).round() | (x & sign_bit);  // -0 codes as 0
-      const V t = (V::loadu(root + e) * inv_root).sqrt() * V(255.f);
-      if constexpr (kDithered) cr[k] = dithered_code(t, dither_lanes(words, e));
-      else cr[k] = t.round();
+      const V x = V::loadu(m + e), r = V::loadu(root + e);
+      cm[k] = code_of<int8_t, false>(x, x.abs() * inv_m, nullptr, e);
+      cr[k] = code_of<uint8_t, kDithered>(r, r * inv_root, words, e);
     }
     store_codes4(cm, m_codes + i);
     store_codes4(cr, root_codes + i);
