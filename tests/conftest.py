@@ -24,6 +24,11 @@ if settings is not None:
 
 from tests.harness import backend, device_backends  # noqa: E402
 
+if os.environ.get("TRITON_INTERPRET") == "1":  # the same-bits checks need tl.fma rounded once, as on a GPU
+    from tests.triton_interpreter import exact_fma_in_interpreter
+
+    exact_fma_in_interpreter()
+
 
 @pytest.fixture(params=device_backends())
 def dev(request):

@@ -1,7 +1,7 @@
 """fused.info, set_backend, and a smoke run of every benchmark case (each implementation once, small shapes),
 so that the benchmark suite cannot rot unnoticed."""
 
-import importlib
+import importlib.util
 import os
 import pkgutil
 import platform
@@ -316,3 +316,45 @@ def test_every_triton_launch_keeps_subnormals():
                 if not any(k.arg is None and getattr(k.value, "id", "") == "KEEP_SUBNORMALS" for k in node.keywords):
                     missing.append(f"{path.name}:{node.lineno}")
     assert launches >= 24 and not missing, missing
+
+
+def _float32_nearest(exact):
+    """The float32 nearest a Fraction, ties to even."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    guess = np.float32(float(exact))
+    candidates = [np.nextafter(guess, np.float32(-np.inf)), guess, np.nextafter(guess, np.float32(np.inf))]
+    return min(candidates, key=lambda v: (abs(Fraction(float(v)) - exact), int(np.array(v).view(np.int32)) & 1))
+
+
+def test_fma_for_the_interpreter_rounds_once():
+    """tests/triton_interpreter.py's fma (given to Triton interpreters that round tl.fma twice) against exact
+    rational arithmetic, on products whose float32 rounding a following add cancels (where rounding twice shows),
+    and the fma the interpreter runs now."""
+    np = pytest.importorskip("numpy")
+    from fractions import Fraction
+
+    from tests.triton_interpreter import PROBE, _probe, fma_rounded_once
+
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal(2000).astype(np.float32) for _ in range(2))
+    cancel = (-(x.astype(np.float64) * y.astype(np.float64))).astype(np.float32)
+    tiny = (rng.standard_normal(2000) * 1e-9).astype(np.float32)
+    for z in (cancel, tiny, (cancel + tiny).astype(np.float32)):
+        got = fma_rounded_once(x, y, z)
+        want = [
+            _float32_nearest(Fraction(float(a)) * Fraction(float(b)) + Fraction(float(c))) for a, b, c in zip(x, y, z)
+        ]
+        assert np.array_equal(got, np.array(want, dtype=np.float32))
+    x64, y64 = x.astype(np.float64) * (1 + 2.0**-40), y.astype(np.float64)
+    z64 = -(x64 * y64)
+    assert np.array_equal(
+        fma_rounded_once(x64, y64, z64),
+        [float(Fraction(a) * Fraction(b) + Fraction(c)) for a, b, c in zip(x64, y64, z64)],
+    )
+    assert fma_rounded_once(*np.array(PROBE, dtype=np.float32)) == 2.0**-24
+    if os.environ.get("TRITON_INTERPRET") != "1" or importlib.util.find_spec("triton") is None:
+        pytest.skip("the interpreter's own fma: runs where Triton kernels run under the interpreter")
+    assert _probe() == 2.0**-24
