@@ -41,6 +41,12 @@ FAMILIES = {
     # Gemma 2 normalises the attention output before the residual add: no add + norm to fuse.
     "gemma2": Family("Gemma2", "rms_offset", "gated", add_norm=False),
     "phi3": Family("Phi3", "rms", "gate_up"),
+    "gemma3_text": Family("Gemma3", "rms_offset", "gated", add_norm=False),  # Gemma 3's text model, as Gemma 2's
+    # OLMo 2 and 3 normalise after attention and after the MLP (no pre-norm to fuse with the residual add).
+    "olmo2": Family("Olmo2", "rms", "gated", add_norm=False),
+    "olmo3": Family("Olmo3", "rms", "gated", add_norm=False),
+    "smollm3": Family("SmolLM3", "rms", "gated"),
+    "ministral": Family("Ministral", "rms", "gated"),
     # GPT-2's block may carry cross-attention between its two norms; its norms, MLP and loss are patched.
     "gpt2": Family("GPT2", "layer", "gpt2", rope=False, add_norm=False),
 }
@@ -134,6 +140,12 @@ def _pre_norm_decoder_forward(self, hidden_states, **kwargs):
 def _rope(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1) as fused.rope."""
     return fused.rope(q, k, cos, sin, unsqueeze_dim)
+
+
+def _rope_in_input_dtypes(q, k, cos, sin, unsqueeze_dim=1):
+    """fused.rope with q's and k's dtypes kept (OLMo 2's apply_rotary_pos_emb, whose cos and sin are float32)."""
+    q_embed, k_embed = fused.rope(q, k, cos, sin, unsqueeze_dim)
+    return q_embed.to(q.dtype), k_embed.to(k.dtype)
 
 
 LOSS_KWARGS = ("num_items_in_batch", "ignore_index", "shift_labels")
@@ -275,12 +287,48 @@ def _unpickle_patched(base: type, kind: str, class_attrs: dict):
     return module
 
 
+@functools.lru_cache(maxsize=None)
+def _rope_kind(apply: Callable):
+    """How a modeling file's apply_rotary_pos_emb(q, k, cos, sin) relates to fused.rope, from a probe: "promotes"
+    (fused.rope's results and dtypes: float32 q, k with float64 cos, sin give float64), "keeps" (the same values,
+    returned in q's and k's dtypes, as OLMo 2's), or None: another rotation (some families pair the features
+    otherwise, or rotate another part of the head), whose attention must not be patched. Values are compared in
+    float64, with cos/sin as wide as the heads and, where it takes them, half as wide."""
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 3, 8, generator=g, dtype=torch.float64), torch.randn(1, 1, 3, 8, generator=g).double()
+    angles = [torch.randn(1, 3, width // 2, generator=g, dtype=torch.float64).repeat(1, 1, 2) for width in (8, 4)]
+    full, half = [(a.cos(), a.sin()) for a in angles]
+    for cos, sin in (full, half):
+        try:
+            expected = apply(q, k, cos, sin)
+        except (RuntimeError, ValueError, IndexError):
+            if cos is full[0]:
+                return None
+            continue  # a family whose rotary always spans the heads
+        got = fused.rope(q, k, cos, sin)
+        if not all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(got, expected)):
+            return None
+    dtypes = tuple(x.dtype for x in apply(q.float(), k.float(), *full))
+    return {(torch.float64,) * 2: "promotes", (torch.float32,) * 2: "keeps"}.get(dtypes)
+
+
+def _check_rope(model, cls: type) -> str:
+    """cls.forward's apply_rotary_pos_emb's _rope_kind; ValueError where it has none."""
+    inner = inspect.unwrap(cls.forward)
+    apply = inner.__globals__.get("apply_rotary_pos_emb")
+    if "apply_rotary_pos_emb" not in inner.__code__.co_names or apply is None:
+        _fail(model, f"has {cls.__name__}.forward without apply_rotary_pos_emb (another transformers release?)")
+    kind = _rope_kind(apply)
+    if kind is None:
+        _fail(model, f"has {cls.__name__} calling an apply_rotary_pos_emb that is not fused.rope's rotation")
+    return kind
+
+
 def _with_rope(model, cls: type) -> Callable:
     """cls.forward (transformers' own code, its decorators unwrapped) with apply_rotary_pos_emb as fused.rope."""
+    rope = {"promotes": _rope, "keeps": _rope_in_input_dtypes}[_check_rope(model, cls)]
     inner = inspect.unwrap(cls.forward)
-    if "apply_rotary_pos_emb" not in inner.__code__.co_names:
-        _fail(model, f"has {cls.__name__}.forward without apply_rotary_pos_emb (another transformers release?)")
-    scope = dict(inner.__globals__, apply_rotary_pos_emb=_rope)
+    scope = dict(inner.__globals__, apply_rotary_pos_emb=rope)
     forward = types.FunctionType(inner.__code__, scope, inner.__name__, inner.__defaults__, inner.__closure__)
     forward.__kwdefaults__ = inner.__kwdefaults__
     return forward
@@ -338,6 +386,7 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
             attn = getattr(layer, "self_attn", None)
             if attn is None:
                 _fail(model, f"layer {i} has no self_attn")
+            _check_rope(model, type(attn))
             plan.append((attn, _subclass(type(attn), "rope", model), {}))
         if norm and family.add_norm:
             children = {name for name, _ in layer.named_children()}

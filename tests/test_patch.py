@@ -36,6 +36,11 @@ def configs():
         "gemma": lambda: t.GemmaConfig(**COMMON, head_dim=16),
         "gemma2": lambda: t.Gemma2Config(**COMMON, head_dim=16, final_logit_softcapping=5.0),
         "phi3": lambda: t.Phi3Config(**COMMON, partial_rotary_factor=0.5),
+        "gemma3_text": lambda: t.Gemma3TextConfig(**COMMON, head_dim=16, final_logit_softcapping=5.0),
+        "olmo2": lambda: t.Olmo2Config(**COMMON),
+        "olmo3": lambda: t.Olmo3Config(**COMMON),
+        "smollm3": lambda: t.SmolLM3Config(**COMMON),
+        "ministral": lambda: t.MinistralConfig(**COMMON, head_dim=16),
         "gpt2": lambda: t.GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.1,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
@@ -51,7 +56,8 @@ EXPECTED_OPS = {
            "fused::rope_backward", "fused::add_rms_norm"}
     for name in FAMILIES
 }  # fmt: skip
-EXPECTED_OPS["gemma2"].discard("fused::add_rms_norm")
+for name in ("gemma2", "gemma3_text", "olmo2", "olmo3"):  # no pre-norm decoder layer: no residual add + norm
+    EXPECTED_OPS[name].discard("fused::add_rms_norm")
 EXPECTED_OPS["gpt2"] = {"fused::norm_fwd", "fused::norm_backward", "fused::linear_act"}
 
 
@@ -345,6 +351,35 @@ def test_modules_not_where_expected_raise_and_patch_nothing():
     with pytest.raises(ValueError, match=r"fused.patch: Qwen2ForCausalLM layer 0 has children"):
         fused.patch(model)
     assert not swapped(model)
+
+
+def _interleaved_rope(q, k, cos, sin, unsqueeze_dim=1):
+    """The rotation of GLM-style models: pairs (x[2i], x[2i + 1]), angles repeated pairwise (not fused.rope's
+    halves)."""
+    cos = cos[..., : cos.shape[-1] // 2].repeat_interleave(2, -1).unsqueeze(unsqueeze_dim)
+    sin = sin[..., : sin.shape[-1] // 2].repeat_interleave(2, -1).unsqueeze(unsqueeze_dim)
+
+    def rotate(x):
+        return torch.stack((-x[..., 1::2], x[..., 0::2]), -1).flatten(-2)
+
+    return q * cos + rotate(q) * sin, k * cos + rotate(k) * sin
+
+
+def test_a_rotary_that_fused_rope_does_not_compute_raises(monkeypatch):
+    """The attention's apply_rotary_pos_emb is run on a probe before anything is swapped: a rotation other than
+    fused.rope's (a family, or a transformers release, that pairs the features otherwise) raises; rope=False
+    patches the rest."""
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.setattr(modeling_llama, "apply_rotary_pos_emb", _interleaved_rope)
+    model = make_model("llama")
+    with pytest.raises(ValueError, match=r"fused.patch: LlamaForCausalLM has LlamaAttention calling an apply_rotary"):
+        fused.patch(model)
+    assert not swapped(model)
+    ids, labels = batch()
+    eager_loss = model(input_ids=ids, labels=labels).loss
+    patched = fused.patch(model, rope=False)
+    torch.testing.assert_close(patched(input_ids=ids, labels=labels).loss, eager_loss, rtol=1e-5, atol=0)
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
