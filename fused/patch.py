@@ -27,7 +27,9 @@ TESTED_TRANSFORMERS = ("5.24",)
 class Family:
     prefix: str  # class-name prefix: "Llama" for LlamaRMSNorm, LlamaMLP, ...
     norm: str  # "rms", "rms_offset" (Gemma: weight stored as w - 1) or "layer" (nn.LayerNorm)
-    mlp: str  # "gated" (gate_proj, up_proj, down_proj), "gate_up" (one gate_up_proj), "gpt2" (c_fc, c_proj)
+    # "gated" (gate_proj, up_proj, down_proj), "gate_up" (one gate_up_proj), "gpt2" (c_fc, c_proj), "experts" (a
+    # mixture of experts: its experts run transformers' own implementation, which the model's config may pick)
+    mlp: str
     rope: bool = True  # attention calls its module's apply_rotary_pos_emb
     add_norm: bool = True  # pre-norm decoder layer: residual add + post_attention_layernorm can fuse
 
@@ -47,6 +49,8 @@ FAMILIES = {
     "olmo3": Family("Olmo3", "rms", "gated", add_norm=False),
     "smollm3": Family("SmolLM3", "rms", "gated"),
     "ministral": Family("Ministral", "rms", "gated"),
+    "mixtral": Family("Mixtral", "rms", "experts"),
+    "qwen3_moe": Family("Qwen3Moe", "rms", "experts"),
     # GPT-2's block may carry cross-attention between its two norms; its norms, MLP and loss are patched.
     "gpt2": Family("GPT2", "layer", "gpt2", rope=False, add_norm=False),
 }
@@ -165,6 +169,9 @@ def _causal_lm_forward(self, **kwargs):
     if return_dict is None:
         return_dict = getattr(self.config, "return_dict", True)
     loss_kwargs = {name: kwargs.pop(name) for name in LOSS_KWARGS if name in kwargs}
+    moe = hasattr(self.config, "router_aux_loss_coef")  # a mixture of experts: its load-balancing loss is added
+    if moe and kwargs.get("output_router_logits") is None:
+        kwargs["output_router_logits"] = self.config.output_router_logits
     outputs = getattr(self, self.base_model_prefix)(**kwargs, return_dict=True)
     hidden = outputs[0]
     ignore_index = loss_kwargs.get("ignore_index", -100)
@@ -188,11 +195,19 @@ def _causal_lm_forward(self, **kwargs):
     loss = loss.float()
     if num_items is not None:
         loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
 
-    fields = CausalLMOutputWithPast.__dataclass_fields__  # the base model's cache, hidden states, attentions
-    extra = {key: value for key, value in outputs.items() if key in fields}
-    output = CausalLMOutputWithPast(loss=loss, logits=None, **extra)
+    output_cls, extra = CausalLMOutputWithPast, {}
+    if moe:
+        output_cls = MoeCausalLMOutputWithPast
+        if kwargs["output_router_logits"]:  # as transformers' forward adds it, with its own function
+            balance = inspect.unwrap(self._fused_base.forward).__globals__["load_balancing_loss_func"]
+            mask = kwargs.get("attention_mask")
+            extra["aux_loss"] = balance(outputs.router_logits, self.num_experts, self.num_experts_per_tok, mask)
+            loss = loss + self.router_aux_loss_coef * extra["aux_loss"].to(loss.device)
+    fields = output_cls.__dataclass_fields__  # the base model's cache, hidden states, attentions, router logits
+    extra.update({key: value for key, value in outputs.items() if key in fields})
+    output = output_cls(loss=loss, logits=None, **extra)
     return output if return_dict else output.to_tuple()
 
 
@@ -370,7 +385,10 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
             _fail(model, f"has {found} {kind} modules, expected at least {2 * len(layers) + 1}")
     for i, layer in enumerate(layers):
         block_mlp = getattr(layer, "mlp", None)
-        if mlp:
+        if mlp and family.mlp == "experts":
+            if not isinstance(getattr(block_mlp, "experts", None), nn.Module):
+                _fail(model, f"layer {i} has no mixture of experts")
+        elif mlp:
             if family.mlp == "gpt2":
                 needed, kind, act_attr = ("c_fc", "c_proj", "dropout"), "gpt2_mlp", "act"
             elif family.mlp == "gate_up":
@@ -411,7 +429,8 @@ def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss
     kept exact), the gated MLP as fused.glu (GPT-2's as fused.linear_act), the rotary application as fused.rope,
     the residual add + post-attention norm as fused.add_rms_norm where the decoder layer is pre-norm, and, in
     training with labels, the CausalLM loss as fused.linear_cross_entropy over the final hidden states (Gemma 2's
-    final logit softcap kept; the output's logits are None then). labels=None or eval: logits as before.
+    final logit softcap kept; a mixture of experts' load-balancing loss added with output_router_logits, as
+    transformers adds it; the output's logits are None then). labels=None or eval: logits as before.
     Parameters and state_dict keys are unchanged. Supported model types: FAMILIES; another model, or one whose
     modules are not where expected, raises ValueError and is left as it was."""
     config = getattr(model, "config", None)

@@ -41,6 +41,11 @@ def configs():
         "olmo3": lambda: t.Olmo3Config(**COMMON),
         "smollm3": lambda: t.SmolLM3Config(**COMMON),
         "ministral": lambda: t.MinistralConfig(**COMMON, head_dim=16),
+        # every token to every expert (weighted by the router): no discrete routing for rounding to flip
+        "mixtral": lambda: t.MixtralConfig(**COMMON, head_dim=16, num_local_experts=4, num_experts_per_tok=4),
+        "qwen3_moe": lambda: t.Qwen3MoeConfig(
+            **COMMON, head_dim=16, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=32
+        ),
         "gpt2": lambda: t.GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.1,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
@@ -58,6 +63,8 @@ EXPECTED_OPS = {
 }  # fmt: skip
 for name in ("gemma2", "gemma3_text", "olmo2", "olmo3"):  # no pre-norm decoder layer: no residual add + norm
     EXPECTED_OPS[name].discard("fused::add_rms_norm")
+for name in ("mixtral", "qwen3_moe"):  # the experts run transformers' own implementation
+    EXPECTED_OPS[name] -= {"fused::glu", "fused::glu_backward"}
 EXPECTED_OPS["gpt2"] = {"fused::norm_fwd", "fused::norm_backward", "fused::linear_act"}
 
 
@@ -70,6 +77,14 @@ def make_model(name, dtype=torch.float32, seed=0):
             if p.dim() == 1:
                 p.add_(torch.randn_like(p), alpha=0.3)
     return model.to(dtype).train()
+
+
+def float64_copy(model):
+    """A float64 copy (a mixture of experts runs its experts as transformers' loop: grouped_mm takes no float64)."""
+    ref = copy.deepcopy(model).double()
+    if getattr(ref.config, "_experts_implementation", None) is not None:
+        ref.config._experts_implementation = "eager"
+    return ref
 
 
 def batch(seed=0, b=2, s=12):
@@ -91,7 +106,7 @@ def loss_and_grads(model, ids, labels):
 @pytest.mark.parametrize("name", FAMILIES)
 def test_loss_and_gradients_accuracy(name, dtype):
     eager = make_model(name, dtype)
-    ref64 = copy.deepcopy(eager).double()
+    ref64 = float64_copy(eager)
     patched = fused.patch(copy.deepcopy(eager))
     ids, labels = batch()
     loss_e, grads_e = loss_and_grads(eager, ids, labels)
@@ -114,7 +129,7 @@ def test_eager_attention_with_as_many_kv_heads_as_heads(name):
     config = configs()[name]()
     config.num_key_value_heads = config.num_attention_heads
     eager = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager").train()
-    ref64 = copy.deepcopy(eager).double()
+    ref64 = float64_copy(eager)
     patched = fused.patch(copy.deepcopy(eager))
     ids, labels = batch()
     (loss_e, grads_e), (loss_p, grads_p) = loss_and_grads(eager, ids, labels), loss_and_grads(patched, ids, labels)
@@ -131,7 +146,7 @@ def test_bf16_loss_as_accurate_as_eager(name):
     samples = []
     for seed in range(SEEDS):
         eager = make_model(name, torch.bfloat16, seed=seed)
-        ref64 = copy.deepcopy(eager).double()
+        ref64 = float64_copy(eager)
         patched = fused.patch(copy.deepcopy(eager))
         ids, labels = batch(seed)
         with torch.no_grad():
@@ -184,7 +199,7 @@ def test_adapted_or_hooked_modules_are_called():
     the patched code calls such modules rather than reading their weights, and the loss falls back to
     transformers' own for an adapted head. The gradients match eager's."""
     eager = make_model("gpt2")
-    ref64 = copy.deepcopy(eager).double()
+    ref64 = float64_copy(eager)
     patched = fused.patch(copy.deepcopy(eager))
 
     def add_one(module, inputs, output):
@@ -302,6 +317,35 @@ def test_training_tracks_eager(name):
         runs.append(torch.tensor(losses))
     torch.testing.assert_close(runs[1], runs[0], rtol=2e-4, atol=0)
     assert runs[0][-5:].mean() < runs[0][:5].mean() - 0.1  # it learned: the comparison is not of flat curves
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_moe_load_balancing_loss_added(name):
+    """With output_router_logits (top-2 routing of 4 experts, float32: the routing agrees with float64's), the
+    loss includes the router's load-balancing loss as transformers adds it, and aux_loss and router_logits are
+    returned; every gradient, the router's too, as accurate as eager's."""
+    config = configs()[name]()
+    config.num_experts_per_tok = 2
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(config).train()
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    runs = []
+    for model in (patched, eager, ref64):
+        model.zero_grad(set_to_none=True)
+        out = model(input_ids=ids, labels=labels, output_router_logits=True)
+        out.loss.backward()
+        runs.append((out, {n: p.grad for n, p in model.named_parameters()}))
+    (out_p, grads_p), (out_e, grads_e), (out_r, grads_r) = runs
+    assert out_p.aux_loss is not None and len(out_p.router_logits) == config.num_hidden_layers
+    assert_accuracy(out_p.aux_loss.reshape(1), out_e.aux_loss.reshape(1), out_r.aux_loss.reshape(1))
+    assert_accuracy(out_p.loss.reshape(1), out_e.loss.reshape(1), out_r.loss.reshape(1))
+    for key in grads_e:
+        assert_accuracy(grads_p[key], grads_e[key], grads_r[key])
+    no_aux = patched(input_ids=ids, labels=labels).loss  # the same loss, rounded once more with the aux loss added
+    ulp = 2 * torch.finfo(torch.float32).eps * no_aux.abs().item()
+    torch.testing.assert_close(out_p.loss - no_aux, config.router_aux_loss_coef * out_p.aux_loss, rtol=0, atol=ulp)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
