@@ -50,7 +50,9 @@ FAMILIES = {
     "smollm3": Family("SmolLM3", "rms", "gated"),
     "ministral": Family("Ministral", "rms", "gated"),
     "mixtral": Family("Mixtral", "rms", "experts"),
+    "qwen2_moe": Family("Qwen2Moe", "rms", "experts"),
     "qwen3_moe": Family("Qwen3Moe", "rms", "experts"),
+    "olmoe": Family("Olmoe", "rms", "experts"),
     # GPT-2's block may carry cross-attention between its two norms; its norms, MLP and loss are patched.
     "gpt2": Family("GPT2", "layer", "gpt2", rope=False, add_norm=False),
 }

@@ -46,6 +46,10 @@ def configs():
         "qwen3_moe": lambda: t.Qwen3MoeConfig(
             **COMMON, head_dim=16, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=32
         ),
+        "qwen2_moe": lambda: t.Qwen2MoeConfig(
+            **COMMON, num_experts=4, num_experts_per_tok=4, moe_intermediate_size=32, shared_expert_intermediate_size=32
+        ),
+        "olmoe": lambda: t.OlmoeConfig(**COMMON, num_experts=4, num_experts_per_tok=4),
         "gpt2": lambda: t.GPT2Config(
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, initializer_range=0.1,
             resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=2,
@@ -63,7 +67,7 @@ EXPECTED_OPS = {
 }  # fmt: skip
 for name in ("gemma2", "gemma3_text", "olmo2", "olmo3"):  # no pre-norm decoder layer: no residual add + norm
     EXPECTED_OPS[name].discard("fused::add_rms_norm")
-for name in ("mixtral", "qwen3_moe"):  # the experts run transformers' own implementation
+for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):  # the experts run transformers' own implementation
     EXPECTED_OPS[name] -= {"fused::glu", "fused::glu_backward"}
 EXPECTED_OPS["gpt2"] = {"fused::norm_fwd", "fused::norm_backward", "fused::linear_act"}
 
@@ -319,7 +323,7 @@ def test_training_tracks_eager(name):
     assert runs[0][-5:].mean() < runs[0][:5].mean() - 0.1  # it learned: the comparison is not of flat curves
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "qwen3_moe", "olmoe"])
 def test_moe_load_balancing_loss_added(name):
     """With output_router_logits (top-2 routing of 4 experts, float32: the routing agrees with float64's), the
     loss includes the router's load-balancing loss as transformers adds it, and aux_loss and router_logits are
