@@ -325,7 +325,10 @@ def _rope_kind(apply: Callable):
         got = fused.rope(q, k, cos, sin)
         if not all(torch.allclose(a, b, rtol=1e-12, atol=1e-12) for a, b in zip(got, expected)):
             return None
-    dtypes = tuple(x.dtype for x in apply(q.float(), k.float(), *full))
+    try:
+        dtypes = tuple(x.dtype for x in apply(q.float(), k.float(), *full))
+    except (RuntimeError, ValueError, IndexError):
+        return None
     return {(torch.float64,) * 2: "promotes", (torch.float32,) * 2: "keeps"}.get(dtypes)
 
 
@@ -387,10 +390,9 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
             _fail(model, f"has {found} {kind} modules, expected at least {2 * len(layers) + 1}")
     for i, layer in enumerate(layers):
         block_mlp = getattr(layer, "mlp", None)
-        if mlp and family.mlp == "experts":
-            if not isinstance(getattr(block_mlp, "experts", None), nn.Module):
-                _fail(model, f"layer {i} has no mixture of experts")
-        elif mlp:
+        # a mixture of experts' layer keeps its experts; its dense layers (Qwen's mlp_only_layers) are gated MLPs
+        moe_layer = family.mlp == "experts" and isinstance(getattr(block_mlp, "experts", None), nn.Module)
+        if mlp and not moe_layer:
             if family.mlp == "gpt2":
                 needed, kind, act_attr = ("c_fc", "c_proj", "dropout"), "gpt2_mlp", "act"
             elif family.mlp == "gate_up":

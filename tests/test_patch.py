@@ -352,6 +352,27 @@ def test_moe_load_balancing_loss_added(name):
     torch.testing.assert_close(out_p.loss - no_aux, config.router_aux_loss_coef * out_p.aux_loss, rtol=0, atol=ulp)
 
 
+@pytest.mark.parametrize("name", ["qwen2_moe", "qwen3_moe"])
+def test_moe_dense_layers_get_the_fused_mlp(name):
+    """Qwen's mlp_only_layers: a dense gated MLP among the mixtures of experts is patched as the gated MLP is (glu
+    runs), the experts are left as they are; loss and gradients as accurate as eager's."""
+    config = configs()[name]()
+    config.mlp_only_layers = [1]
+    torch.manual_seed(0)
+    eager = transformers.AutoModelForCausalLM.from_config(config).train()
+    assert not hasattr(eager.model.layers[1].mlp, "experts") and hasattr(eager.model.layers[0].mlp, "experts")
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss_p, grads_p = loss_and_grads(patched, ids, labels)
+    assert {"fused::glu", "fused::glu_backward"} <= {event.name for event in prof.events()}
+    (loss_e, grads_e), (loss_r, grads_r) = loss_and_grads(eager, ids, labels), loss_and_grads(ref64, ids, labels)
+    assert_accuracy(loss_p.reshape(1), loss_e.reshape(1), loss_r.reshape(1))
+    for key in grads_e:
+        assert_accuracy(grads_p[key], grads_e[key], grads_r[key])
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_profile_shows_fused_ops(name):
     patched = fused.patch(make_model(name))
