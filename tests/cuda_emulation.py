@@ -67,7 +67,9 @@ def module():
         sources=sources,
         extra_cflags=flags,
         extra_include_paths=[os.path.join(ROOT, "csrc")],
-        extra_ldflags=["-Wl,-T," + os.path.join(ROOT, "tests", "emulation", "shared_memory.ld")],
+        # -Bsymbolic: the module's own CUDA runtime functions (cuda_host.cpp) win over libcudart's, which a CUDA
+        # build of torch has loaded already (its cudaLaunchKernel would ask a driver)
+        extra_ldflags=["-Wl,-T," + os.path.join(ROOT, "tests", "emulation", "shared_memory.ld"), "-Wl,-Bsymbolic"],
         build_directory=BUILD,
         verbose=False,
     )
