@@ -32,6 +32,7 @@ class Family:
     mlp: str
     rope: bool = True  # attention calls its module's apply_rotary_pos_emb
     add_norm: bool = True  # pre-norm decoder layer: residual add + post_attention_layernorm can fuse
+    logits_scaling: bool = False  # the CausalLM divides its logits by config.logits_scaling (Granite)
 
 
 FAMILIES = {
@@ -49,6 +50,8 @@ FAMILIES = {
     "olmo3": Family("Olmo3", "rms", "gated", add_norm=False),
     "smollm3": Family("SmolLM3", "rms", "gated"),
     "ministral": Family("Ministral", "rms", "gated"),
+    # Granite scales each residual branch (no plain add to fuse) and divides the logits by logits_scaling.
+    "granite": Family("Granite", "rms", "gated", add_norm=False, logits_scaling=True),
     "mixtral": Family("Mixtral", "rms", "experts"),
     "qwen2_moe": Family("Qwen2Moe", "rms", "experts"),
     "qwen3_moe": Family("Qwen3Moe", "rms", "experts"),
@@ -176,6 +179,8 @@ def _causal_lm_forward(self, **kwargs):
         kwargs["output_router_logits"] = self.config.output_router_logits
     outputs = getattr(self, self.base_model_prefix)(**kwargs, return_dict=True)
     hidden = outputs[0]
+    if FAMILIES[self.config.model_type].logits_scaling:  # (h W^T) / s as (h / s) W^T
+        hidden = hidden / self.config.logits_scaling
     ignore_index = loss_kwargs.get("ignore_index", -100)
     shift_labels = loss_kwargs.get("shift_labels")
     if shift_labels is None:  # as transformers' ForCausalLMLoss: position t predicts label t + 1

@@ -41,6 +41,9 @@ def configs():
         "olmo3": lambda: t.Olmo3Config(**COMMON),
         "smollm3": lambda: t.SmolLM3Config(**COMMON),
         "ministral": lambda: t.MinistralConfig(**COMMON, head_dim=16),
+        "granite": lambda: t.GraniteConfig(
+            **COMMON, logits_scaling=3.0, residual_multiplier=0.5, embedding_multiplier=2.0, attention_multiplier=0.2
+        ),
         # every token to every expert (weighted by the router): no discrete routing for rounding to flip
         "mixtral": lambda: t.MixtralConfig(**COMMON, head_dim=16, num_local_experts=4, num_experts_per_tok=4),
         "qwen3_moe": lambda: t.Qwen3MoeConfig(
@@ -65,7 +68,7 @@ EXPECTED_OPS = {
            "fused::rope_backward", "fused::add_rms_norm"}
     for name in FAMILIES
 }  # fmt: skip
-for name in ("gemma2", "gemma3_text", "olmo2", "olmo3"):  # no pre-norm decoder layer: no residual add + norm
+for name in ("gemma2", "gemma3_text", "olmo2", "olmo3", "granite"):  # no plain residual add before a norm
     EXPECTED_OPS[name].discard("fused::add_rms_norm")
 for name in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe"):  # the experts run transformers' own implementation
     EXPECTED_OPS[name] -= {"fused::glu", "fused::glu_backward"}
