@@ -102,21 +102,29 @@ def batch(seed=0, b=2, s=12):
     return ids, labels
 
 
-def loss_and_grads(model, ids, labels):
+def loss_and_grads(model, ids, labels, **inputs):
+    """The loss and the gradient of every trainable parameter (a LoRA model's frozen weights have none)."""
     model.zero_grad(set_to_none=True)
-    loss = model(input_ids=ids, labels=labels).loss
+    loss = model(input_ids=ids, labels=labels, **inputs).loss
     loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
 
 
-def assert_patched_as_accurate(eager, floor=None):
-    """fused.patch of a copy of eager: a float32 loss, and the loss and every gradient within assert_accuracy of
-    eager's against a float64 copy (floor: assert_accuracy's, for eager's dtype)."""
+def assert_patched_as_accurate(eager, floor=None, inputs=None, patched=None, prepare=None):
+    """fused.patch of a copy of eager (or `patched`, built from the same weights): a float32 loss, and the loss and
+    every gradient within assert_accuracy of eager's against a float64 copy (floor: assert_accuracy's, for eager's
+    dtype). inputs: the model's keyword arguments (batch()'s input_ids and labels by default); prepare(model) runs
+    on each of the three models first."""
     ref64 = float64_copy(eager)
-    patched = fused.patch(copy.deepcopy(eager))
+    patched = fused.patch(copy.deepcopy(eager)) if patched is None else patched
+    if prepare is not None:
+        for model in (patched, eager, ref64):
+            prepare(model)
     ids, labels = batch()
+    inputs = dict(input_ids=ids, labels=labels) if inputs is None else dict(inputs)
+    ids, labels = inputs.pop("input_ids"), inputs.pop("labels")
     (loss_p, grads_p), (loss_e, grads_e), (loss_r, grads_r) = (
-        loss_and_grads(model, ids, labels) for model in (patched, eager, ref64)
+        loss_and_grads(model, ids, labels, **inputs) for model in (patched, eager, ref64)
     )
     assert loss_p.dtype == loss_e.dtype == torch.float32
     assert_accuracy(loss_p.reshape(1), loss_e.reshape(1), loss_r.reshape(1), floor=floor)
@@ -457,6 +465,166 @@ def test_patching_twice_is_harmless(name):
     twice = fused.patch(fused.patch(model))
     ids, labels = batch()
     torch.testing.assert_close(twice(input_ids=ids, labels=labels).loss, once(input_ids=ids, labels=labels).loss)
+
+
+# ---- the workflows of a user: padding, generation with a cache, checkpointing, compile, LoRA, packing ----------------
+
+
+def padded_batch(side, fill=5, seed=0):
+    """Three sequences of 12, 8 and 5 tokens, right or left padded with token `fill` (attention_mask 0 there), labels
+    -100 at the padding and, left padded, at each first token (else the last pad position would predict it)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (3, 12), generator=g)
+    mask = torch.ones_like(ids)
+    for row, n in enumerate((12, 8, 5)):
+        mask[row, n:] = 0
+    if side == "left":
+        mask = mask.flip(-1)
+    ids = ids.masked_fill(mask == 0, fill)
+    labels = ids.masked_fill(mask == 0, -100)
+    if side == "left":
+        labels[torch.arange(3), (mask == 0).sum(-1)] = -100
+    return ids, mask, labels
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_padded_batch_loss_and_gradients(name, side, dtype):
+    """A padded batch (attention_mask, labels -100 at the padding): loss and every gradient as accurate as eager's
+    against float64, and other token ids at the padded positions change neither (nothing reads them)."""
+    eager = make_model(name, dtype)
+    ids, mask, labels = padded_batch(side)
+    floor = 4 * torch.finfo(dtype).eps
+    assert_patched_as_accurate(eager, floor, inputs=dict(input_ids=ids, attention_mask=mask, labels=labels))
+    patched = fused.patch(copy.deepcopy(eager))
+    loss_a, grads_a = loss_and_grads(patched, ids, labels, attention_mask=mask)
+    loss_b, grads_b = loss_and_grads(patched, padded_batch(side, fill=77)[0], labels, attention_mask=mask)
+    torch.testing.assert_close(loss_b, loss_a, rtol=1e-5, atol=0)  # a leak moves the loss by 1e-3 and more
+    for key in grads_a:
+        scale = grads_a[key].abs().max().item()
+        torch.testing.assert_close(grads_b[key], grads_a[key], rtol=0, atol=1e-4 * scale, msg=key)
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_left_padded_batch_generation_unchanged(name):
+    """Greedy generate() of a left-padded batch with its attention_mask: the patched model, like eager, picks the
+    float64 model's tokens, each of which leads the runner-up by far more than float32's error (checked), so that
+    no rounding can flip a pick on any CPU."""
+    eager = make_model(name).eval()
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, mask, _ = padded_batch("left", fill=0)
+    kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
+    want = ref64.generate(ids, output_scores=True, return_dict_in_generate=True, **kw)
+    for scores in want.scores:
+        top = scores.topk(2).values
+        assert (top[:, 0] - top[:, 1]).min() > 1e-3
+    assert torch.equal(eager.generate(ids, **kw), want.sequences)
+    assert torch.equal(patched.generate(ids, **kw), want.sequences)
+
+
+def cached_logits(model, ids, mask, steps):
+    """Prefill a left-padded batch into a DynamicCache, then feed `steps` given tokens one at a time with
+    past_key_values and use_cache (positions counted from the mask, as generate() does): each step's last logits,
+    stacked."""
+    position_ids = (mask.cumsum(-1) - 1).clamp_min(0)
+    cache = transformers.DynamicCache(config=model.config)
+    logits = []
+    with torch.no_grad():
+        for step in range(steps.shape[1] + 1):
+            out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, past_key_values=cache,
+                        use_cache=True)  # fmt: skip
+            logits.append(out.logits[:, -1].float())
+            if step < steps.shape[1]:
+                ids = steps[:, step : step + 1]
+                mask = torch.cat([mask, torch.ones_like(ids)], -1)
+                position_ids = position_ids[:, -1:] + 1
+    assert cache.get_seq_length() == mask.shape[1]
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["llama", "phi3", "gpt2"])
+def test_decoding_with_a_cache_as_accurate(name, dtype):
+    """Six decoding steps on past_key_values (the same tokens fed to every model): each step's logits as accurate as
+    eager's against the float64 model's, in float32 and bfloat16 (where greedy picks may part by rounding)."""
+    eager = make_model(name, dtype).eval()
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, mask, _ = padded_batch("left", fill=0)
+    steps = torch.randint(3, VOCAB, (3, 6), generator=torch.Generator().manual_seed(1))
+    got, eager_logits, want = (cached_logits(model, ids, mask, steps) for model in (patched, eager, ref64))
+    assert_accuracy(got, eager_logits, want, floor=4 * torch.finfo(dtype).eps)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_gradient_checkpointing(name, dtype):
+    """model.gradient_checkpointing_enable(), then a training step on a padded batch: loss and every gradient as
+    accurate as eager's with checkpointing; each model's first MLP runs twice (the recompute happened)."""
+    calls = {}
+
+    def prepare(model):
+        model.gradient_checkpointing_enable()
+        layer = (model.transformer.h if name == "gpt2" else model.model.layers)[0]
+        layer.mlp.register_forward_pre_hook(lambda *_: calls.update({id(model): calls.get(id(model), 0) + 1}))
+
+    ids, mask, labels = padded_batch("right")
+    inputs = dict(input_ids=ids, attention_mask=mask, labels=labels)
+    assert_patched_as_accurate(make_model(name, dtype), 4 * torch.finfo(dtype).eps, inputs=inputs, prepare=prepare)
+    assert list(calls.values()) == [2, 2, 2]
+
+
+def test_torch_compile_forward_and_backward():
+    """torch.compile of a patched model (graph breaks allowed): the compiled training step keeps fused's ops and its
+    loss and every gradient are as accurate as the uncompiled patched model's against float64."""
+    eager = make_model("llama")
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager))
+    compiled = torch.compile(patched)  # the same parameters as patched
+    ids, mask, labels = padded_batch("right")
+    loss_c, grads_c = loss_and_grads(compiled, ids, labels, attention_mask=mask)
+    grads_c = {key.removeprefix("_orig_mod."): grad.clone() for key, grad in grads_c.items()}
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        loss_and_grads(compiled, ids, labels, attention_mask=mask)
+    names = {event.name for event in prof.events()}
+    assert {"fused::rope", "fused::norm_fwd", "fused::glu", "fused::linear_cross_entropy_fwd"} <= names  # inner ops
+    (loss_p, grads_p), (loss_r, grads_r) = (
+        loss_and_grads(model, ids, labels, attention_mask=mask) for model in (patched, ref64)
+    )
+    assert_accuracy(loss_c.reshape(1), loss_p.reshape(1), loss_r.reshape(1))
+    assert grads_c.keys() == grads_p.keys()
+    for key in grads_p:
+        assert_accuracy(grads_c[key], grads_p[key], grads_r[key], what=key)
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_packed_sequences_with_position_ids(dtype):
+    """Packed sequences: explicit position_ids restarting at each sequence, no attention_mask, labels -100 at each
+    first token: loss and every gradient as accurate as eager's."""
+    ids, _ = batch(3)
+    position_ids = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4]])
+    labels = ids.masked_fill(position_ids == 0, -100)
+    inputs = dict(input_ids=ids, position_ids=position_ids, labels=labels)
+    assert_patched_as_accurate(make_model("llama", dtype), 4 * torch.finfo(dtype).eps, inputs=inputs)
+
+
+def test_eval_train_switches_and_a_cast_after_patching():
+    """model.eval() / .train() after patching pick the logits / fused-loss paths; model.to(torch.bfloat16) after
+    patching trains as accurately as the unpatched model cast likewise."""
+    eager = make_model("gemma")
+    patched = fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    with torch.no_grad():
+        patched.eval(), eager.eval()
+        out_p, out_e = patched(input_ids=ids, labels=labels), eager(input_ids=ids, labels=labels)
+        torch.testing.assert_close(out_p.logits, out_e.logits, rtol=1e-5, atol=1e-5)
+        patched.train()
+        assert patched(input_ids=ids, labels=labels).logits is None  # the fused loss again
+    patched.to(torch.bfloat16)
+    assert_patched_as_accurate(eager.train().to(torch.bfloat16), 4 * torch.finfo(torch.bfloat16).eps, patched=patched)
 
 
 # ---- FSDP2: a patched Llama, fully_shard per decoder layer, 2 gloo processes --------------------------------------
