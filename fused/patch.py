@@ -441,7 +441,11 @@ def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss
     final logit softcap kept; a mixture of experts' load-balancing loss added with output_router_logits, as
     transformers adds it; the output's logits are None then). labels=None or eval: logits as before.
     Parameters and state_dict keys are unchanged. Supported model types: FAMILIES; another model, or one whose
-    modules are not where expected, raises ValueError and is left as it was."""
+    modules are not where expected, raises ValueError and is left as it was. A PEFT model (get_peft_model's) is
+    patched through the transformers model it wraps, whose adapted modules are called as they are."""
+    if type(model).__module__.startswith("peft.") and callable(getattr(model, "get_base_model", None)):
+        patch(model.get_base_model(), rope=rope, norm=norm, mlp=mlp, loss=loss)
+        return model
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     family = FAMILIES.get(model_type)

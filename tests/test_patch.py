@@ -600,6 +600,31 @@ def test_torch_compile_forward_and_backward():
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("lm_head", [False, True], ids=["lora", "lora_lm_head"])
+def test_lora_on_a_patched_model_and_a_lora_model_patched(lm_head):
+    """PEFT's LoRA (on attention, MLP and, with lm_head, the output embedding) added to a patched model, and
+    fused.patch of a model that has LoRA already (the PeftModel itself): the patched modules call the adapted
+    projections; the loss and every trainable (LoRA) gradient as accurate as the unpatched LoRA model's."""
+    peft = pytest.importorskip("peft")
+    targets = ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj"] + (["lm_head"] if lm_head else [])
+
+    def lora(model):
+        torch.manual_seed(1)  # the same adapter weights for every model; B != 0, so the adapters count
+        config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets, init_lora_weights=False,
+                                 task_type="CAUSAL_LM")  # fmt: skip
+        return peft.get_peft_model(model, config)
+
+    base = make_model("llama")
+    eager = lora(copy.deepcopy(base))
+    patched = lora(fused.patch(copy.deepcopy(base)))
+    assert len(swapped(patched)) == len(swapped(fused.patch(copy.deepcopy(base))))
+    ids, mask, labels = padded_batch("right")
+    inputs = dict(input_ids=ids, attention_mask=mask, labels=labels)
+    assert_patched_as_accurate(eager, inputs=inputs, patched=patched)
+    assert fused.patch(eager) is eager and len(swapped(eager)) == len(swapped(patched))
+    assert_patched_as_accurate(lora(copy.deepcopy(base)), inputs=inputs, patched=eager)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_packed_sequences_with_position_ids(dtype):
     """Packed sequences: explicit position_ids restarting at each sequence, no attention_mask, labels -100 at each
