@@ -112,11 +112,14 @@ def _gate_up_mlp_forward(self, x):
 
 def _plain(module, cls_name: str) -> bool:
     """Whether module is exactly torch's / transformers' `cls_name` with no hooks: its weight alone says what it
-    computes. An adapter (PEFT's LoRA replaces the layer by its own) or a hook makes the patched code call it."""
+    computes. An adapter (PEFT's LoRA replaces the layer by its own) or a hook makes the patched code call it, as
+    does a forward wrapped on the instance (accelerate's device-map and offload hooks, which bring the weight to
+    the input's device, from meta where it is offloaded, only when the module is called)."""
     cls = type(module)
     return (
         cls.__name__ == cls_name
         and cls.__module__.startswith(("torch.nn.", "transformers."))
+        and "forward" not in vars(module)
         and not module._forward_hooks
         and not module._forward_pre_hooks
         and not nn.modules.module._global_forward_hooks
@@ -454,6 +457,8 @@ def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss
     for module, new_cls, attrs in _plan(model, family, rope, norm, mlp, loss):
         if not getattr(type(module), "_fused_patched", False) and type(module) is not fused.nn.FusedLayerNorm:
             module.__class__ = new_cls
+            if "_old_forward" in vars(module):  # accelerate's hook on the instance calls the forward it wrapped
+                module._old_forward = types.MethodType(new_cls.forward, module)
         for key, value in attrs.items():
             setattr(module, key, value)
     return model

@@ -625,6 +625,30 @@ def test_lora_on_a_patched_model_and_a_lora_model_patched(lm_head):
     assert_patched_as_accurate(lora(copy.deepcopy(base)), inputs=inputs, patched=eager)
 
 
+@pytest.mark.parametrize("patch_first", [True, False], ids=["patch_then_offload", "offload_then_patch"])
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_accelerate_offload_hooks(name, patch_first):
+    """accelerate's cpu_offload, as from_pretrained(device_map=...) offloads layers: each weight on meta until its
+    module's hook brings it in, the hook wrapping the forward on each instance. Patched before or after the hooks,
+    the patched forwards run (fused's ops in the profile), hooked modules are called rather than read, and the
+    training loss with labels is as accurate as the unpatched model's against float64."""
+    accelerate = pytest.importorskip("accelerate")
+    eager = make_model(name)
+    ref64 = float64_copy(eager)
+    patched = fused.patch(copy.deepcopy(eager)) if patch_first else copy.deepcopy(eager)
+    accelerate.cpu_offload(patched, execution_device=torch.device("cpu"))
+    if not patch_first:
+        fused.patch(patched)
+    ids, mask, labels = padded_batch("right")
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        losses = [m(input_ids=ids, attention_mask=mask, labels=labels).loss.reshape(1) for m in (patched, eager, ref64)]
+    names = {event.name for event in prof.events()}
+    gpt2_ops, llama_ops = {"fused::layer_norm", "fused::bias_act"}, {"fused::rope", "fused::add_rms_norm", "fused::glu"}
+    expected = gpt2_ops if name == "gpt2" else llama_ops
+    assert expected <= names, f"missing {sorted(expected - names)}"
+    assert_accuracy(*losses)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_packed_sequences_with_position_ids(dtype):
     """Packed sequences: explicit position_ids restarting at each sequence, no attention_mask, labels -100 at each
