@@ -436,6 +436,18 @@ def _plan(model, family: Family, rope: bool, norm: bool, mlp: bool, loss: bool) 
     return plan
 
 
+def _wrapped(model):
+    """The model inside a wrapper that forwards attribute reads to it (so its config reads as the model's, but its
+    forward and class are the wrapper's): a PEFT model's transformers model, torch.compile's original module; None
+    for anything else."""
+    cls = type(model)
+    if cls.__module__.startswith("peft.") and callable(getattr(model, "get_base_model", None)):
+        return model.get_base_model()
+    if cls.__name__ == "OptimizedModule" and cls.__module__.startswith("torch._dynamo."):
+        return model._orig_mod  # compile traces at the first call, and traces again after a patch (class guards)
+    return None
+
+
 def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss: bool = True):
     """Put fused into a built transformers model, in place, and return it: RMSNorm / LayerNorm (Gemma's 1 + weight
     kept exact), the gated MLP as fused.glu (GPT-2's as fused.linear_act), the rotary application as fused.rope,
@@ -444,10 +456,12 @@ def patch(model, *, rope: bool = True, norm: bool = True, mlp: bool = True, loss
     final logit softcap kept; a mixture of experts' load-balancing loss added with output_router_logits, as
     transformers adds it; the output's logits are None then). labels=None or eval: logits as before.
     Parameters and state_dict keys are unchanged. Supported model types: FAMILIES; another model, or one whose
-    modules are not where expected, raises ValueError and is left as it was. A PEFT model (get_peft_model's) is
-    patched through the transformers model it wraps, whose adapted modules are called as they are."""
-    if type(model).__module__.startswith("peft.") and callable(getattr(model, "get_base_model", None)):
-        patch(model.get_base_model(), rope=rope, norm=norm, mlp=mlp, loss=loss)
+    modules are not where expected, raises ValueError and is left as it was. A PEFT model (get_peft_model's) or a
+    torch.compile'd model is patched through the transformers model it wraps (LoRA's adapted modules are called as
+    they are) and returned."""
+    inner = _wrapped(model)
+    if inner is not None:
+        patch(inner, rope=rope, norm=norm, mlp=mlp, loss=loss)
         return model
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)

@@ -576,13 +576,20 @@ def test_gradient_checkpointing(name, dtype):
     assert list(calls.values()) == [2, 2, 2]
 
 
-def test_torch_compile_forward_and_backward():
-    """torch.compile of a patched model (graph breaks allowed): the compiled training step keeps fused's ops and its
-    loss and every gradient are as accurate as the uncompiled patched model's against float64."""
+@pytest.mark.parametrize("compile_first", [False, True], ids=["patch_then_compile", "compile_then_patch"])
+def test_torch_compile_forward_and_backward(compile_first):
+    """torch.compile of a patched model (graph breaks allowed), or fused.patch of a compiled one (which patches the
+    model it wraps): the compiled training step keeps fused's ops and its loss and every gradient are as accurate
+    as the uncompiled patched model's against float64."""
     eager = make_model("llama")
     ref64 = float64_copy(eager)
-    patched = fused.patch(copy.deepcopy(eager))
-    compiled = torch.compile(patched)  # the same parameters as patched
+    if compile_first:
+        patched = copy.deepcopy(eager)
+        compiled = torch.compile(patched)
+        assert fused.patch(compiled) is compiled and swapped(patched)
+    else:
+        patched = fused.patch(copy.deepcopy(eager))
+        compiled = torch.compile(patched)  # the same parameters as patched
     ids, mask, labels = padded_batch("right")
     loss_c, grads_c = loss_and_grads(compiled, ids, labels, attention_mask=mask)
     grads_c = {key.removeprefix("_orig_mod."): grad.clone() for key, grad in grads_c.items()}
