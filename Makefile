@@ -13,8 +13,10 @@ setup:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
 	@$(PYTHON) -c "import triton, pytest, hypothesis, matplotlib, numpy, ninja, rich, wheel" \
 		2>/dev/null || $(PIP) triton pytest hypothesis matplotlib numpy ninja rich wheel
-	@# fused.patch's tests (tests/test_patch.py); transformers depends on torch without pulling another one.
-	@$(PYTHON) -c "import transformers" 2>/dev/null || $(PIP) "transformers>=5.24,<6"
+	@# fused.patch's tests (tests/test_patch.py: with PEFT's LoRA and accelerate's offload hooks too); these
+	@# depend on torch without pulling another one.
+	@$(PYTHON) -c "import transformers, peft, accelerate" 2>/dev/null || \
+		$(PIP) "transformers>=5.24,<6" "peft>=0.21,<1" "accelerate>=1.15,<2"
 	@# The formatters pinned: another version formats differently and would fail make lint on unchanged code.
 	@$(PYTHON) -c "from importlib.metadata import version as v; assert (v('ruff'), v('clang-format')) == \
 		('$(RUFF_VERSION)', '$(CLANG_FORMAT_VERSION)')" 2>/dev/null || \
