@@ -196,7 +196,7 @@ def chart(results, path, title):
     ax.invert_yaxis()
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # long case names stay whole
     return True
 
 
