@@ -142,7 +142,16 @@ def _encode_rows(rows, dtype, first=0, dither_key=None):
 
 
 def decode(codes, scales):
-    """The float32 values of codes and scales, shaped (and strided) like codes."""
+    """The float32 values of codes and scales, shaped (and strided) like codes (a DTensor for DTensor codes: each
+    rank decodes its shard with its own scales)."""
+    from fused.optim.functional import _dtensor_type
+
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(codes, dtensor):
+        values = decode(codes.to_local(), local_scales(codes, scales))
+        return dtensor.from_local(
+            values, codes.device_mesh, codes.placements, run_check=False, shape=codes.shape, stride=codes.stride()
+        )
     c = _flat(codes).float()
     s = scales.repeat_interleave(BLOCK)[: codes.numel()]
     if codes.dtype == torch.int8:
@@ -158,7 +167,8 @@ def decode(codes, scales):
 def dequantize_state(state_dict):
     """A state dict of fused.optim.Adam/AdamW with low-bit state (int8 or bf16) as a plain fp32 one, as
     torch.optim.Adam/AdamW saves it: 8-bit moments decoded (their "<key>_scale" entries dropped), bf16 moments
-    widened; everything else as it was. The argument is not modified."""
+    widened (DTensors stay DTensors: FSDP2 state decodes shard by shard); everything else as it was. The
+    argument is not modified."""
     state = {}
     for pid, entries in state_dict["state"].items():
         entries = dict(entries)
