@@ -654,11 +654,6 @@ class Adam(_FusedOptimizer):
                 state[key + "_scale"] = quantize.scales_like(state[key])
                 scales = quantize.local_scales(state[key], state[key + "_scale"])
                 quantize.encode_(local(state[key]), scales, local(value).float())
-            elif kind == "int8":  # scales saved as a plain tensor (one rank's) beside sharded codes: as scales_like
-                scales = state[key + "_scale"]
-                if type(scales) is not type(value):
-                    state[key + "_scale"] = quantize.scales_like(value)
-                    quantize.local_scales(value, state[key + "_scale"]).copy_(local(scales))
             elif kind != "int8" and quantized:
                 plain = quantize.decode(local(value), quantize.local_scales(value, state.pop(key + "_scale")))
                 state[key] = plain.to(kind or self._plain_state_dtype(p))
