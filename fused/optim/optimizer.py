@@ -595,7 +595,7 @@ class Adam(_FusedOptimizer):
         state, kind = self.state[p], self._state_kind(p)
         if kind == "int8":
             state[key] = torch.zeros_like(p, dtype=quantize.CODES[key], memory_format=torch.preserve_format)
-            state[key + "_scale"] = quantize.zero_scales(local(state[key]))
+            state[key + "_scale"] = quantize.scales_like(state[key])
         elif kind is not None:
             state[key] = torch.zeros_like(p, dtype=kind, memory_format=torch.preserve_format)
         else:
@@ -628,8 +628,12 @@ class Adam(_FusedOptimizer):
             empty = torch.empty(0, device=local(params[0]).device)
             for key in MOMENTS:
                 if key in self.state[params[0]]:
-                    scales = [self.state[p].get(key + "_scale", empty) for p in params]
-                    options[key + "_scales"] = [local(s) for s in scales]
+                    options[key + "_scales"] = [
+                        quantize.local_scales(self.state[p][key], self.state[p][key + "_scale"])
+                        if key + "_scale" in self.state[p]
+                        else empty
+                        for p in params
+                    ]
         if torch.bfloat16 in kinds or "int8" in kinds:  # bf16 moments and exp_avg_sq's codes round stochastically
             options["state_seed"] = self._fresh_seed()
         return options
@@ -647,10 +651,11 @@ class Adam(_FusedOptimizer):
             quantized = value.dtype in (torch.int8, torch.uint8)
             if kind == "int8" and not quantized:
                 state[key] = torch.empty_like(p, dtype=quantize.CODES[key], memory_format=torch.preserve_format)
-                state[key + "_scale"] = quantize.zero_scales(local(state[key]))
-                quantize.encode_(local(state[key]), local(state[key + "_scale"]), local(value).float())
+                state[key + "_scale"] = quantize.scales_like(state[key])
+                scales = quantize.local_scales(state[key], state[key + "_scale"])
+                quantize.encode_(local(state[key]), scales, local(value).float())
             elif kind != "int8" and quantized:
-                plain = quantize.decode(local(value), local(state.pop(key + "_scale")))
+                plain = quantize.decode(local(value), quantize.local_scales(value, state.pop(key + "_scale")))
                 state[key] = plain.to(kind or self._plain_state_dtype(p))
             elif kind == torch.bfloat16:
                 state[key] = value.to(torch.bfloat16)

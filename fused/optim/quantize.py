@@ -8,6 +8,8 @@ Blocks of BLOCK elements in the tensor's memory order, one float32 scale each:
 Codes round to nearest here; the step rounds exp_avg_sq's codes stochastically, which encode_ also writes when
 given the tensor's dither key (csrc/optim/quantize_cpu.h's dithered_code, rounding_keys.h's dither_word)."""
 
+import math
+
 import torch
 
 BLOCK = 256
@@ -24,6 +26,43 @@ def _flat(t):
 def zero_scales(codes):
     """The scales of a code tensor, all zero (codes 0 and scale 0 decode to 0)."""
     return torch.zeros(-(-codes.numel() // BLOCK), dtype=torch.float32, device=codes.device)
+
+
+def scales_like(codes):
+    """The zero scales of a code tensor. For codes that are a DTensor (the moments of an FSDP2 parameter) each rank
+    quantizes its own shard, so the scales are a DTensor too, sharded on the same mesh dimensions: each rank holds
+    the scales of its shard, padded to the block count of the largest shard, so that every rank holds the same
+    number and torch.distributed.checkpoint saves and restores each rank's scales (a plain tensor there would count
+    as replicated: one rank's scales saved, loaded on every rank). local_scales gives the unpadded local ones."""
+    from fused.optim.functional import _dtensor_type
+
+    dtensor = _dtensor_type()
+    if dtensor is None or not isinstance(codes, dtensor):
+        return zero_scales(codes)
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh, shape, ranks = codes.device_mesh, list(codes.shape), 1
+    placements = []
+    for dim, placement in enumerate(codes.placements):
+        if placement.is_shard():  # torch.chunk's layout: the first shard is the largest
+            shape[placement.dim] = -(-shape[placement.dim] // mesh.size(dim))
+            ranks *= mesh.size(dim)
+            placements.append(Shard(0))
+        else:
+            placements.append(Replicate())
+    blocks = -(-math.prod(shape) // BLOCK)
+    padded = torch.zeros(blocks, dtype=torch.float32, device=codes.to_local().device)
+    return dtensor.from_local(
+        padded, mesh, placements, run_check=False, shape=torch.Size([blocks * ranks]), stride=(1,)
+    )
+
+
+def local_scales(codes, scales):
+    """The scales of this rank's codes (the kernels' [ceil(numel / 256)]): scales itself for plain codes."""
+    if type(scales) in (torch.Tensor, torch.nn.Parameter):
+        return scales
+    codes = codes.to_local() if hasattr(codes, "to_local") else codes
+    return scales.to_local()[: -(-codes.numel() // BLOCK)]
 
 
 def _sqrt(x):
@@ -103,7 +142,16 @@ def _encode_rows(rows, dtype, first=0, dither_key=None):
 
 
 def decode(codes, scales):
-    """The float32 values of codes and scales, shaped (and strided) like codes."""
+    """The float32 values of codes and scales, shaped (and strided) like codes (a DTensor for DTensor codes: each
+    rank decodes its shard with its own scales)."""
+    from fused.optim.functional import _dtensor_type
+
+    dtensor = _dtensor_type()
+    if dtensor is not None and isinstance(codes, dtensor):
+        values = decode(codes.to_local(), local_scales(codes, scales))
+        return dtensor.from_local(
+            values, codes.device_mesh, codes.placements, run_check=False, shape=codes.shape, stride=codes.stride()
+        )
     c = _flat(codes).float()
     s = scales.repeat_interleave(BLOCK)[: codes.numel()]
     if codes.dtype == torch.int8:
@@ -119,7 +167,8 @@ def decode(codes, scales):
 def dequantize_state(state_dict):
     """A state dict of fused.optim.Adam/AdamW with low-bit state (int8 or bf16) as a plain fp32 one, as
     torch.optim.Adam/AdamW saves it: 8-bit moments decoded (their "<key>_scale" entries dropped), bf16 moments
-    widened; everything else as it was. The argument is not modified."""
+    widened (DTensors stay DTensors: FSDP2 state decodes shard by shard); everything else as it was. The
+    argument is not modified."""
     state = {}
     for pid, entries in state_dict["state"].items():
         entries = dict(entries)
