@@ -211,6 +211,38 @@ def test_distillation_16bit_gemm_paths(monkeypatch, upcast):
     check_accuracy(ours, eager, [x, w, b], [h.make((2, 9), seed=7, low=-2, high=2)])
 
 
+@pytest.mark.parametrize("native_16bit_gemm", [False, True])
+@pytest.mark.parametrize("divergence", DIVERGENCES)
+def test_distillation_teacher_and_student_in_different_dtypes(monkeypatch, native_16bit_gemm, divergence):
+    """A bf16 student with a float32 teacher and the reverse, through both ways the CPU runs 16-bit chunks (bf16
+    logits, as on a GPU, or float32). Heads of the identity, so each head's logits are its input exactly: eager
+    (the reference on each head's own logits) then errs only by float32's rounding, and a float32 teacher rounded
+    to bf16 to meet the student's logits (errors 1e3x that) shows. Loss and gradients within eager's x2."""
+    monkeypatch.setattr(chunked, "gemm_dtype", lambda t: t.dtype if native_16bit_gemm else torch.float32)
+    for student, teacher in ((torch.bfloat16, torch.float32), (torch.float32, torch.bfloat16)):
+        x = h.make((2, 9, V), student, seed=1, requires_grad=True)
+        w = torch.eye(V, dtype=student, requires_grad=True)
+        xt, wt = h.make((2, 9, V), teacher, seed=2), torch.eye(V, dtype=teacher)
+        tgt = targets((2, 9))
+        kw = dict(divergence=divergence, beta=0.3, temperature=2.0, reduction="none")
+
+        def ours(x, w):
+            return fused.linear_distillation_loss(x, w, xt, wt, tgt, **kw)
+
+        def eager(x, w):
+            return ref.linear_distillation_loss(x, w, xt, wt, tgt, **kw)
+
+        upstream = [h.make((2, 9), seed=7, low=-2, high=2)]
+        check_accuracy(ours, eager, [x, w], upstream)
+        mean = dict(kw, reduction="mean")  # gradients computed in forward
+        check_accuracy(
+            lambda x, w: fused.linear_distillation_loss(x, w, xt, wt, tgt, **mean),
+            lambda x, w: ref.linear_distillation_loss(x, w, xt, wt, tgt, **mean),
+            [x, w],
+            [torch.ones(())],
+        )
+
+
 @pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
 def test_jsd_beta(beta):
     x, w, b = head((12,), 8)

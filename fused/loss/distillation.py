@@ -87,17 +87,27 @@ def _chunks(si, sw, ti, tw, target, sb, tb, options, scale, grads):
     need_grad = any(grads)
 
     def rows(logits, r0, r1, teacher):
-        teacher = teacher.to(logits.dtype)  # (a teacher in another dtype: its chunk's logits, converted)
-        return (
-            torch.ops.fused.distillation_rows(
-                logits,
-                teacher,
-                None if target is None else target[r0:r1],
-                scale if scale.dim() == 0 else scale[r0:r1],
-                logits if need_grad else logits.new_empty(0),
-                *options,
-            ),
+        # The row kernel takes both heads' logits in one dtype. Heads of different dtypes meet in the wider of the
+        # two (at most the math dtype), so neither head's logits are rounded: eager takes each as it comes, and a
+        # float32 teacher rounded to a bf16 student's logits would put bf16's error into p_T. A 16-bit student's
+        # chunk is then upcast (one float32 chunk more) and its gradient rounded back once, as the kernel's own
+        # 16-bit write rounds it.
+        work = logits
+        if teacher.dtype != logits.dtype:
+            wide = torch.promote_types(logits.dtype, teacher.dtype)
+            work = logits.to(math_dtype(logits) if wide == torch.float64 else wide)
+            teacher = teacher.to(work.dtype)
+        loss = torch.ops.fused.distillation_rows(
+            work,
+            teacher,
+            None if target is None else target[r0:r1],
+            scale if scale.dim() == 0 else scale[r0:r1],
+            work if need_grad else work.new_empty(0),
+            *options,
         )
+        if need_grad and work is not logits:
+            logits.copy_(work)
+        return (loss,)
 
     return chunked.linear_chunks(si, sw, sb, rows, 1, grads, teacher=(ti, tw, tb))
 
