@@ -163,6 +163,40 @@ def test_grpo_clipped_surrogate_matches_eager():
         h.assert_close(g, e)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_policy_gradient_with_tied_embedding_and_sliced_hidden(dtype):
+    """TRL's GRPO / PPO shape of use: the log-probs of a completion from hidden[:, :-1] (a non-contiguous slice of
+    the model's [batch, seq, hidden] output), padding as ignore_index, temperature, entropy, a head tied to the input
+    embedding (its gradient sums both uses) with a bias; the loss sum(adv * exp(logp - logp.detach()) * mask) plus
+    an entropy bonus. Loss and the gradients of embedding and bias within eager's error x2 of float64."""
+    ids = torch.randint(0, V, (3, 10), generator=torch.Generator().manual_seed(3))
+    target = ids[:, 1:].clone()
+    target[0, 5:] = -100
+    mask = target != -100
+    mix = h.make((16, 16), dtype, seed=4, low=-0.5, high=0.5)
+    adv = h.make((3, 1), seed=5, low=-1, high=1)
+    emb = h.make((V, 16), dtype, seed=6, low=-1, high=1, requires_grad=True)
+    bias = h.make((V,), dtype, seed=7, low=-1, high=1, requires_grad=True)
+
+    def step(log_probs):
+        def loss(emb, bias):
+            hidden = torch.tanh(emb[ids] @ mix.to(emb.dtype)) * 3  # [batch, seq + 1, hidden]
+            logp, entropy = log_probs(hidden[:, :-1], emb, target, bias)
+            pg = (adv * torch.exp(logp - logp.detach()) * mask).sum()
+            return pg + 0.01 * (entropy * mask).sum()
+
+        return loss
+
+    def ours(x, w, t, b):
+        assert not x.is_contiguous()
+        return fused.linear_log_probs(x, w, t, linear_bias=b, temperature=0.7, return_entropy=True)
+
+    def eager(x, w, t, b):
+        return ref.linear_log_probs(x, w, t, b, temperature=0.7, return_entropy=True)
+
+    check_accuracy(step(ours), step(eager), [emb, bias], [torch.ones(())])
+
+
 # ---- linear_distillation_loss ----
 @pytest.mark.parametrize("dtype", h.FLOAT_DTYPES)
 @pytest.mark.parametrize("divergence", ["forward_kl", "reverse_kl", "jsd"])
