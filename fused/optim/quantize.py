@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from fused.optim.functional import local
+
 BLOCK = 256
 MIN_NUMEL = 4096  # smaller tensors keep fp32 state: their scales and codes would save little
 CODES = {"exp_avg": torch.int8, "exp_avg_sq": torch.uint8, "max_exp_avg_sq": torch.uint8}
@@ -25,7 +27,12 @@ def _flat(t):
 
 def zero_scales(codes):
     """The scales of a code tensor, all zero (codes 0 and scale 0 decode to 0)."""
-    return torch.zeros(-(-codes.numel() // BLOCK), dtype=torch.float32, device=codes.device)
+    return torch.zeros(block_count(codes.numel()), dtype=torch.float32, device=codes.device)
+
+
+def block_count(numel):
+    """The scales of numel coded values: one per block of BLOCK, the last one partial."""
+    return -(-numel // BLOCK)
 
 
 def scales_like(codes):
@@ -34,12 +41,9 @@ def scales_like(codes):
     the scales of its shard, padded to the block count of the largest shard, so that every rank holds the same
     number and torch.distributed.checkpoint saves and restores each rank's scales (a plain tensor there would count
     as replicated: one rank's scales saved, loaded on every rank). local_scales gives the unpadded local ones."""
-    from fused.optim.functional import _dtensor_type
-
-    dtensor = _dtensor_type()
-    if dtensor is None or not isinstance(codes, dtensor):
+    if local(codes) is codes:
         return zero_scales(codes)
-    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor import DTensor, Replicate, Shard
 
     mesh, shape, ranks = codes.device_mesh, list(codes.shape), 1
     placements = []
@@ -50,19 +54,17 @@ def scales_like(codes):
             placements.append(Shard(0))
         else:
             placements.append(Replicate())
-    blocks = -(-math.prod(shape) // BLOCK)
-    padded = torch.zeros(blocks, dtype=torch.float32, device=codes.to_local().device)
-    return dtensor.from_local(
+    blocks = block_count(math.prod(shape))
+    padded = torch.zeros(blocks, dtype=torch.float32, device=local(codes).device)
+    return DTensor.from_local(
         padded, mesh, placements, run_check=False, shape=torch.Size([blocks * ranks]), stride=(1,)
     )
 
 
 def local_scales(codes, scales):
     """The scales of this rank's codes (the kernels' [ceil(numel / 256)]): scales itself for plain codes."""
-    if type(scales) in (torch.Tensor, torch.nn.Parameter):
-        return scales
-    codes = codes.to_local() if hasattr(codes, "to_local") else codes
-    return scales.to_local()[: -(-codes.numel() // BLOCK)]
+    shard = local(scales)
+    return scales if shard is scales else shard[: block_count(local(codes).numel())]
 
 
 def _sqrt(x):
@@ -144,12 +146,11 @@ def _encode_rows(rows, dtype, first=0, dither_key=None):
 def decode(codes, scales):
     """The float32 values of codes and scales, shaped (and strided) like codes (a DTensor for DTensor codes: each
     rank decodes its shard with its own scales)."""
-    from fused.optim.functional import _dtensor_type
+    if local(codes) is not codes:
+        from torch.distributed.tensor import DTensor
 
-    dtensor = _dtensor_type()
-    if dtensor is not None and isinstance(codes, dtensor):
-        values = decode(codes.to_local(), local_scales(codes, scales))
-        return dtensor.from_local(
+        values = decode(local(codes), local_scales(codes, scales))
+        return DTensor.from_local(
             values, codes.device_mesh, codes.placements, run_check=False, shape=codes.shape, stride=codes.stride()
         )
     c = _flat(codes).float()
