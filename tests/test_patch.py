@@ -267,13 +267,25 @@ def test_other_heads_and_subclasses_need_loss_false():
     assert swapped(fused.patch(model, loss=False))
 
 
+def assert_greedy_tokens_of_float64(eager, patched, ids, **kw):
+    """Greedy generate() of eager and patched both pick the float64 model's tokens, each of which leads the
+    runner-up by far more than float32's error (checked: over 1e-4, where these models' float32 logits are within
+    3e-6 of float64's), so that no rounding can flip a pick on any CPU."""
+    want = float64_copy(eager).generate(ids, output_scores=True, return_dict_in_generate=True, **kw)
+    for scores in want.scores:
+        top = scores.topk(2).values
+        assert (top[:, 0] - top[:, 1]).min() > 1e-4
+    assert torch.equal(eager.generate(ids, **kw), want.sequences)
+    assert torch.equal(patched.generate(ids, **kw), want.sequences)
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_greedy_generation_unchanged(name):
     eager = make_model(name).eval()
     patched = fused.patch(copy.deepcopy(eager)).eval()
     ids, _ = batch(1, b=2, s=5)
     kw = dict(max_new_tokens=20, min_new_tokens=20, do_sample=False, pad_token_id=0)
-    assert torch.equal(patched.generate(ids, **kw), eager.generate(ids, **kw))
+    assert_greedy_tokens_of_float64(eager, patched, ids, **kw)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -509,19 +521,12 @@ def test_padded_batch_loss_and_gradients(name, side, dtype):
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
 def test_left_padded_batch_generation_unchanged(name):
     """Greedy generate() of a left-padded batch with its attention_mask: the patched model, like eager, picks the
-    float64 model's tokens, each of which leads the runner-up by far more than float32's error (checked), so that
-    no rounding can flip a pick on any CPU."""
+    float64 model's tokens (assert_greedy_tokens_of_float64)."""
     eager = make_model(name).eval()
-    ref64 = float64_copy(eager)
     patched = fused.patch(copy.deepcopy(eager))
     ids, mask, _ = padded_batch("left", fill=0)
     kw = dict(attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False, pad_token_id=0)
-    want = ref64.generate(ids, output_scores=True, return_dict_in_generate=True, **kw)
-    for scores in want.scores:
-        top = scores.topk(2).values
-        assert (top[:, 0] - top[:, 1]).min() > 1e-3
-    assert torch.equal(eager.generate(ids, **kw), want.sequences)
-    assert torch.equal(patched.generate(ids, **kw), want.sequences)
+    assert_greedy_tokens_of_float64(eager, patched, ids, **kw)
 
 
 def cached_logits(model, ids, mask, steps):
