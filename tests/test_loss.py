@@ -265,6 +265,23 @@ def test_all_targets_ignored(ignore_index):
             assert torch.equal(a, e) and not a.any()
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.2])
+def test_zero_class_weight_sum_mean_is_nan(label_smoothing):
+    """torch: a "mean" whose targets' class weights sum to 0 is nan (0 / 0), with label smoothing too."""
+    x, w, b = lce_inputs((6,), 8, 10)
+    t = torch.tensor([3, 3, -100, 3, 3, 3])
+    cw = class_weight(10)
+    cw[3] = 0
+    kw = dict(weight=cw, label_smoothing=label_smoothing)
+    out, got = loss_and_grads(lambda: lce(x, w, b, t, **kw), (x, w, b))
+    want, want_grads = loss_and_grads(lambda: F.cross_entropy(F.linear(x, w, b), t, **kw), (x, w, b))
+    assert want.isnan() and out.isnan()
+    for a, e in zip(got, want_grads):
+        torch.testing.assert_close(a, e, equal_nan=True)
+    logits = make((6, 10), seed=2)
+    assert fused.cross_entropy(logits, t, **kw).isnan()
+
+
 @needs_torch_linear_cross_entropy
 def test_ignore_index_inside_class_range_and_none():
     """An ignore_index that is also a valid class (Liger: 2, 42), and ignore_index=None meaning -100 (torch)."""

@@ -156,7 +156,9 @@ def reduce_loss(loss_rows, lse, z_loss, reduction, denominators):
     if reduction == "sum":
         return loss_rows.sum() if z is None else loss_rows.sum() + z.sum()
     weight_sum, count = denominators
-    return loss_rows.sum() / weight_sum if z is None else loss_rows.sum() / weight_sum + z.sum() / count
+    # torch's weighted mean is nan when the targets' weights sum to 0 (0 / 0), label smoothing or not
+    ce = torch.where(weight_sum == 0, torch.nan, loss_rows.sum()) / weight_sum
+    return ce if z is None else ce + z.sum() / count
 
 
 def backward_scale(grad_loss, target, class_weight, reduction, ignore_index, dtype):
