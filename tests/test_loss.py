@@ -16,6 +16,8 @@ Ported cases (adapted to these ops, small shapes):
   and without bias, and reduction="none" gradients (Liger issue #968).
 - torch test_nn.py's cross-entropy cases: label smoothing with class weights and ignored targets per reduction,
   K-dimensional (N, C, d1, ...) logits, 1-D logits with a 0-d target, empty batches, uint8 targets.
+- torch's OpInfo samples (op_db) of F.cross_entropy and F.linear_cross_entropy: class-probability targets,
+  K-dimensional linear weights and biases, class weights, ignore_index, reductions, in every dtype.
 """
 
 import math
@@ -664,8 +666,12 @@ def test_errors_name_op_and_argument():
         lce(x, w, b, t, softcap=0.0)
     with raises(f"{op}: z_loss must be >= 0"):
         lce(x, w, b, t, z_loss=-1.0)
-    with raises(f"{op}: target must hold class indices .* class-probability targets"):
-        lce(x, w, b, torch.rand(4, 10))
+    with raises(f"{op}: a class-probability target \\(floating point\\) must have the logits' shape \\(4, 10\\)"):
+        lce(x, w, b, torch.rand(4, 9))
+    with raises(f"{op}: ignore_index cannot be given with class-probability targets"):
+        lce(x, w, b, torch.rand(4, 10), ignore_index=1)
+    with raises("fused.cross_entropy: ignore_index is not supported with class-probability targets"):
+        fused.cross_entropy(make((4, 10)), torch.rand(4, 10), ignore_index=1)
     with raises(f"{op}: target must hold int64 \\(or uint8\\) class indices, got torch.int32"):
         lce(x, w, b, t.int())
     with raises(f"{op}: target must have shape \\(4,\\)"):
@@ -680,8 +686,12 @@ def test_errors_name_op_and_argument():
         lce(x, w[:0], b[:0], t)
     with raises(f"{op}: linear_weight has in_features 7 but input has 8"):
         lce(x, w[:, :7], b, t)
-    with raises(f"{op}: linear_weight must be 2-D \\[classes, in_features\\].*K-dimensional"):
+    with raises(f"{op}: a K-dimensional linear_weight of shape \\(5, 2, 8\\) needs input of shape \\[N, 8\\]"):
+        lce(x[0], w.view(5, 2, 8), None, t[0])
+    with raises(f"{op}: linear_bias must have shape \\(5, 2\\)"):
         lce(x, w.view(5, 2, 8), b, t)
+    with raises(f"{op}: target must have shape \\(4, 2\\)"):
+        lce(x, w.view(5, 2, 8), None, t)
     with raises(f"{op}: linear_bias must be 1-D with 10 entries"):
         lce(x, w, b[:9], t)
     with raises(f"{op}: linear_weight has dtype torch.float64 but input has dtype torch.float32"):
@@ -707,6 +717,96 @@ def test_errors_name_op_and_argument():
         torch.ops.fused.cross_entropy_rows(
             make((4, 10)), t.int(), None, torch.ones(2), torch.empty(0), -100, 0.0, 0.0, 0.0
         )
+
+
+# ---- class-probability targets and K-dimensional linear weights: whole logits, as torch's chunked path ----
+@needs_torch_linear_cross_entropy
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_probability_targets_and_k_dimensional_weight(reduction):
+    """torch 2.13's F.linear_cross_entropy (and F.cross_entropy) take class-probability targets (a float target of
+    the logits' shape, which gets a gradient too) and linear_weight [C, d1, ..., D] with linear_bias [C, d1, ...]
+    (logits [N, C, d1, ...]): with class weights, label smoothing, a bias, leading input dims; z_loss and softcap
+    as the reference defines them."""
+    x, w, b = lce_inputs((6,), 5, 7, torch.float64)
+    cw = class_weight(7, torch.float64)
+    probs = make((6, 7), torch.float64, low=0, high=1, seed=5).softmax(-1).requires_grad_()
+    wk = make((7, 2, 3, 5), torch.float64, low=-1, high=1, seed=6, requires_grad=True)
+    bk = make((7, 2, 3), torch.float64, seed=7, requires_grad=True)
+    tk = targets((6, 2, 3), 7)
+    g = make((6,) if reduction == "none" else (), torch.float64, seed=8)
+    cases = [
+        ((x, w, probs), dict(linear_bias=b, weight=cw, label_smoothing=0.2), (x, w, b, probs)),
+        ((x, wk, tk), dict(linear_bias=bk, weight=cw, label_smoothing=0.1), (x, wk, bk)),
+        ((x, wk, targets((6, 2, 3), 7, ignore_index=2)), dict(ignore_index=2), (x, wk)),
+    ]
+    for args, kw, leaves in cases:
+        gk = g if args[2].dim() == 2 or reduction != "none" else g[:, None, None].expand(6, 2, 3)
+        out, got = loss_and_grads(lambda: fused.linear_cross_entropy(*args, reduction=reduction, **kw), leaves, gk)
+        want, want_grads = loss_and_grads(lambda: F.linear_cross_entropy(*args, reduction=reduction, **kw), leaves, gk)
+        assert out.shape == want.shape
+        assert_close(out, want)
+        for a, e in zip(got, want_grads):
+            assert_close(a, e)
+        extended = dict(kw, z_loss=1e-2, softcap=3.0)
+        ref_kw = {k: v for k, v in extended.items() if k != "linear_bias"}
+        out, got = loss_and_grads(
+            lambda: fused.linear_cross_entropy(*args, reduction=reduction, **extended), leaves, gk
+        )
+        want, want_grads = loss_and_grads(
+            lambda: lce_ref(*args[:2], kw.get("linear_bias"), args[2], reduction=reduction, **ref_kw), leaves, gk
+        )
+        assert_close(out, want)
+        for a, e in zip(got, want_grads):
+            assert_close(a, e)
+    # leading input dims with probability targets; fused.cross_entropy with probability targets
+    x3 = x.detach().view(2, 3, 5)
+    p3 = probs.detach().view(2, 3, 7)
+    assert_close(lce(x3, w, b, p3, reduction=reduction), lce_ref(x3, w, b, p3, reduction=reduction))
+    logits = make((6, 7, 2), torch.float64, seed=9)
+    p = make((6, 7, 2), torch.float64, low=0, high=1, seed=10)
+    for kw in (dict(weight=cw, label_smoothing=0.3), dict(z_loss=1e-2, softcap=2.0)):
+        assert_close(
+            fused.cross_entropy(logits, p, reduction=reduction, **kw),
+            ref.cross_entropy(logits, p, reduction=reduction, **kw),
+        )
+
+
+@needs_torch_linear_cross_entropy
+@pytest.mark.parametrize("dtype", ALL_DTYPES)
+def test_torch_opinfo_samples(dtype):
+    """Every sample of torch's OpInfos "nn.functional.cross_entropy" and "nn.functional.linear_cross_entropy"
+    (torch.testing._internal.common_methods_invocations.op_db, all variants, `options` left out): loss and the
+    gradient of every input (the probability target's too) no worse than torch's against float64 (x2)."""
+    pytest.importorskip("expecttest")  # torch.testing._internal imports it
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ours = {"nn.functional.cross_entropy": fused.cross_entropy, "nn.functional.linear_cross_entropy": lce_kw}
+
+    def run(fn, args, kw):
+        out = fn(*args, **kw)
+        leaves = [a for a in (*args, *kw.values()) if isinstance(a, torch.Tensor) and a.requires_grad]
+        return (out, *torch.autograd.grad(out, leaves, torch.ones_like(out)))
+
+    def exact(a):
+        floating = isinstance(a, torch.Tensor) and a.is_floating_point()
+        return a.detach().double().requires_grad_(a.requires_grad) if floating else a
+
+    count = 0
+    for info in (o for o in op_db if o.name in ours):
+        for sample in info.sample_inputs("cpu", dtype, requires_grad=True):
+            args, kw = (sample.input, *sample.args), {k: v for k, v in sample.kwargs.items() if k != "options"}
+            got = run(ours[info.name], args, kw)
+            eager = run(info.op, args, kw)
+            exact64 = run(info.op, [exact(a) for a in args], {k: exact(v) for k, v in kw.items()})
+            for a, e, r in zip(got, eager, exact64):
+                assert a.dtype == e.dtype and a.shape == e.shape
+                assert_accuracy(a, e, r, what=f"{info.name} {info.variant_test_name} {sample.summary()}")
+            count += 1
+    assert count > 300
+
+
+def lce_kw(input, linear_weight, target, **kw):
+    return fused.linear_cross_entropy(input, linear_weight, target, **kw)
 
 
 # ---- the module ----

@@ -38,9 +38,11 @@ def linear_cross_entropy(
 ) -> torch.Tensor:
     """F.cross_entropy(F.linear(input, linear_weight, linear_bias), target, ...) without the logits in memory: a
     drop-in for torch's F.linear_cross_entropy on every argument they share (ignore_index=None means -100).
-    input [..., D], linear_weight [V, D], target [...] class indices. z_loss adds z_loss * logsumexp(logits)^2 per
-    token (PaLM); softcap maps the logits to softcap * tanh(logits / softcap) first (Gemma 2); see
-    fused/loss/reference.py for how they combine with class weights, label smoothing and the reductions.
+    input [..., D], linear_weight [V, D], target [...] class indices (or class probabilities [..., V]; and
+    linear_weight [V, d1, ..., D] for input [N, D], target [N, d1, ...]: these two take the whole logits). z_loss
+    adds z_loss * logsumexp(logits)^2 per token (PaLM); softcap maps the logits to softcap * tanh(logits / softcap)
+    first (Gemma 2); see fused/loss/reference.py for how they combine with class weights, label smoothing and the
+    reductions.
     The loss has the input's dtype."""
     return torch.ops.fused.linear_cross_entropy(
         input,
@@ -62,7 +64,7 @@ def cross_entropy(
     z_loss: float = 0.0,
     softcap: Optional[float] = None,
 ) -> torch.Tensor:
-    """F.cross_entropy on given logits ((C), (N, C) or (N, C, d1, ...), class indices as targets) with z_loss and
+    """F.cross_entropy on given logits ((C), (N, C) or (N, C, d1, ...); class indices or probabilities) with z_loss and
     softcap as in linear_cross_entropy: one pass reads the logits and writes their gradient (in forward when
     autograd will want it)."""
     return torch.ops.fused.cross_entropy(

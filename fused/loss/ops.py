@@ -9,6 +9,7 @@ row, so its backward runs the chunks again, as does a second backward through th
 """
 
 import torch
+import torch.nn.functional as F
 
 from fused import _checks
 from fused._autocast import autocast_linear
@@ -350,14 +351,22 @@ def _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap):
     return reduction, ignore_index, float(label_smoothing), float(z_loss), float(softcap or 0.0)
 
 
+def _probabilities(target):
+    return isinstance(target, torch.Tensor) and target.is_floating_point()
+
+
 def _linear_cross_entropy(input, linear_weight, target, **options):
     op = "linear_cross_entropy"
     linear_bias, weight, reduction, ignore_index, label_smoothing, z_loss, softcap = chunked.keyword_options(
         op, options
     )
+    if _probabilities(target) and ignore_index not in (None, -100):
+        raise RuntimeError(f"fused.{op}: ignore_index cannot be given with class-probability targets")
     ignore_index = -100 if ignore_index is None else ignore_index
     row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
     input, linear_weight, linear_bias = autocast_linear(input, linear_weight, linear_bias)
+    if _probabilities(target) or (isinstance(linear_weight, torch.Tensor) and linear_weight.dim() > 2):
+        return _dense_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight, *row_options)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
     target = target.reshape(-1).long()
     check_target_range(op, target, linear_weight.shape[0], ignore_index)
@@ -369,10 +378,84 @@ def _linear_cross_entropy(input, linear_weight, target, **options):
     return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
+def _dense_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight, *row_options):
+    """Class-probability targets, or a K-dimensional linear_weight [C, d1, ..., dK, D] (logits [N, C, d1, ...]):
+    cross_entropy of the whole logits of F.linear, as torch's chunked F.linear_cross_entropy falls back to (a
+    probability target is as large as the logits)."""
+    check_linear(op, input, linear_weight.flatten(0, -2) if linear_weight.dim() > 2 else linear_weight, None)
+    out_features = tuple(linear_weight.shape[1:-1])
+    if out_features and input.dim() != 2:
+        raise RuntimeError(
+            f"fused.{op}: a K-dimensional linear_weight of shape {tuple(linear_weight.shape)} needs input of shape "
+            f"[N, {input.shape[-1]}], got {tuple(input.shape)}"
+        )
+    if linear_bias is not None:
+        _checks.check_like(op, "linear_bias", linear_bias, "input", input)
+        if linear_bias.shape != linear_weight.shape[:-1]:
+            raise RuntimeError(
+                f"fused.{op}: linear_bias must have shape {tuple(linear_weight.shape[:-1])} (linear_weight's but "
+                f"the last), got {tuple(linear_bias.shape)}"
+            )
+    classes, batch = linear_weight.shape[0], input.shape[:-1]
+    logits_shape = (*batch, classes, *out_features)
+    if _probabilities(target):
+        check_probabilities(op, target, logits_shape, input)
+    else:
+        check_target(op, target, (*batch, *out_features), input, logits_shape)
+        check_target_range(op, target.reshape(-1).long(), classes, row_options[1])
+    if weight is not None:
+        check_class_weight(op, weight, input, classes)
+    bias = None if linear_bias is None else linear_bias.flatten()
+    logits = F.linear(input, linear_weight.flatten(0, -2), bias).view(logits_shape)
+    if len(batch) > 1:  # [..., C]: rows of classes (out_features is empty here)
+        logits, target = logits.flatten(0, -2), target.flatten(0, -2 if _probabilities(target) else -1)
+    loss = _cross_entropy_of(op, logits, target, weight, *row_options)
+    return loss.view(batch) if row_options[0] == "none" and len(batch) > 1 else loss
+
+
+def check_probabilities(op, target, shape, ref):
+    """A class-probability target: floating point, of the logits' shape, on ref's device."""
+    if target.device != ref.device:
+        raise RuntimeError(f"fused.{op}: target is on {target.device} but the logits are on {ref.device}")
+    if tuple(target.shape) != tuple(shape):
+        raise ValueError(
+            f"fused.{op}: a class-probability target (floating point) must have the logits' shape {tuple(shape)}, "
+            f"got {tuple(target.shape)}"
+        )
+
+
+def _probability_cross_entropy(op, logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
+    """Class-probability targets: F.cross_entropy on the (capped) logits, which are dense as the target is, plus
+    the z-loss of every token (no target is ignored)."""
+    if logits.dim() < 1:
+        raise RuntimeError(f"fused.{op}: logits must have at least 1 dimension (the classes), got a scalar")
+    class_dim = min(1, logits.dim() - 1)
+    check_probabilities(op, target, logits.shape, logits)
+    if ignore_index >= 0:
+        raise RuntimeError(f"fused.{op}: ignore_index is not supported with class-probability targets")
+    if weight is not None:
+        check_class_weight(op, weight, logits, logits.shape[class_dim])
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    loss = F.cross_entropy(logits, target, weight=weight, reduction=reduction, label_smoothing=label_smoothing)
+    if z_loss:
+        z = z_loss * torch.logsumexp(logits, dim=class_dim).square()
+        loss = loss + (z if reduction == "none" else z.sum() if reduction == "sum" else z.mean())
+    return loss
+
+
 def _cross_entropy(logits, target, **options):
     op = "cross_entropy"
     weight, reduction, ignore_index, label_smoothing, z_loss, softcap = chunked.keyword_options(op, options)
     row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    _checks.check_floating(op, "logits", logits)
+    return _cross_entropy_of(op, logits, target, weight, *row_options)
+
+
+def _cross_entropy_of(op, logits, target, weight, *row_options):
+    """cross_entropy of given logits, its errors naming `op`."""
+    if _probabilities(target):
+        return _probability_cross_entropy(op, logits, target, weight, *row_options)
     check_logits(op, logits, target, weight)
     classes = logits.shape[min(1, logits.dim() - 1)]
     rows = logits.movedim(1, -1) if logits.dim() > 2 else logits  # (N, C, d1, ...): classes last (a copy)
@@ -380,11 +463,11 @@ def _cross_entropy(logits, target, **options):
     if rows.stride(-1) != 1 and classes > 1:
         rows = rows.contiguous()
     flat_target = target.reshape(-1).long()
-    check_target_range(op, flat_target, classes, ignore_index)
-    grad = chunked.needs_grad(logits)[0] and reduction != "none"
+    check_target_range(op, flat_target, classes, row_options[1])
+    grad = chunked.needs_grad(logits)[0] and row_options[0] != "none"
     loss = cross_entropy_fwd(rows, flat_target, weight, *row_options, grad)[0]
     loss = _loss_dtype(loss, logits)
-    return loss.view(target.shape) if reduction == "none" else loss
+    return loss.view(target.shape) if row_options[0] == "none" else loss
 
 
 _lib = torch.library.Library("fused", "IMPL")

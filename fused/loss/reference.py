@@ -19,15 +19,17 @@ import torch.nn.functional as F
 def cross_entropy(
     logits, target, weight=None, reduction="mean", ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None
 ):
-    """logits (C), (N, C) or (N, C, d1, ...) and target (), (N) or (N, d1, ...), as F.cross_entropy."""
+    """logits (C), (N, C) or (N, C, d1, ...) and target (), (N) or (N, d1, ...) class indices, or class
+    probabilities of the logits' shape (no token ignored), as F.cross_entropy."""
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     loss = F.cross_entropy(
         logits, target, weight=weight, reduction=reduction, ignore_index=ignore_index, label_smoothing=label_smoothing
     )
     if z_loss:
-        valid = target != ignore_index
-        per_token = torch.where(valid, z_loss * torch.logsumexp(logits, dim=min(1, logits.dim() - 1)).square(), 0)
+        lse_square = torch.logsumexp(logits, dim=min(1, logits.dim() - 1)).square()
+        valid = torch.ones_like(lse_square, dtype=torch.bool) if target.is_floating_point() else target != ignore_index
+        per_token = torch.where(valid, z_loss * lse_square, 0)
         if reduction == "mean":
             per_token = per_token.sum() / valid.sum()
         elif reduction == "sum":
@@ -48,19 +50,18 @@ def linear_cross_entropy(
     z_loss=0.0,
     softcap=None,
 ):
-    """input [..., D], linear_weight [V, D], target [...]: cross_entropy of the logits F.linear(input, ...)."""
-    logits = F.linear(input, linear_weight, linear_bias)
-    loss = cross_entropy(
-        logits.reshape(-1, logits.shape[-1]),
-        target.reshape(-1),
-        weight,
-        reduction,
-        ignore_index,
-        label_smoothing,
-        z_loss,
-        softcap,
-    )
-    return loss.view(target.shape) if reduction == "none" else loss
+    """input [..., D], linear_weight [V, D], target [...] (or class probabilities [..., V]): cross_entropy of the
+    logits F.linear(input, ...). A K-dimensional linear_weight [V, d1, ..., D] (linear_bias [V, d1, ...]) takes
+    input [N, D] to logits [N, V, d1, ...], as torch's F.linear_cross_entropy."""
+    bias = None if linear_bias is None else linear_bias.flatten()
+    logits = F.linear(input, linear_weight.flatten(0, -2), bias)
+    options = (weight, reduction, ignore_index, label_smoothing, z_loss, softcap)
+    if linear_weight.dim() > 2:
+        return cross_entropy(logits.view(input.shape[0], *linear_weight.shape[:-1]), target, *options)
+    V = logits.shape[-1]
+    flat_target = target.reshape(-1, V) if target.is_floating_point() else target.reshape(-1)
+    loss = cross_entropy(logits.reshape(-1, V), flat_target, *options)
+    return loss.view(input.shape[:-1]) if reduction == "none" else loss
 
 
 def _weight_mul(p, d):
