@@ -688,6 +688,8 @@ def test_errors_name_op_and_argument():
         lce(x, w[:, :7], b, t)
     with raises(f"{op}: a K-dimensional linear_weight of shape \\(5, 2, 8\\) needs input of shape \\[N, 8\\]"):
         lce(x[0], w.view(5, 2, 8), None, t[0])
+    with raises(f"{op}: linear_weight must be \\[classes, in_features\\] .*got shape \\(80,\\)"):
+        lce(x, w.flatten(), None, t)
     with raises(f"{op}: linear_bias must have shape \\(5, 2\\)"):
         lce(x, w.view(5, 2, 8), b, t)
     with raises(f"{op}: target must have shape \\(4, 2\\)"):

@@ -365,6 +365,11 @@ def _linear_cross_entropy(input, linear_weight, target, **options):
     ignore_index = -100 if ignore_index is None else ignore_index
     row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
     input, linear_weight, linear_bias = autocast_linear(input, linear_weight, linear_bias)
+    if isinstance(linear_weight, torch.Tensor) and linear_weight.dim() < 2:
+        raise RuntimeError(
+            f"fused.{op}: linear_weight must be [classes, in_features] (or [classes, d1, ..., in_features]), got "
+            f"shape {tuple(linear_weight.shape)}"
+        )
     if _probabilities(target) or (isinstance(linear_weight, torch.Tensor) and linear_weight.dim() > 2):
         return _dense_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight, *row_options)
     check_linear_cross_entropy(op, input, linear_weight, target, linear_bias, weight)
