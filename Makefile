@@ -11,8 +11,8 @@ CLANG_FORMAT_VERSION = 23.1.5
 setup:
 	@# Never an unpinned torch: on a CPU machine it pulls gigabytes of CUDA packages.
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
-	@$(PYTHON) -c "import triton, pytest, hypothesis, matplotlib, numpy, ninja, rich, wheel" \
-		2>/dev/null || $(PIP) triton pytest hypothesis matplotlib numpy ninja rich wheel
+	@$(PYTHON) -c "import triton, pytest, hypothesis, matplotlib, numpy, ninja, rich, wheel, expecttest" \
+		2>/dev/null || $(PIP) triton pytest hypothesis matplotlib numpy ninja rich wheel expecttest
 	@# fused.patch's tests (tests/test_patch.py: with PEFT's LoRA and accelerate's offload hooks too); these
 	@# depend on torch without pulling another one.
 	@$(PYTHON) -c "import transformers, peft, accelerate" 2>/dev/null || \

@@ -779,7 +779,7 @@ def test_torch_opinfo_samples(dtype):
     """Every sample of torch's OpInfos "nn.functional.cross_entropy" and "nn.functional.linear_cross_entropy"
     (torch.testing._internal.common_methods_invocations.op_db, all variants, `options` left out): loss and the
     gradient of every input (the probability target's too) no worse than torch's against float64 (x2)."""
-    pytest.importorskip("expecttest")  # torch.testing._internal imports it
+    pytest.importorskip("expecttest")  # torch.testing._internal imports it (make setup installs it)
     from torch.testing._internal.common_methods_invocations import op_db
 
     ours = {"nn.functional.cross_entropy": fused.cross_entropy, "nn.functional.linear_cross_entropy": lce_kw}
