@@ -28,10 +28,12 @@ def check_no_forward_ad(name: str, tensors) -> None:
 
 
 def traced(tensors) -> bool:
-    """Whether a call must go through the dispatcher: compiling, a functorch transform or a dispatch mode active, or
-    a tensor of a subclass other than nn.Parameter (FakeTensor, FunctionalTensor, DTensor)."""
+    """Whether a call must go through the dispatcher: compiling, torch.jit.trace recording (a Python autograd
+    Function would be recorded as a PythonOp, which torch.jit.save cannot export), a functorch transform or a
+    dispatch mode active, or a tensor of a subclass other than nn.Parameter (FakeTensor, FunctionalTensor, DTensor)."""
     return (
         torch.compiler.is_compiling()
+        or torch.jit.is_tracing()
         or torch._C._functorch.peek_interpreter_stack() is not None
         or torch._C._len_torch_dispatch_stack() > 0  # a TorchDispatchMode (make_fx, FlopCounterMode, ...)
         or any(type(t) not in _PLAIN for t in tensors)

@@ -523,6 +523,32 @@ def test_modules_are_torch_modules_with_their_state_dicts():
     assert fused.nn.FusedLayerNorm(6, dtype=torch.float16).weight.dtype == torch.float16
 
 
+class AddNormBlock(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.rms, self.ln = fused.nn.FusedRMSNorm(d), fused.nn.FusedLayerNorm(d)
+
+    def forward(self, x, r):
+        h, total = self.rms(x, r)
+        return self.ln(h) + total
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit is deprecated, not gone
+def test_modules_trace_and_save_with_torch_jit(tmp_path):
+    """torch.jit.trace of a model with trainable fused norms (as of nn.RMSNorm / nn.LayerNorm) passes trace's own
+    check, and torch.jit.save / load keeps its outputs and gradients: the trace holds fused ops, not Python calls."""
+    torch.manual_seed(0)
+    model = AddNormBlock(16)
+    x, r = make((2, 3, 16), requires_grad=True), make((2, 3, 16), seed=1)
+    path = tmp_path / "model.pt"
+    torch.jit.save(torch.jit.trace(model, (x, r)), path)
+    loaded = torch.jit.load(path)
+    x2, r2 = make((5, 3, 16), seed=2, requires_grad=True), make((5, 3, 16), seed=3)
+    out, expected = loaded(x2, r2), model(x2, r2)
+    assert_close(out, expected)
+    assert_close(torch.autograd.grad(out.sum(), x2)[0], torch.autograd.grad(expected.sum(), x2)[0])
+
+
 # ---------------------------------------------------------------- real clients
 class Attention(nn.Module):
     def __init__(self, d, heads, bias):

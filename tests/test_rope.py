@@ -303,6 +303,30 @@ def test_negative_unsqueeze_dims_name_the_same_layouts():
             assert_close(o, e)
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit is deprecated, not gone
+def test_trace_and_save_with_torch_jit(tmp_path):
+    """torch.jit.trace with q / k that require grad passes trace's own check, and torch.jit.save / load keeps the
+    outputs and gradients: the trace holds the fused op, not a Python call."""
+
+    class Rope(torch.nn.Module):
+        def forward(self, q, k, cos, sin):
+            return fused.rope(q, k, cos, sin)
+
+    q, k = qk(2, 4, 2, 5, 16, requires_grad=True)
+    cos, sin = tables(torch.arange(5), 16)
+    path = tmp_path / "rope.pt"
+    torch.jit.save(torch.jit.trace(Rope(), (q, k, cos, sin)), path)
+    loaded = torch.jit.load(path)
+    q2, k2 = qk(3, 4, 2, 7, 16, seed=4, requires_grad=True)
+    cos2, sin2 = tables(torch.arange(7) + 9, 16)
+    out, expected = loaded(q2, k2, cos2, sin2), llama(q2, k2, cos2, sin2)
+    for o, e in zip(out, expected):
+        assert_close(o, e)
+    grads = torch.autograd.grad(out[0].sum() + 2 * out[1].sum(), (q2, k2))
+    for g, e in zip(grads, torch.autograd.grad(expected[0].sum() + 2 * expected[1].sum(), (q2, k2))):
+        assert_close(g, e)
+
+
 # ---- the Triton launchers, called directly (under TRITON_INTERPRET=1 on CPU tensors without a GPU) ----
 @requires_triton
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's overflow notes under the interpreter
