@@ -1,4 +1,5 @@
-"""How fused's linear-layer ops take torch.autocast: as F.linear does (custom ops get no autocast of their own)."""
+"""How fused's ops take torch.autocast: as the torch ops they replace do (custom ops get no autocast of their own):
+the linear-layer ops as F.linear, the distances and norms in float32 where torch runs cdist and the norms so."""
 
 import torch
 
@@ -13,3 +14,27 @@ def autocast_linear(*tensors):
     return tuple(
         t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t for t in tensors
     )
+
+
+# The devices where torch's autocast runs a family's torch counterpart in float32 (aten/src/ATen/autocast_mode.cpp):
+# torch.cdist on CPU and CUDA, F.layer_norm and F.rms_norm on CUDA. Custom ops get no autocast policy of their own.
+FLOAT32_DEVICES = {"distance": ("cpu", "cuda"), "norm": ("cuda",)}
+
+
+def autocast_float32(family, *tensors):
+    """The tensors in float32 where autocast is on for their device and runs the family's counterpart in float32
+    there, as torch casts them (float64, integer tensors and None pass through)."""
+    device = next((t.device.type for t in tensors if isinstance(t, torch.Tensor)), None)
+    if device not in FLOAT32_DEVICES[family] or not torch.is_autocast_enabled(device):
+        return tensors
+    return tuple(
+        t.float() if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t
+        for t in tensors
+    )
+
+
+def register_autocast_float32(family, *ops):
+    """The same cast for calls of torch.ops.fused.<op> (the public functions cast before they call)."""
+    for op in ops:
+        for device in FLOAT32_DEVICES[family]:
+            torch.library.register_autocast(f"fused::{op}", device, torch.float32)

@@ -759,6 +759,42 @@ def test_bad_lengths(op):
         call(lengths_a=torch.tensor([1, 2], device="meta"))
 
 
+# ---- torch.autocast ----
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_runs_in_float32_as_torch_cdist(dtype):
+    """torch.cdist runs in float32 under CPU autocast (aten's autocast fp32 list): so does the distance family,
+    through the public functions and torch.ops.fused alike, with the same values as on float32 inputs and the
+    gradients in the inputs' dtype; float64 stays float64."""
+    a, b = make((2, 9, 5), dtype, seed=1).requires_grad_(), make((2, 7, 5), dtype, seed=2)
+    a32, b32 = a.detach().float(), b.float()
+    calls = {
+        "pairwise_distances": (lambda x, y: fused.pairwise_distances(x, y), torch.ops.fused.pairwise_distances),
+        "pairwise_topk": (
+            lambda x, y: fused.pairwise_topk(x, y, 3)[0],
+            lambda x, y: torch.ops.fused.pairwise_topk(x, y, 3)[0],
+        ),
+        "radius_neighbors": (
+            lambda x, y: fused.radius_neighbors(x, y, 2.0, 3)[0],
+            lambda x, y: torch.ops.fused.radius_neighbors(x, y, 2.0, 3)[0],
+        ),
+        "chamfer_distance": (
+            lambda x, y: fused.chamfer_distance(x, y),
+            lambda x, y: torch.ops.fused.chamfer_distance(x, y)[0],
+        ),
+    }
+    with torch.autocast("cpu", dtype=dtype):
+        assert torch.cdist(a, b).dtype == torch.float32
+        for name, (public, dispatched) in calls.items():
+            for fn in (public, dispatched):
+                out = fn(a, b)
+                assert out.dtype == torch.float32, name
+                assert torch.equal(out, fn(a32, b32)), name
+                fin = out[out.isfinite()]
+                (grad,) = torch.autograd.grad(fin.sum(), a)
+                assert grad.dtype == dtype, name
+            assert fn(a.double(), b.double()).dtype == torch.float64, name
+
+
 # ---- errors ----
 def test_bad_inputs():
     a, b = make((4, 3)), make((5, 3))

@@ -33,6 +33,7 @@ from tests.harness import (
     make,
     noncontiguous,
     raises,
+    requires_cuda,
 )
 
 OPS = ["rms_norm", "layer_norm", "add_rms_norm", "add_layer_norm"]
@@ -240,6 +241,53 @@ def test_meta_tensors_get_shapes_from_the_fake_kernels():
     assert out.dtype == torch.bfloat16 and h.dtype == torch.float32 and h.device.type == "meta"
     with raises(r"fused\.rms_norm: weight must have shape normalized_shape \(8,\), got \(7,\)"):
         fused.rms_norm(x, 8, torch.empty(7, device="meta"))
+
+
+# ---------------------------------------------------------------- torch.autocast
+def _autocast_cases(device):
+    x = make((4, 6, 32), torch.bfloat16, device=device, seed=3)
+    w, b = make((32,), torch.float32, device=device, seed=4), make((32,), torch.float32, device=device, seed=5)
+    return (
+        x,
+        [
+            ("rms_norm", lambda t, w, b: fused.rms_norm(t, 32, w), lambda t, w, b: F.rms_norm(t, (32,), w)),
+            ("layer_norm", lambda t, w, b: fused.layer_norm(t, 32, w, b), lambda t, w, b: F.layer_norm(t, (32,), w, b)),
+            ("torch.ops", lambda t, w, b: torch.ops.fused.layer_norm(t, [32], w, b), None),
+        ],
+        w,
+        b,
+    )
+
+
+def test_autocast_float32_policy(monkeypatch):
+    """Under CUDA autocast torch runs F.layer_norm and F.rms_norm in float32 (aten's autocast fp32 list), and so do
+    the fused norms; CPU autocast leaves both in the input's dtype. The CUDA rule's cast, run here on the CPU: the
+    float32 result of the float32 inputs, gradients in the inputs' dtypes."""
+    x, cases, w, b = _autocast_cases("cpu")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for name, ours, torchs in cases:
+            assert ours(x, w, b).dtype == torch.bfloat16, name
+            if torchs:
+                assert torchs(x, w, b).dtype == torch.bfloat16, name
+    monkeypatch.setitem(fused._autocast.FLOAT32_DEVICES, "norm", ("cpu", "cuda"))
+    x.requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for name, ours, _ in cases:
+            out = ours(x, w, b)
+            assert out.dtype == torch.float32, name
+            assert torch.equal(out, ours(x.detach().float(), w, b)), name
+            assert torch.autograd.grad(out.sum(), x)[0].dtype == torch.bfloat16, name
+
+
+@requires_cuda
+def test_autocast_on_cuda_as_torch():
+    x, cases, w, b = _autocast_cases("cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        for name, ours, torchs in cases:
+            out = ours(x, w, b)
+            assert out.dtype == torch.float32, name
+            if torchs:
+                assert torchs(x, w, b).dtype == torch.float32, name
 
 
 # ---------------------------------------------------------------- bad input

@@ -6,6 +6,7 @@ from typing import Optional, Tuple, Union
 
 import torch
 
+from fused._autocast import autocast_float32
 from fused.distance import ops as _ops  # fake kernels, autograd, GPU routing; the ops' eager entry points
 
 Tensor = torch.Tensor
@@ -25,6 +26,7 @@ def pairwise_distances(
     zeros at duplicates, zero gradient there); p=2 at large D a matmul with the small distances recomputed
     directly. Accumulates in float32 (float64 for float64), returns the input dtype. Pairs with a padded row
     (past lengths_a or lengths_b) are 0 and get no gradient."""
+    a, b = autocast_float32("distance", a, b)
     return _ops.pairwise_distances(a, b, p, squared, lengths_a, lengths_b)
 
 
@@ -44,6 +46,7 @@ def pairwise_topk(
     N x M matrix. Gradients flow through the selected pairs. A row of a never picks a padded row of b; slots
     without a neighbour (fewer than k valid rows in b, or a padded row of a) hold index -1 and value inf (-inf when
     largest, so that the values stay sorted)."""
+    a, b = autocast_float32("distance", a, b)
     return _ops.pairwise_topk(a, b, k, p, squared, largest, lengths_a, lengths_b)
 
 
@@ -61,6 +64,7 @@ def radius_neighbors(
     (values [*B, N, max_neighbors], indices int64), sorted by distance, ties to the lower index, padded with
     index -1 and value inf. pairwise_topk's kernels with the radius as the initial bound: the same answer on
     every device and run, never the N x M matrix. Gradients flow through the returned distances."""
+    a, b = autocast_float32("distance", a, b)
     return _ops.radius_neighbors(a, b, radius, max_neighbors, lengths_a, lengths_b, p)
 
 

@@ -7,6 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import is_fake
 
 from fused import _checks
+from fused._autocast import autocast_float32, register_autocast_float32
 from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused._codes import MAX_SELECT
@@ -250,6 +251,7 @@ def _chamfer_distance(
             check_length_values(op, name, lengths, t.shape[-2])
     if reduction not in REDUCTIONS:
         raise RuntimeError(f"fused.{op}: unknown reduction {reduction!r}; expected one of {', '.join(REDUCTIONS)}")
+    a, b = autocast_float32("distance", a, b)
     dist_a, idx_a = _nearest(a, b, lengths_a, lengths_b, p, squared)
     loss = _per_cloud(dist_a, idx_a, lengths_a, reduction)
     if single_directional:
@@ -262,6 +264,7 @@ def _chamfer_distance(
 
 _lib = torch.library.Library("fused", "IMPL")
 _lib.impl("chamfer_distance", _chamfer_distance, "CompositeImplicitAutograd")
+register_autocast_float32("distance", "pairwise_distances", "pairwise_topk", "radius_neighbors")
 
 
 # ---- CUDA tensors ----

@@ -7,6 +7,7 @@ import math
 import torch
 
 from fused import _checks
+from fused._autocast import autocast_float32
 from fused._autograd import public, register_autograd
 from fused._backend import register_gpu
 
@@ -180,10 +181,12 @@ def residual_stream(op, x, residual, residual_dtype):
 
 def _rms_norm(x, normalized_shape, weight=None, eps=None):
     _checks.check_floating("rms_norm", "x", x)
+    x, weight = autocast_float32("norm", x, weight)
     return norm_fwd(x, None, normalized_shape, weight, None, default_eps(x, eps), True)[0]
 
 
 def _layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    x, weight, bias = autocast_float32("norm", x, weight, bias)
     return norm_fwd(x, None, normalized_shape, weight, bias, eps, False)[0]
 
 
