@@ -672,6 +672,30 @@ def test_packed_sequences_with_position_ids(dtype):
     assert_patched_as_accurate(make_model("llama", dtype), 4 * torch.finfo(dtype).eps, inputs=inputs)
 
 
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma2", "phi3", "olmo2", "mixtral", "gpt2"])
+def test_autocast_training_as_accurate(name):
+    """The usual mixed-precision recipe, float32 parameters under bf16 autocast: the hidden states, logits, loss and
+    gradients in eager's dtypes, and the loss and every gradient as accurate as eager's against a float64 copy
+    (autocast leaves float64 alone). Qwen3's q/k norms take bf16 projections with float32 weights."""
+    eager = make_model(name)
+    ref64, patched = float64_copy(eager), fused.patch(copy.deepcopy(eager))
+    ids, labels = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (loss_p, grads_p), (loss_e, grads_e), (loss_r, grads_r) = (
+            loss_and_grads(model, ids, labels) for model in (patched, eager, ref64)
+        )
+        with torch.no_grad():
+            out_p, out_e = (model.eval()(input_ids=ids, output_hidden_states=True) for model in (patched, eager))
+    assert out_p.logits.dtype == out_e.logits.dtype
+    assert [h.dtype for h in out_p.hidden_states] == [h.dtype for h in out_e.hidden_states]
+    assert loss_p.dtype == loss_e.dtype == torch.float32
+    floor = 4 * torch.finfo(torch.bfloat16).eps
+    assert_accuracy(loss_p.reshape(1), loss_e.reshape(1), loss_r.reshape(1), floor=floor)
+    for key in grads_e:
+        assert grads_p[key].dtype == grads_e[key].dtype, key
+        assert_accuracy(grads_p[key], grads_e[key], grads_r[key], floor=floor, what=key)
+
+
 def test_eval_train_switches_and_a_cast_after_patching():
     """model.eval() / .train() after patching pick the logits / fused-loss paths; model.to(torch.bfloat16) after
     patching trains as accurately as the unpatched model cast likewise."""
