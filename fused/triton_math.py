@@ -185,6 +185,16 @@ def act_grad(x, ACT: tl.constexpr):
         return 1.0 - t * t
 
 
+@triton.jit
+def act_backward(g, x, ACT: tl.constexpr):
+    """g * act'(x); relu passes or blocks g (a select, as eager's threshold_backward: an inf or NaN g where x <= 0
+    gives 0, not NaN)."""
+    if ACT == "relu":
+        return tl.where(x <= 0.0, 0.0, g)
+    else:
+        return g * act_grad(x, ACT)
+
+
 # ---- unary_chain ops (OP: a name of csrc/common/op_codes.h FUSED_CHAIN_OPS); s is the op's scalar in the math type
 @triton.jit
 def pow_op(x, s):
@@ -264,7 +274,7 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
     elif OP == "cos":
         return g * neg(sin(x))
     elif OP == "tanh" or OP == "sigmoid" or OP == "relu" or OP == "gelu" or OP == "gelu_tanh" or OP == "silu":
-        return g * act_grad(x, OP)
+        return act_backward(g, x, OP)
     elif OP == "reciprocal":
         r = div(1.0, x)
         return g * neg(r * r)
@@ -274,11 +284,11 @@ def unary_grad_step(g, x, OP: tl.constexpr, s):
         return g * s
     elif OP == "pow":  # gradient exactly 0 for exponent 0, whatever g is
         return tl.where(s == 0.0, 0.0, g * (s * pow_op(x, s - 1.0)))
-    elif OP == "clamp_min":
-        return g * tl.where(x >= s, 1.0, 0.0).to(x.dtype)
+    elif OP == "clamp_min":  # a select, as eager's
+        return tl.where(x >= s, g, 0.0)
     else:
         tl.static_assert(OP == "clamp_max", "unary_grad_step: unknown op")
-        return g * tl.where(s >= x, 1.0, 0.0).to(x.dtype)
+        return tl.where(s >= x, g, 0.0)
 
 
 # ---- dropout mask: Philox4x32-10 as in csrc/common/philox.h ----

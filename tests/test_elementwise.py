@@ -184,6 +184,31 @@ def test_relu_gradient_at_nan_passes_as_eager(dev):
         assert torch.equal(torch.autograd.grad(out.sum(), x)[0], want)
 
 
+def test_relu_and_clamps_block_non_finite_gradients_as_eager(dev):
+    """Eager's relu backward (threshold_backward) and clamp backward select: an inf or NaN incoming gradient where
+    the op is flat gives 0, not inf * 0 = NaN. So do bias_act, glu (an inf in up), linear_act and unary_chain."""
+    x = torch.tensor([-1.0, 0.0, 2.0, -3.0, 1.0], device=dev, requires_grad=True)
+    g = torch.tensor([math.inf, math.nan, 1.0, -math.inf, 2.0], device=dev)
+    up = torch.tensor([math.inf, -math.inf, 1.0, math.nan, 3.0], device=dev)
+
+    def grad(fn):
+        return torch.autograd.grad(fn(x), x, g)[0]
+
+    cases = [
+        (lambda t: fused.bias_act(t, None, "relu"), torch.relu),
+        (lambda t: fused.unary_chain(t, ["relu"]), torch.relu),
+        (lambda t: fused.unary_chain(t, [("clamp_min", 0.5)]), lambda t: torch.clamp_min(t, 0.5)),
+        (lambda t: fused.unary_chain(t, [("clamp_max", 0.5)]), lambda t: torch.clamp_max(t, 0.5)),
+        (lambda t: fused.unary_chain(t, ["relu", ("mul", 2.0)]), lambda t: torch.relu(t) * 2.0),
+        (lambda t: fused.linear_act(t[:, None], torch.ones(1, 1, device=dev), None, "relu")[:, 0], torch.relu),
+    ]
+    for ours, eager in cases:
+        assert same_values(grad(ours), grad(eager))
+    ones = torch.ones_like(g)
+    ours = torch.autograd.grad(fused.glu(x, up, "relu"), x, ones)[0]
+    assert same_values(ours, torch.autograd.grad(torch.relu(x) * up, x, ones)[0])
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     rows=st.integers(0, 9),

@@ -298,6 +298,8 @@ def test_nan_inf_propagate_as_cpu(dtype):
             tk.bias_act_backward(dev(up), dev(x), None, act)[0].cpu(), cpu_op("bias_act_backward", up, x, None, act)[0]
         )
         assert_close(tk.glu(dev(x), dev(up), act).cpu(), cpu_op("glu", x, up, act))
+        for got, want in zip(tk.glu_backward(dev(up), dev(x), dev(up), act), cpu_op("glu_backward", up, x, up, act)):
+            assert_close(got.cpu(), want)
     equal(
         tk.bias_dropout_add_seeded(dev(x), dev(bias), dev(up), 0.3, seed),
         cpu_op("bias_dropout_add_seeded", x, bias, up, 0.3, seed),

@@ -1,6 +1,8 @@
 """Parity, accuracy, gradients, compile and error tests of fused.linear_act (CPU kernel, Triton launchers under
 the interpreter, and the CUDA kernels when a GPU is present)."""
 
+import math
+
 import pytest
 import torch
 
@@ -322,6 +324,14 @@ def test_triton_grad_pre(dtype, act):
         from fused.elementwise import triton_kernels as elementwise  # backward has the same derivative, same bits
 
         assert torch.equal(got_pre, elementwise.bias_act_backward(grad, saved, None, act)[0])
+    # relu selects, as eager's threshold_backward: an inf or NaN gradient where the output is 0 gives 0
+    grad, saved = grad[0, :2, :5].clone(), saved[0, :2, :5].clone()
+    grad[0] = torch.tensor([math.inf, math.nan, -math.inf, 1.0, math.nan])
+    saved[0] = torch.tensor([0.0, -1.0, 0.0, 2.0, math.nan])
+    got_pre, got_bias = triton_kernels.linear_act_grad_pre(grad, saved, act, True)
+    want_pre, want_bias = torch.ops.fused.linear_act_grad_pre(grad.cpu(), saved.cpu(), act, True)
+    assert_close(got_pre.cpu(), want_pre, scale=2)
+    assert_close(got_bias.cpu(), want_bias, scale=20)
 
 
 @requires_triton

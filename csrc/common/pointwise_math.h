@@ -50,6 +50,14 @@ template <Act A, typename V> FUSED_HD V act_grad(V x) {
   }
 }
 
+// g * f'(x) from dy = f'(x), as eager's backward forms it: relu passes or blocks g (threshold_backward selects, so an
+// inf or NaN g where x <= 0 gives 0, not NaN); the others multiply.
+template <Act A, typename V> FUSED_HD V times_act_grad(V g, V x, V dy) {
+  if constexpr (A == Act::relu) return p_where_pos(x, g);
+  else return g * dy;
+}
+template <Act A, typename V> FUSED_HD V act_backward(V g, V x) { return times_act_grad<A>(g, x, act_grad<A>(x)); }
+
 // f(x) and f'(x) together, sharing the special function they both need (glu's backward wants both).
 template <Act A, typename V> FUSED_HD void act_fwd_and_grad(V x, V& y, V& dy) {
   if constexpr (A == Act::gelu) {
@@ -128,6 +136,14 @@ template <UnaryOp O, typename V> FUSED_HD V unary_grad(V x, V s) {
   if constexpr (O == UnaryOp::pow) return s * p_pow_op(x, s - V(1));  // callers zero it when s == 0
   if constexpr (O == UnaryOp::clamp_min) return p_where_ge(x, s, V(1));
   if constexpr (O == UnaryOp::clamp_max) return p_where_ge(s, x, V(1));
+}
+
+// g * df/dx: relu and the clamps pass or block g (eager selects there, as for act_backward); the others multiply.
+template <UnaryOp O, typename V> FUSED_HD V unary_backward(V g, V x, V s) {
+  if constexpr (O == UnaryOp::relu) return p_where_pos(x, g);
+  else if constexpr (O == UnaryOp::clamp_min) return p_where_ge(x, s, g);
+  else if constexpr (O == UnaryOp::clamp_max) return p_where_ge(s, x, g);
+  else return g * unary_grad<O>(x, s);
 }
 
 }  // namespace fused

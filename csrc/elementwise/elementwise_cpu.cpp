@@ -80,11 +80,11 @@ std::tuple<at::Tensor, at::Tensor> bias_act_backward_cpu(const at::Tensor& grad_
         const T* gv = math_view(gp + i, gbuf, len);
         T* out = work_buffer(gxp + i, scratch);
         if (bias.empty()) {
-          vec_map2_to(out, xv, gv, len, [](auto v, auto g) { return g * act_grad<A>(v); });
+          vec_map2_to(out, xv, gv, len, [](auto v, auto g) { return act_backward<A>(g, v); });
         } else {
           for_row_segments(len, C, i % C, [&](int64_t k, int64_t j, int64_t seg) {
             vec_map3_to(out + k, xv + k, gv + k, bias.data() + j, seg,
-                        [](auto v, auto g, auto b) { return g * act_grad<A>(v + b); });
+                        [](auto v, auto g, auto b) { return act_backward<A>(g, v + b); });
           });
         }
         store_block(out, gxp + i, len);
@@ -166,7 +166,7 @@ std::tuple<at::Tensor, at::Tensor> glu_backward_cpu(const at::Tensor& grad_in, c
           V y, dy;
           act_fwd_and_grad<A>(x, y, dy);
           (d * y).store(d_up + k, m);
-          (d * v * dy).store(d_gate + k, m);
+          times_act_grad<A>(d * v, x, dy).store(d_gate + k, m);
         }
         store_block(d_up, dup + o, len);
         store_block(d_gate, dgp + o, len);
@@ -305,7 +305,7 @@ template <int U, typename T> inline void chain_grad_op(Vec<T>* g, Vec<T>* v, Una
     const Vec<T> sv(static_cast<T>(s));
     const bool zero = O == UnaryOp::pow && s == 0.0;  // pow(x, 0)' = 0 everywhere (0 * inf at x = 0 is NaN)
     for (int u = 0; u < U; ++u) {
-      g[u] = zero ? Vec<T>(T(0)) : g[u] * unary_grad<O>(v[u], sv);
+      g[u] = zero ? Vec<T>(T(0)) : unary_backward<O>(g[u], v[u], sv);
       if (!last) v[u] = unary_fwd<O>(v[u], sv);
     }
   });
@@ -411,12 +411,12 @@ void chain_grad_in_registers(T* out, const T* grad, const T* x, int64_t len, con
           const int recomputed = k + 1 == runs.size() ? run.count - 1 : run.count;
           for (int r = 0; r < recomputed; ++r) {
             for_each_vector<kChainGroup>([&](auto u) {
-              g[u] = g[u] * unary_grad<O>(v[u], sv);
+              g[u] = unary_backward<O>(g[u], v[u], sv);
               v[u] = unary_fwd<O>(v[u], sv);
             });
           }
           if (recomputed < run.count)
-            for_each_vector<kChainGroup>([&](auto u) { g[u] = g[u] * unary_grad<O>(v[u], sv); });
+            for_each_vector<kChainGroup>([&](auto u) { g[u] = unary_backward<O>(g[u], v[u], sv); });
         }
       });
     }

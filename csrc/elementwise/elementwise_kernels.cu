@@ -134,7 +134,7 @@ template <typename S, int N, Act A> struct BiasActGrad {
     load(g, grad + i, len, vec);
     if (bias) add_bias(v, bias, col, C, len);
 #pragma unroll
-    for (int k = 0; k < N; ++k) v[k] = g[k] * act_grad<A>(v[k]);
+    for (int k = 0; k < N; ++k) v[k] = act_backward<A>(g[k], v[k]);
     store(grad_x + i, v, len, vec);
   }
 };
@@ -211,7 +211,7 @@ template <typename S, int N> struct UnaryChainGrad {
       const bool zero_grad = O == UnaryOp::pow && chain.scalars[j] == 0.0;  // d/dx x^0 = 0
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        g[k] = zero_grad ? T(0) : g[k] * unary_grad<O>(v[k], s);
+        g[k] = zero_grad ? T(0) : unary_backward<O>(g[k], v[k], s);
         v[k] = unary_fwd<O>(v[k], s);
       }
     });
@@ -330,9 +330,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int k = 0; k < N; ++k) {
       T y, dy;
-      act_fwd_and_grad<A>(g[k], y, dy);  // one erf / sigmoid for both
-      u[k] = d[k] * u[k] * dy;           // grad_gate
-      d[k] = d[k] * y;                   // grad_up
+      act_fwd_and_grad<A>(g[k], y, dy);                 // one erf / sigmoid for both
+      u[k] = times_act_grad<A>(d[k] * u[k], g[k], dy);  // grad_gate
+      d[k] = d[k] * y;                                  // grad_up
     }
     store(grad_gate + r * cols + c, u, len, vec);
     store(grad_up + r * cols + c, d, len, vec);

@@ -88,7 +88,7 @@ std::tuple<at::Tensor, at::Tensor> linear_act_grad_pre_cpu(const at::Tensor& gra
         if constexpr (A != Act::identity) {
           T sbuf[kBlock];
           const T* sv = math_view(sp + i, sbuf, len);
-          vec_map2_to(out, gv, sv, len, [&](auto g, auto s) { return g * act_grad_from_saved<A>(s); });
+          vec_map2_to(out, gv, sv, len, [&](auto g, auto s) { return act_backward_from_saved<A>(g, s); });
         } else if (out != gv) {
           std::copy(gv, gv + len, out);
         }

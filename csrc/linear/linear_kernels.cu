@@ -48,7 +48,7 @@ __global__ void act_grad_bias_kernel(const T* __restrict__ grad, const T* __rest
     for (int64_t r = row0 + threadIdx.y; r < row1; r += kRowLanes) {
       const int64_t i = r * N + col;
       MT g = to_math(grad[i]);
-      if constexpr (A != Act::identity) g *= act_grad_from_saved<A>(to_math(saved[i]));
+      if constexpr (A != Act::identity) g = act_backward_from_saved<A>(g, to_math(saved[i]));
       grad_pre[i] = from_math<T>(g);
       acc += g;
     }

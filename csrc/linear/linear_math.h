@@ -13,4 +13,9 @@ template <Act A, typename V> FUSED_HD V act_grad_from_saved(V s) {
   else return act_grad<A>(s);  // identity: 1; the others: s is the pre-activation
 }
 
+// g * act' from what linear_act saves; relu selects, as act_backward (common/pointwise_math.h).
+template <Act A, typename V> FUSED_HD V act_backward_from_saved(V g, V s) {
+  return times_act_grad<A>(g, s, act_grad_from_saved<A>(s));
+}
+
 }  // namespace fused

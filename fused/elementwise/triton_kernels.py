@@ -19,7 +19,7 @@ from fused.elementwise.triton_dropout_chain import (
     unary_chain,
     unary_chain_backward,
 )
-from fused.triton_math import act_fwd, act_grad
+from fused.triton_math import act_backward, act_fwd
 from fused.triton_utils import (
     KEEP_SUBNORMALS,
     math_torch_dtype,
@@ -83,7 +83,7 @@ def _bias_act_backward_kernel(
     for R0 in range(chunk * rows_per_chunk, tl.minimum((chunk + 1) * rows_per_chunk, rows), BLOCK_R):
         r, c2, mask = tile_index(R0, col_block, rows, BLOCK_R, cols, BLOCK_C, I64)
         h = tl.load(x_ptr + r * cols + c2, mask=mask).to(MATH) + bias[None, :]
-        gx = tl.load(g_ptr + r * cols + c2, mask=mask).to(MATH) * act_grad(h, ACT)
+        gx = act_backward(tl.load(g_ptr + r * cols + c2, mask=mask).to(MATH), h, ACT)
         tl.store(gx_ptr + r * cols + c2, to_out(gx, gx_ptr.dtype.element_ty), mask=mask)
         if HAS_BIAS:
             acc += tl.where(mask, gx, 0.0)
@@ -192,7 +192,7 @@ def _glu_kernel(
     if BACKWARD:
         d = tl.load(grad_ptr + r * cols + c, mask=mask).to(MATH)
         tl.store(gup_ptr + r * cols + c, to_out(d * act_fwd(gate, ACT), gup_ptr.dtype.element_ty), mask=mask)
-        y = (d * up) * act_grad(gate, ACT)
+        y = act_backward(d * up, gate, ACT)
     else:
         y = act_fwd(gate, ACT) * up
     tl.store(y_ptr + r * cols + c, to_out(y, y_ptr.dtype.element_ty), mask=mask)

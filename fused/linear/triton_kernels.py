@@ -229,7 +229,10 @@ def _grad_pre_kernel(
         g = tl.load(grad_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if ACT != "identity":
             s = tl.load(saved_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            g = g * _act_grad_from_saved(s, ACT)
+            if ACT == "relu":  # a select, as eager's threshold_backward
+                g = tl.where(s <= 0.0, 0.0, g)
+            else:
+                g = g * _act_grad_from_saved(s, ACT)
         tl.store(grad_pre_ptr + offs, g.to(grad_pre_ptr.dtype.element_ty), mask=mask)
         if BIAS_GRAD:
             sums += tl.sum(tl.where(mask, g, 0.0), axis=0)
