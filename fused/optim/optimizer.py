@@ -28,7 +28,7 @@ from fused.optim import (
     ops,  # noqa: F401  fake kernels and GPU routing
     quantize,
 )
-from fused.optim.functional import check_grads, check_one_device, global_norm, local
+from fused.optim.functional import check_grads, check_one_device, global_norm, is_dense, local
 
 INF = float("inf")
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -270,8 +270,10 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 if self._uses_master(p):
                     self._ensure_master(p)
                 self._init_state(group, p)
+            # parameters with gaps (strided views) step on a dense copy, written back after the update
+            gapped = {id(p): torch.empty_like(local(p)).copy_(local(p)) for p in params if not is_dense(local(p))}
             self._step_op(
-                [self._target(p) for p in params],
+                [self._target(p, gapped) for p in params],
                 [grads[id(p)] for p in params],
                 *self._state_lists(group, params),
                 *self._row(group),
@@ -280,12 +282,15 @@ class _FusedOptimizer(torch.optim.Optimizer):
                 grad_scale,
                 found_inf,
                 clip_value,
-                [local(p) for p in params] if self._uses_master(params[0]) else [],
+                [gapped.get(id(p), local(p)) for p in params] if self._uses_master(params[0]) else [],
                 self._sr_seed(params),
                 self._hyper(entries),
                 write_grads,
                 **self._state_options(params),
             )
+            for p in params:
+                if id(p) in gapped:
+                    local(p).copy_(gapped[id(p)])
 
     def _state_options(self, params):
         """Extra keyword arguments of the update op for this call (Adam's low-bit state)."""
@@ -303,7 +308,7 @@ class _FusedOptimizer(torch.optim.Optimizer):
         if from_buffer and self._accumulated(p):
             return local(self._grad_acc[p])
         g, lp = local(p.grad), local(p)
-        if g.stride() != lp.stride():
+        if g.stride() != lp.stride() or not is_dense(lp):  # a parameter with gaps steps on a dense copy
             g = torch.empty_like(lp, dtype=g.dtype).copy_(g)
         return g
 
@@ -365,9 +370,12 @@ class _FusedOptimizer(torch.optim.Optimizer):
         """(plain params, params with an fp32 master): the kernels take one kind per call."""
         return [p for p in params if not self._uses_master(p)], [p for p in params if self._uses_master(p)]
 
-    def _target(self, p):
-        """What the kernel updates in place as "the parameter": the fp32 master where there is one."""
-        return local(self.state[p]["master_param"]) if self._uses_master(p) else local(p)
+    def _target(self, p, gapped):
+        """What the kernel updates in place as "the parameter": the fp32 master where there is one, else the
+        parameter or its dense copy in `gapped`."""
+        if self._uses_master(p):
+            return local(self.state[p]["master_param"])
+        return gapped.get(id(p), local(p))
 
     def state_dict(self):
         state_dict = super().state_dict()
