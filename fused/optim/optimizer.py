@@ -550,6 +550,14 @@ class Adam(_FusedOptimizer):
         state_dtype=None,
     ):
         name = type(self).__name__
+        if isinstance(betas[0], torch.Tensor) != isinstance(betas[1], torch.Tensor):
+            raise ValueError(f"fused.optim.{name}: betas must be either both floats or both Tensors")
+        if foreach and not capturable:  # torch.optim's foreach=True Adam refuses these; as a drop-in, so do we
+            for arg, value in (("lr", lr), ("betas[0]", betas[0]), ("betas[1]", betas[1])):
+                if isinstance(value, torch.Tensor):
+                    raise ValueError(
+                        f"fused.optim.{name}: {arg} as a Tensor is not supported for capturable=False and foreach=True"
+                    )
         for i, beta in enumerate(betas):
             if not 0.0 <= float(beta) < 1.0:
                 raise ValueError(f"fused.optim.{name}: betas[{i}] must be in [0, 1), got {beta}")
