@@ -67,6 +67,10 @@ def test_params_with_gaps_step_in_place_as_torch(name, hyper, master):
 
 
 def error_cases():
+    try:
+        import expecttest  # noqa: F401  torch.testing._internal imports it (make setup installs it)
+    except ImportError:
+        return  # an empty parameter set: pytest reports the test skipped
     from torch.testing._internal.common_optimizers import OptimizerErrorEnum, optim_db
 
     for info in optim_db:
