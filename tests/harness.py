@@ -236,7 +236,7 @@ def int8_moments(params, keys, seed, quantized=True):
                 scales.append(torch.empty(0))
             elif p.numel() >= quantize.MIN_NUMEL:
                 codes = torch.empty(p.shape, dtype=quantize.CODES[key])
-                scales.append(quantize.zero_scales(codes))
+                scales.append(quantize.scales_like(codes))
                 quantize.encode_(codes, scales[-1], x)
                 states.append(codes)
             else:

@@ -31,7 +31,7 @@ def quantized_by_kernel(values, state_seed=None):
     = 0 and lr = 0 stores exactly those moments; under state_seed (int) exp_avg_sq's codes round stochastically."""
     g = values.clone()
     state = {k: torch.zeros(values.shape, dtype=quantize.CODES[k]) for k in ("exp_avg", "exp_avg_sq")}
-    state.update({k + "_scale": quantize.zero_scales(state[k]) for k in ("exp_avg", "exp_avg_sq")})
+    state.update({k + "_scale": quantize.scales_like(state[k]) for k in ("exp_avg", "exp_avg_sq")})
     seed = None if state_seed is None else torch.tensor(state_seed)
     torch.ops.fused.adam_step_(
         [torch.zeros_like(values)], [g], [state["exp_avg"]], [state["exp_avg_sq"]], [], [torch.zeros(())], 0.0, 0.0,

@@ -236,7 +236,7 @@ def optim():
         g = torch.randn(5000, dtype=dt)
         plain = torch.bfloat16 if state_seed is not None else p.dtype
         state = [torch.zeros(5000, dtype=quantize.CODES[k] if codes else plain) for k in quantize.CODES]
-        scales = {k + "_scales": [quantize.zero_scales(s)] for k, s in zip(quantize.CODES, state)} if codes else {}
+        scales = {k + "_scales": [quantize.scales_like(s)] for k, s in zip(quantize.CODES, state)} if codes else {}
         one = torch.ones(())
         tk.adam_step_(
             [p], [g], [state[0]], [state[1]], [state[2]] if amsgrad else [], [torch.zeros(())], 1e-3, 0.9, 0.999,

@@ -50,13 +50,15 @@ def check_target(op, target, shape, ref, logits_shape):
         )
     if target.dtype not in (torch.int64, torch.uint8):
         raise RuntimeError(f"fused.{op}: target must hold int64 (or uint8) class indices, got {target.dtype}")
+    check_target_layout(op, target, shape, ref, "target must have shape {} (one class index per row of logits)")
+
+
+def check_target_layout(op, target, shape, ref, rule):
+    """target on ref's device and of `shape`; `rule` words the shape's requirement ({}: the shape)."""
     if target.device != ref.device:
         raise RuntimeError(f"fused.{op}: target is on {target.device} but the logits are on {ref.device}")
     if tuple(target.shape) != tuple(shape):
-        raise ValueError(
-            f"fused.{op}: target must have shape {tuple(shape)} (one class index per row of logits), "
-            f"got {tuple(target.shape)}"
-        )
+        raise ValueError(f"fused.{op}: {rule.format(tuple(shape))}, got {tuple(target.shape)}")
 
 
 def check_target_range(op, target, classes, ignore_index):
@@ -407,9 +409,6 @@ def _dense_linear_cross_entropy(op, input, linear_weight, target, linear_bias, w
         check_probabilities(op, target, logits_shape, input)
     else:
         check_target(op, target, (*batch, *out_features), input, logits_shape)
-        check_target_range(op, target.reshape(-1).long(), classes, row_options[1])
-    if weight is not None:
-        check_class_weight(op, weight, input, classes)
     bias = None if linear_bias is None else linear_bias.flatten()
     logits = F.linear(input, linear_weight.flatten(0, -2), bias).view(logits_shape)
     if len(batch) > 1:  # [..., C]: rows of classes (out_features is empty here)
@@ -420,18 +419,14 @@ def _dense_linear_cross_entropy(op, input, linear_weight, target, linear_bias, w
 
 def check_probabilities(op, target, shape, ref):
     """A class-probability target: floating point, of the logits' shape, on ref's device."""
-    if target.device != ref.device:
-        raise RuntimeError(f"fused.{op}: target is on {target.device} but the logits are on {ref.device}")
-    if tuple(target.shape) != tuple(shape):
-        raise ValueError(
-            f"fused.{op}: a class-probability target (floating point) must have the logits' shape {tuple(shape)}, "
-            f"got {tuple(target.shape)}"
-        )
+    rule = "a class-probability target (floating point) must have the logits' shape {}"
+    check_target_layout(op, target, shape, ref, rule)
 
 
 def _probability_cross_entropy(op, logits, target, weight, reduction, ignore_index, label_smoothing, z_loss, softcap):
     """Class-probability targets: F.cross_entropy on the (capped) logits, which are dense as the target is, plus
     the z-loss of every token (no target is ignored)."""
+    _checks.check_floating(op, "logits", logits)
     if logits.dim() < 1:
         raise RuntimeError(f"fused.{op}: logits must have at least 1 dimension (the classes), got a scalar")
     class_dim = min(1, logits.dim() - 1)
@@ -453,7 +448,6 @@ def _cross_entropy(logits, target, **options):
     op = "cross_entropy"
     weight, reduction, ignore_index, label_smoothing, z_loss, softcap = chunked.keyword_options(op, options)
     row_options = _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap)
-    _checks.check_floating(op, "logits", logits)
     return _cross_entropy_of(op, logits, target, weight, *row_options)
 
 

@@ -25,11 +25,6 @@ def _flat(t):
     return t.as_strided((t.numel(),), (1,), t.storage_offset())
 
 
-def zero_scales(codes):
-    """The scales of a code tensor, all zero (codes 0 and scale 0 decode to 0)."""
-    return torch.zeros(block_count(codes.numel()), dtype=torch.float32, device=codes.device)
-
-
 def block_count(numel):
     """The scales of numel coded values: one per block of BLOCK, the last one partial."""
     return -(-numel // BLOCK)
@@ -40,9 +35,10 @@ def scales_like(codes):
     quantizes its own shard, so the scales are a DTensor too, sharded on the same mesh dimensions: each rank holds
     the scales of its shard, padded to the block count of the largest shard, so that every rank holds the same
     number and torch.distributed.checkpoint saves and restores each rank's scales (a plain tensor there would count
-    as replicated: one rank's scales saved, loaded on every rank). local_scales gives the unpadded local ones."""
+    as replicated: one rank's scales saved, loaded on every rank). local_scales gives the unpadded local ones.
+    (Codes 0 and scale 0 decode to 0.)"""
     if local(codes) is codes:
-        return zero_scales(codes)
+        return torch.zeros(block_count(codes.numel()), dtype=torch.float32, device=codes.device)
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     mesh, shape, ranks = codes.device_mesh, list(codes.shape), 1
