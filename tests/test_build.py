@@ -1,5 +1,6 @@
 """The build's own helpers: what a user's `pip install` and the GPU suite rely on before any kernel runs."""
 
+import glob
 import importlib.util
 import os
 import re
@@ -7,6 +8,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import tarfile
 
 import pytest
 
@@ -131,3 +133,26 @@ def test_cxx_standard_follows_torch():
         "c++20",
     ]
     assert module.installed_torch_std() in ("c++17", "c++20")
+
+
+def test_source_distribution_carries_everything_the_build_reads(tmp_path):
+    """`pip install fused-<version>.tar.gz` compiles csrc/ on the user's machine: every header, .cu and binding file
+    must be in the sdist (setuptools packs only the sources the extension lists on the packing machine)."""
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "egg_info", "--egg-base", str(tmp_path), "sdist", "-d", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    (archive,) = tmp_path.glob("fused-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        packed = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    needed = ["setup.py", "pyproject.toml", os.path.join("tools", "cuda_toolkit.py")]
+    for folder, _, files in os.walk(os.path.join(ROOT, "csrc")):
+        needed += [
+            os.path.relpath(os.path.join(folder, f), ROOT) for f in files if f.endswith((".h", ".cuh", ".cu", ".cpp"))
+        ]
+    needed += [os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "fused", "**", "*.py"), recursive=True)]
+    missing = sorted(set(needed) - packed)
+    assert not missing, f"missing from the sdist: {missing}"
