@@ -477,6 +477,32 @@ def test_liger_fused_linear_jsd(dtype, temperature, beta, ignore_index):
         check_against(ours, liger, [x, w], [torch.ones(())])
 
 
+@pytest.mark.parametrize("autocast_dtype", [torch.bfloat16, torch.float16])
+def test_liger_fused_linear_jsd_amp(autocast_dtype):
+    """test_fused_linear_jsd.py's test_amp: float32 heads, 16-bit hidden states, some targets ignored, loss and
+    backward under torch.autocast; the float64 run (which autocast leaves alone) is the exact answer."""
+    x = h.make((8, 16), autocast_dtype, seed=61, requires_grad=True)
+    w = h.make((V, 16), low=-0.5, high=0.5, seed=62, requires_grad=True)
+    xt, wt = h.make((8, 32), autocast_dtype, seed=63), h.make((V, 32), low=-0.3, high=0.3, seed=64)
+    label = torch.randint(0, V, (8,), generator=torch.Generator().manual_seed(7))
+    label[[1, 4, 5]] = IGNORE
+
+    def autocast(fn):
+        def run(x, w):
+            with torch.autocast("cpu", dtype=autocast_dtype):
+                return fn(x, w)
+
+        return run
+
+    def ours(x, w):
+        return fused.linear_distillation_loss(x, w, xt, wt, label, divergence="jsd")
+
+    def liger(x, w):
+        return liger_fused_linear_jsd(x, w, xt.to(x.dtype), wt.to(x.dtype), label)
+
+    check_against(autocast(ours), autocast(liger), [x, w], [torch.ones(())])
+
+
 def test_liger_jsd_of_log_probs():
     """test_jsd.py: Liger's JSD takes the log-probs log_q (student) and log_p (teacher), for beta = 0.5, 0.1, 0 and 1;
     ours takes logits (identity heads), the log-probs' own logits: the same loss, and their gradient with respect to
