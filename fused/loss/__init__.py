@@ -118,9 +118,12 @@ def linear_distillation_loss(
     """A divergence between the teacher's and the student's next-token distributions, p = softmax(logits /
     temperature) of each linear head, without either's N x V logits: "forward_kl" KL(p_T || p_S), "reverse_kl"
     KL(p_S || p_T), "jsd" beta KL(p_T || m) + (1 - beta) KL(p_S || m) with m = beta p_T + (1 - beta) p_S. Tokens
-    whose target is ignore_index are left out (all count when target is None); "mean" over the counted tokens,
-    "sum", or "none" per token (0 where ignored). The teacher gets no gradient; teacher and student may have
-    different hidden sizes (and dtypes), not vocabularies. The loss is float32 (float64 for float64 input)."""
+    whose target is ignore_index are left out (all count when target is None); "mean" over the counted tokens (0,
+    with zero gradients, when none is), "sum", or "none" per token (0 where ignored). TRL's generalized_jsd_loss and
+    Liger's JSD losses take beta = 0 as KL(p_T || p_S) and beta = 1 as KL(p_S || p_T): here those are "forward_kl"
+    and "reverse_kl" ("jsd" at beta 0 or 1 compares a distribution with itself: 0). The teacher gets no gradient;
+    teacher and student may have different hidden sizes (and dtypes), not vocabularies. The loss is float32 (float64
+    for float64 input)."""
     return torch.ops.fused.linear_distillation_loss(
         student_input,
         student_weight,

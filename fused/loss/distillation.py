@@ -76,10 +76,12 @@ def check_distillation_rows(op, logits, teacher_logits, target, scale, grad, div
 
 # ---- kernels of the internal ops ----
 def _counted(target, ignore_index, n, dtype, device):
-    """The number of tokens the loss counts (a device tensor: no sync)."""
+    """The divisor of "mean": the number of tokens the loss counts, at least 1 (a device tensor: no sync). With no
+    token counted the loss is then 0 with zero gradients, as TRL's generalized_jsd_loss and Liger's JSD losses give
+    it (their counts clamped at 1), not 0 / 0."""
     if target is None:
-        return torch.tensor(float(n), dtype=dtype, device=device)
-    return (target != ignore_index).sum().to(dtype)
+        return torch.tensor(float(max(n, 1)), dtype=dtype, device=device)
+    return (target != ignore_index).sum().clamp_min(1).to(dtype)
 
 
 def _chunks(si, sw, ti, tw, target, sb, tb, options, scale, grads):

@@ -104,8 +104,8 @@ def linear_distillation_loss(
     reduction="mean",
 ):
     """The divergence between softmax(teacher logits / T) and softmax(student logits / T) per token (DESIGN.md), in
-    float32 (float64), over the tokens whose target is not ignore_index (all when target is None); the teacher is
-    a constant."""
+    float32 (float64), over the tokens whose target is not ignore_index (all when target is None; "mean" is 0 when
+    none is counted); the teacher is a constant."""
     ls = _log_softmax(F.linear(student_input, student_weight, student_bias), temperature)
     with torch.no_grad():
         lt = _log_softmax(F.linear(teacher_input, teacher_weight, teacher_bias), temperature)
@@ -121,4 +121,4 @@ def linear_distillation_loss(
     per_token = torch.where(valid, per_token, 0.0)
     if reduction == "none":
         return per_token
-    return per_token.sum() if reduction == "sum" else per_token.sum() / valid.sum()
+    return per_token.sum() if reduction == "sum" else per_token.sum() / valid.sum().clamp_min(1)  # none counted: 0
