@@ -4,11 +4,18 @@ the linear-layer ops as F.linear, the distances and norms in float32 where torch
 import torch
 
 
+def autocast_enabled(device_type):
+    """torch.is_autocast_enabled(device_type), False on devices autocast has no mode for (meta: shape inference),
+    where torch.is_autocast_enabled raises."""
+    available = device_type in ("cpu", "cuda") or torch.amp.is_autocast_available(device_type)  # no call for these two
+    return available and torch.is_autocast_enabled(device_type)
+
+
 def autocast_linear(*tensors):
     """The linear layer's tensors in autocast's dtype when autocast is on, as F.linear would run (float64 and None
     pass through)."""
     device = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(device):
+    if not autocast_enabled(device):
         return tensors
     dtype = torch.get_autocast_dtype(device)
     return tuple(

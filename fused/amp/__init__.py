@@ -21,11 +21,13 @@ class GradScaler(torch.amp.GradScaler):
         state = self._per_optimizer_states[id(optimizer)]
         if state["stage"] is OptState.STEPPED:
             raise RuntimeError("fused.amp.GradScaler.step: step() has already been called since the last update()")
+        # a grad_scale the user set on the optimizer multiplies the scaler's, as torch's scaler takes it
+        preset = getattr(optimizer, "grad_scale", None)
         if state["stage"] is OptState.UNSCALED:  # the user called unscale_: gradients are unscaled already
             found = list(state["found_inf_per_device"].values())
-            grad_scale, found_inf = None, (sum(found[1:], found[0]) if found else None)
+            grad_scale, found_inf = preset, (sum(found[1:], found[0]) if found else None)
         else:
-            grad_scale, found_inf = self._scale, None
+            grad_scale, found_inf = self._scale if preset is None else self._scale * preset, None
         # through optimizer.step(), as torch's scaler drives optimizers with _step_supports_amp_scaling, so that step
         # hooks, LR schedulers' step tracking and wrappers of step see the step; the fused step reads the scale and
         # the found_inf so far from these attributes and leaves its own finite check in _step_found_inf
@@ -35,10 +37,9 @@ class GradScaler(torch.amp.GradScaler):
         finally:
             del optimizer.grad_scale, optimizer.found_inf
         found_inf = optimizer._step_found_inf
-        if found_inf is None:  # no parameter has a gradient: nothing stepped
-            return result
-        state["found_inf_per_device"] = {found_inf.device: found_inf}
-        state["stage"] = OptState.STEPPED
+        if found_inf is not None:  # None: no parameter has a gradient, nothing stepped or checked
+            state["found_inf_per_device"] = {found_inf.device: found_inf}
+        state["stage"] = OptState.STEPPED  # stepped, gradients or not, as torch's scaler marks it
         return result
 
     def _unscale_grads_(self, optimizer, inv_scale, found_inf, allow_fp16):

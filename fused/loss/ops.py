@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from fused import _checks
-from fused._autocast import autocast_linear
+from fused._autocast import autocast_enabled, autocast_linear
 from fused._autograd import register_autograd
 from fused._backend import register_gpu
 from fused.loss import chunked
@@ -343,7 +343,7 @@ cross_entropy_fwd = register_autograd("cross_entropy_fwd", _ce_backward, _ce_set
 # ---- the public composites ----
 def _loss_dtype(loss, like):
     """The input's dtype, or float32 under autocast (torch runs cross-entropy in float32 there)."""
-    return loss if torch.is_autocast_enabled(like.device.type) else loss.to(like.dtype)
+    return loss if autocast_enabled(like.device.type) else loss.to(like.dtype)
 
 
 def _row_options(op, reduction, ignore_index, label_smoothing, z_loss, softcap):

@@ -22,7 +22,8 @@ class FusedLinear(nn.Module):
         self.in_features, self.out_features, self.act = in_features, out_features, act
         factory = {"device": device, "dtype": dtype}
         self.weight = nn.Parameter(torch.empty(out_features, in_features, **factory))
-        self.bias = nn.Parameter(torch.empty(out_features, **factory)) if bias else None
+        # registered as nn.Linear's, None included: a tensor assigned later must be a Parameter, as there
+        self.register_parameter("bias", nn.Parameter(torch.empty(out_features, **factory)) if bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -32,8 +33,8 @@ class FusedLinear(nn.Module):
             bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
             nn.init.uniform_(self.bias, -bound, bound)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_act(x, self.weight, self.bias, self.act)
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Linear's argument name: m(input=x) works too
+        return linear_act(input, self.weight, self.bias, self.act)
 
     def extra_repr(self) -> str:
         return (
@@ -70,10 +71,10 @@ class FusedMLP(nn.Module):
             for i in range(len(sizes) - 1)
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, input: torch.Tensor) -> torch.Tensor:  # nn.Sequential's argument name
         for layer in self.layers:
-            x = layer(x)
-        return x
+            input = layer(input)
+        return input
 
     @torch.no_grad()
     def fold(self) -> "FusedMLP":

@@ -28,8 +28,9 @@ class _FixedOptions(nn.Module):
 
 class FusedLinearCrossEntropyLoss(_FixedOptions):
     """loss(input, linear_weight, target, linear_bias=None) = fused.linear_cross_entropy(...) with this module's
-    reduction, ignore_index, label_smoothing, z_loss and softcap. It holds no parameters: pass the LM head's (or
-    the tied embedding's) weight."""
+    reduction, ignore_index, label_smoothing, z_loss, softcap and class weights. It holds no parameters: pass the LM
+    head's (or the tied embedding's) weight. weight (keyword): the class weights [V], a buffer as in
+    nn.CrossEntropyLoss (so .to(), .half() and state_dict carry it)."""
 
     OPTIONS = ("reduction", "ignore_index", "label_smoothing", "z_loss", "softcap")
 
@@ -40,11 +41,14 @@ class FusedLinearCrossEntropyLoss(_FixedOptions):
         label_smoothing: float = 0.0,
         z_loss: float = 0.0,
         softcap: Optional[float] = None,
+        *,
+        weight: Optional[torch.Tensor] = None,
     ):
         super().__init__()
         check_options("nn.FusedLinearCrossEntropyLoss", reduction, label_smoothing, z_loss, softcap)
         self.reduction, self.ignore_index, self.label_smoothing = reduction, ignore_index, label_smoothing
         self.z_loss, self.softcap = z_loss, softcap
+        self.register_buffer("weight", weight)
 
     def forward(
         self,
@@ -53,7 +57,9 @@ class FusedLinearCrossEntropyLoss(_FixedOptions):
         target: torch.Tensor,
         linear_bias: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        return linear_cross_entropy(input, linear_weight, target, **self.options(linear_bias=linear_bias))
+        return linear_cross_entropy(
+            input, linear_weight, target, **self.options(linear_bias=linear_bias, weight=self.weight)
+        )
 
 
 class FusedLinearLogProbs(_FixedOptions):
