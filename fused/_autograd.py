@@ -4,13 +4,17 @@ Through the dispatcher, an op whose autograd is registered from Python pays for 
 call (the keyset, the defaults filled back, the redispatch): 45 us more than a torch.autograd.Function running the
 same setup_context and backward (fused.rms_norm forward on 8 x 64 floats, a 2-core Zen 3 host: 65 against 20 us),
 and an eager GPU training step is bound by that host time at the sizes a transformer layer runs. The entry point
-runs eager calls through such a Function; traced calls (torch.compile, fake or functional tensors, functorch
-transforms, tensor subclasses) go through the op itself, which they see as one custom op."""
+runs eager calls through such a Function; traced calls (torch.compile, fake or functional tensors, torch.func
+transforms, tensor subclasses) go through the op itself, which they see as one custom op. Under torch.func's grad,
+vjp and jacrev the op's autograd kernel applies that Function too: torch.func refuses the autograd.Function that
+torch.library.register_autograd makes (it has no setup_context)."""
 
 import functools
+import math
 
 import torch
 import torch.autograd.forward_ad as forward_ad
+from torch._functorch.autograd_function import enable_single_level_autograd_function
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
@@ -23,8 +27,31 @@ def check_no_forward_ad(name: str, tensors) -> None:
     if jvp or (forward_ad._current_level >= 0 and any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)):
         raise NotImplementedError(
             f"fused.{name}: forward-mode AD (torch.func.jvp, forward_ad dual tensors) is not supported; "
-            "use reverse mode (backward, torch.func.grad is not supported either) or the torch reference ops"
+            "use reverse mode (backward, torch.func.grad, vjp, jacrev) or the torch reference ops"
         )
+
+
+FUNC_SECOND_ORDER = (
+    "under torch.func: a reverse transform nested in another, or grad / vjp of tensors that require grad outside "
+    "them, would differentiate through it; pass detached tensors to torch.func.grad / vjp"
+)
+
+
+def differentiable_outside(tensors) -> bool:
+    """Whether a gradient taken outside the torch.func level of a backward's tensors could reach the backward: a
+    reverse transform enclosing that level (a finished vjp's level is -2: every active one encloses it), or
+    tensors below every transform that require grad."""
+    level = max(map(torch._C._functorch.maybe_get_level, tensors))
+    level = math.inf if level < 0 else level
+    stack = torch._C._functorch.get_interpreter_stack() or ()
+    if any(i.key() == torch._C._functorch.TransformType.Grad and i.level() < level for i in stack):
+        return True
+    for t in tensors:
+        while torch._C._functorch.is_functorch_wrapped_tensor(t):
+            t = torch._C._functorch.get_unwrapped(t)
+        if t.requires_grad:
+            return True
+    return False
 
 
 def traced(tensors) -> bool:
@@ -52,6 +79,13 @@ def first_order(name: str, backward):
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        tensors = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor)]
+        if any(map(torch._C._functorch.is_functorch_wrapped_tensor, tensors)):
+            # torch.func differentiates with create_graph=True whether or not a second derivative follows
+            if differentiable_outside(tensors):
+                raise RuntimeError(f"{message} ({FUNC_SECOND_ORDER})")
+            with torch.no_grad():
+                return backward(ctx, *grads)
         if not torch.is_grad_enabled():  # a plain backward: grad mode is on only under create_graph=True
             return backward(ctx, *grads)
         anchors = [
@@ -77,13 +111,13 @@ def first_order(name: str, backward):
 
 
 def register_autograd(name: str, backward, setup_context):
-    """Registers backward / setup_context as fused::<name>'s autograd (torch.library.register_autograd) and returns a
-    callable with the op's signature. An eager call runs a torch.autograd.Function over the op's kernel below
-    autograd when a gradient is wanted, the kernel alone when not; a traced one runs the op, whose registered
-    autograd the dispatcher finds. setup_context gets what torch.library gives it: every positional argument
-    (defaults filled in) and, for an op with keyword-only arguments, those as keyword_only_inputs."""
+    """Registers backward / setup_context as fused::<name>'s autograd (torch.library.register_autograd's kernel, which
+    under torch.func's grad, vjp and jacrev gives way to the Function below) and returns a callable with the op's
+    signature. An eager call runs a torch.autograd.Function over the op's kernel below autograd when a gradient is
+    wanted, the kernel alone when not; a traced one runs the op, whose registered autograd the dispatcher finds.
+    setup_context gets what torch.library gives it: every positional argument (defaults filled in) and, for an op
+    with keyword-only arguments, those as keyword_only_inputs."""
     backward = first_order(name, backward)
-    torch.library.register_autograd(f"fused::{name}", backward, setup_context=setup_context)
     op = getattr(torch.ops.fused, name).default
     arguments = op._schema.arguments
     positional = [a for a in arguments if not a.kwarg_only]
@@ -117,6 +151,19 @@ def register_autograd(name: str, backward, setup_context):
         {"forward": staticmethod(forward), "backward": staticmethod(function_backward)},
     )
 
+    def function_inputs(args, kwargs):
+        if len(args) < n_args:  # the schema's defaults, as torch.library fills them in for setup_context
+            args = (*args, *(a.default_value for a in positional[len(args) :]))
+        return (*args, *(kwargs.get(k, default) for k, default in keyword))
+
+    def apply_in_func_layer(args, kwargs):
+        """Function.apply inside a torch.func layer: a single-level Function, which records on the layer's tensors as
+        plain autograd does (Function.apply refuses a Function without setup_context there)."""
+        with enable_single_level_autograd_function():
+            return super(torch.autograd.Function, Function).apply(*function_inputs(args, kwargs))
+
+    register_autograd_kernel(op, backward, setup_context, apply_in_func_layer)
+
     def call(*args, **kwargs):
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         if traced(tensors):
@@ -128,13 +175,33 @@ def register_autograd(name: str, backward, setup_context):
         if not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors)):
             with torch._C._AutoDispatchBelowAutograd():  # no gradient: the kernel, past the autograd wrapper
                 return op(*args, **kwargs)
-        if len(args) < n_args:  # the schema's defaults, as torch.library fills them in for setup_context
-            args = (*args, *(a.default_value for a in positional[len(args) :]))
-        return Function.apply(*args, *(kwargs.get(k, default) for k, default in keyword))
+        return Function.apply(*function_inputs(args, kwargs))
 
     call.__name__ = name
     call.__doc__ = f"torch.ops.fused.{name}, through a torch.autograd.Function when called eagerly with a gradient."
     return call
+
+
+_LIB = torch.library.Library("fused", "FRAGMENT")
+
+
+def register_autograd_kernel(op, backward, setup_context, apply_in_func_layer):
+    """op's Autograd kernel: torch.library.register_autograd's, except inside a torch.func grad, vjp or jacrev
+    layer. There torch's autograd.Function (it has no setup_context) is refused by torch.func, while a Function
+    applied as a single-level one records on the layer's tensors as plain autograd does (torch.func's own rule for
+    an autograd.Function does the same)."""
+    info = torch._library.autograd.Info(backward, setup_context)
+    torch_kernel = torch._library.autograd.make_autograd_impl(op, info)
+
+    def kernel(keyset, *args, **kwargs):
+        in_func_layer = torch._C._are_functorch_transforms_active()
+        if in_func_layer or forward_ad._current_level >= 0:  # torch would drop a tangent silently
+            check_no_forward_ad(op._opname, [a for a in args if isinstance(a, torch.Tensor)])
+        if in_func_layer and torch.is_grad_enabled() and torch._C._any_requires_grad(*args):
+            return apply_in_func_layer(args, kwargs)
+        return torch_kernel(keyset, *args, **kwargs)
+
+    _LIB.impl(op._opname, kernel, "Autograd", with_keyset=True)
 
 
 def public(name: str, composite):

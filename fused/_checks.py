@@ -13,6 +13,17 @@ def check_device(op, t):
         raise RuntimeError(f"fused.{op}: tensors on {t.device.type} are not supported (CPU and CUDA only)")
 
 
+def values_readable(t):
+    """Whether t's values can be read on the host to check them: a plain tensor, not while torch.compile traces (fake
+    or functional tensors) nor inside a torch.func transform (a batched or gradient-tracking wrapper, whose values
+    cannot drive a Python branch). Elsewhere the kernels check the values themselves."""
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and not torch.compiler.is_compiling()
+        and not torch._C._functorch.is_functorch_wrapped_tensor(t)
+    )
+
+
 def check_tensor(op, name, t):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"fused.{op}: {name} must be a tensor, got {type(t).__name__}")

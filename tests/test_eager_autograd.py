@@ -94,8 +94,8 @@ def test_traced_calls_go_through_the_op():
 
     assert torch.equal(compiled(x.detach()), rms(x.detach(), None))
     assert "torch.ops.fused." in seen[0]  # one custom op in the graph (the composite rms_norm)
-    # under a functorch transform the op runs (torch.library's autograd, which torch.func.grad does not take
-    # either: an autograd.Function without setup_context)
+    # under a torch.func transform the call is traced too (vmap runs the op; grad, vjp and jacrev the Function:
+    # tests/test_tooling_export.py)
     seen.clear()
     torch.func.vmap(lambda t: seen.append(_autograd.traced([t])) or t)(x.detach())
     assert seen == [True] and not _autograd.traced([x, torch.nn.Parameter(x.detach())])
@@ -157,10 +157,16 @@ def test_second_derivatives_raise_naming_the_op(op):
 
 
 def test_forward_mode_ad_raises_naming_the_op():
-    """jvp and dual tensors would otherwise come back with a zero (jvp) or missing (dual) tangent."""
+    """jvp and dual tensors would otherwise come back with a zero (jvp) or missing (dual) tangent, through the public
+    functions and through torch.ops.fused.<op> alike."""
     import torch.autograd.forward_ad as fwad
 
     x, v = make((4, 8), torch.float64, seed=23), make((4, 8), torch.float64, seed=24)
+    q, cos, sin = (
+        x.view(1, 1, 4, 8),
+        torch.ones(1, 4, 8, dtype=torch.float64),
+        torch.zeros(1, 4, 8, dtype=torch.float64),
+    )
     with pytest.raises(NotImplementedError, match=r"fused\.norm_fwd: forward-mode AD"):
         torch.func.jvp(lambda a: fused.rms_norm(a, 8), (x,), (v,))
     with pytest.raises(NotImplementedError, match=r"fused\.bias_act: forward-mode AD"):
@@ -169,4 +175,8 @@ def test_forward_mode_ad_raises_naming_the_op():
         with pytest.raises(NotImplementedError, match=r"fused\.cross_entropy_fwd: forward-mode AD"):
             fused.cross_entropy(fwad.make_dual(x, v), torch.tensor([0, 1, 2, 3]))
         assert torch.equal(fused.rms_norm(x, 8), fused.rms_norm(x, 8))  # no tangent: runs
+        with pytest.raises(NotImplementedError, match=r"fused\.bias_act: forward-mode AD"):  # the op itself
+            torch.ops.fused.bias_act(fwad.make_dual(x, v), None, "gelu")
+    with pytest.raises(NotImplementedError, match=r"fused\.rope: forward-mode AD"):
+        torch.func.jvp(lambda a: torch.ops.fused.rope(a, a, cos, sin)[0], (q,), (q,))
     assert torch.func.vmap(lambda a: fused.bias_act(a, None, "gelu"))(x).shape == x.shape

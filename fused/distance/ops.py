@@ -4,7 +4,6 @@ composite chamfer_distance, and the CUDA-device routing between the CUDA C++ and
 import math
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from fused import _checks
 from fused._autocast import autocast_float32, register_autocast_float32
@@ -84,8 +83,7 @@ def check_length_values(op, name, lengths, rows):
 
 
 def _readable(t):
-    """t is a tensor whose values can be read here: not while compile traces the op, not a fake tensor."""
-    return t is not None and not torch.compiler.is_compiling() and not is_fake(t)
+    return t is not None and _checks.values_readable(t)
 
 
 def check_both_lengths(op, a, b, lengths_a, lengths_b):

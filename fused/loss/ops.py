@@ -63,9 +63,9 @@ def check_target_layout(op, target, shape, ref, rule):
 
 def check_target_range(op, target, classes, ignore_index):
     """CPU: an out-of-range target is an IndexError naming the op, as in torch (a GPU would need a sync: its
-    kernels give that row NaN instead). Traced calls (torch.compile, fake or functional tensors) leave it to the
-    row kernel: no data-dependent branch."""
-    if target.device.type != "cpu" or torch.compiler.is_compiling() or type(target) is not torch.Tensor:
+    kernels give that row NaN instead). Traced calls (torch.compile, fake or functional tensors, torch.func
+    transforms) leave it to the row kernel: no data-dependent branch."""
+    if target.device.type != "cpu" or not _checks.values_readable(target):
         return
     bad = (target != ignore_index) & ((target < 0) | (target >= classes))
     if bad.any():
