@@ -6,7 +6,7 @@ Environment:
   TORCH_CUDA_ARCH_LIST   GPU architectures (default "8.0;9.0")
   FUSED_CPU_ARCH         the CPU kernels' vector ISA: avx512, avx2 or default (at::vec's scalar code); unset: the
                          widest of them the build machine has
-The C++ standard is torch's: torch.utils.cpp_extension adds the -std its headers need (c++20 in torch 2.13 and 2.14).
+The C++ standard is torch's: torch.utils.cpp_extension adds the -std its headers need (c++20 in torch 2.13 to 2.15).
 """
 
 import glob

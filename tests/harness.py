@@ -29,6 +29,9 @@ ALL_DTYPES = FLOAT_DTYPES + [torch.float64]
 
 requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")
 requires_triton = pytest.mark.skipif(not HAS_TRITON, reason="needs triton")
+# torch.jit.trace / script / save / load warn that TorchScript is deprecated (a DeprecationWarning before torch 2.15, a
+# FutureWarning from 2.15): tests that use torch.jit on purpose ignore these warnings and no others.
+ignore_torch_jit_deprecation = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.\w+` is ")
 
 # Property tests: `if given is not None:` around them, as a GPU machine without hypothesis runs the rest.
 try:

@@ -126,9 +126,10 @@ def test_cxx_standard_follows_torch():
     spec = importlib.util.spec_from_file_location("torch_cxx_std", os.path.join(ROOT, "tools", "torch_cxx_std.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    assert [module.std_for_version(v) for v in ("2.11.0", "2.13.0+cpu", "2.14.1", "3.0")] == [
+    assert [module.std_for_version(v) for v in ("2.11.0", "2.13.0+cpu", "2.14.1", "2.15.0", "3.0")] == [
         "c++17",
         "c++17",
+        "c++20",
         "c++20",
         "c++20",
     ]

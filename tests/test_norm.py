@@ -30,6 +30,7 @@ from tests.harness import (
     assert_accuracy_over_seeds,
     assert_close,
     check_compile,
+    ignore_torch_jit_deprecation,
     make,
     noncontiguous,
     raises,
@@ -581,7 +582,7 @@ class AddNormBlock(nn.Module):
         return self.ln(h) + total
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit is deprecated, not gone
+@ignore_torch_jit_deprecation  # torch.jit is deprecated, not gone
 def test_modules_trace_and_save_with_torch_jit(tmp_path):
     """torch.jit.trace of a model with trainable fused norms (as of nn.RMSNorm / nn.LayerNorm) passes trace's own
     check, and torch.jit.save / load keeps its outputs and gradients: the trace holds fused ops, not Python calls."""

@@ -16,6 +16,7 @@ from tests.harness import (
     check_compile,
     check_compile_grads,
     compile_for_sm90,
+    ignore_torch_jit_deprecation,
     make,
     noncontiguous,
     raises,
@@ -303,7 +304,7 @@ def test_negative_unsqueeze_dims_name_the_same_layouts():
             assert_close(o, e)
 
 
-@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.jit is deprecated, not gone
+@ignore_torch_jit_deprecation  # torch.jit is deprecated, not gone
 def test_trace_and_save_with_torch_jit(tmp_path):
     """torch.jit.trace with q / k that require grad passes trace's own check, and torch.jit.save / load keeps the
     outputs and gradients: the trace holds the fused op, not a Python call."""

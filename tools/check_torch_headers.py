@@ -1,5 +1,6 @@
-"""Every C++ source in csrc/ through g++ -fsyntax-only against another torch's headers (default: the newest 2.14,
-whose ATen.h wants C++20), so the sources keep building against the newest torch, not only the installed one.
+"""Every C++ source in csrc/ through g++ -fsyntax-only against another torch's headers (default: the newest, 2.15,
+whose ATen.h wants C++20 as 2.14's does), so the sources keep building against the newest torch, not only the
+installed one.
 
 The headers come from the torch wheel pip can get (pip download --no-deps: the wheel alone, no CUDA packages),
 unpacked once, include/ only, into ~/.cache/fused/torch-headers/<version>; later runs use that copy. Where no such
@@ -7,7 +8,7 @@ wheel can be had (no network, no index that has it), one line says so and the ch
 checked with the AVX-512 flags of setup.py's CPU_ARCHES (at::vec's widest code); the CUDA bindings (*_cuda.cpp)
 too where nvcc names a toolkit, with tools/check_cuda.sh's stub for a CPU wheel's missing CUDA header.
 
-  python tools/check_torch_headers.py ["torch==2.14.*"]      (FUSED_TORCH_HEADERS sets the default)
+  python tools/check_torch_headers.py ["torch==2.15.*"]      (FUSED_TORCH_HEADERS sets the default)
 """
 
 import concurrent.futures
@@ -89,7 +90,7 @@ def compile_commands(version, include):
 
 def main():
     requirement = Requirement(
-        sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSED_TORCH_HEADERS", "torch==2.14.*")
+        sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSED_TORCH_HEADERS", "torch==2.15.*")
     )
     os.chdir(ROOT)
     found = cached_headers(requirement)
