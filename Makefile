@@ -57,7 +57,7 @@ cuda-check:
 	@if command -v nvcc >/dev/null 2>&1; then PYTHON=$(PYTHON) bash tools/check_cuda.sh; else echo "nvcc not found: CUDA compile check skipped"; fi
 
 # Every csrc/*.cpp through g++ -fsyntax-only against the newest torch's headers (2.15: C++20), taken once from its
-# wheel into ~/.cache/fused; skipped with one line where pip cannot get the wheel.
+# wheel into ~/.cache/fused (2.14 where pip cannot get 2.15); skipped with one line where pip gets neither.
 torch-headers-check:
 	$(PYTHON) tools/check_torch_headers.py
 

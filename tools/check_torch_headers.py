@@ -8,7 +8,8 @@ wheel can be had (no network, no index that has it), one line says so and the ch
 checked with the AVX-512 flags of setup.py's CPU_ARCHES (at::vec's widest code); the CUDA bindings (*_cuda.cpp)
 too where nvcc names a toolkit, with tools/check_cuda.sh's stub for a CPU wheel's missing CUDA header.
 
-  python tools/check_torch_headers.py ["torch==2.15.*"]      (FUSED_TORCH_HEADERS sets the default)
+  python tools/check_torch_headers.py ["torch==2.15.*,torch==2.14.*"]   (FUSED_TORCH_HEADERS sets the default: the
+  first of these whose wheel pip can get)
 """
 
 import concurrent.futures
@@ -88,17 +89,30 @@ def compile_commands(version, include):
     return cxx_std, commands
 
 
-def main():
-    requirement = Requirement(
-        sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSED_TORCH_HEADERS", "torch==2.15.*")
-    )
-    os.chdir(ROOT)
-    found = cached_headers(requirement)
-    if found is None:
-        found, why = download_headers(requirement)
+# Newest first; the next is taken where pip cannot get one (a machine's pip constraints may cap torch below it).
+DEFAULT_REQUIREMENTS = "torch==2.15.*,torch==2.14.*"
+
+
+def find_headers(requirements):
+    """(version, include folder) of the first requirement whose headers are cached or downloadable, else None."""
+    for requirement in requirements:
+        found = cached_headers(requirement)
         if found is None:
-            print(f"check_torch_headers: skipped, no {requirement} wheel to take headers from ({why})")
-            return 0
+            found, why = download_headers(requirement)
+        if found is not None:
+            return found
+        print(f"check_torch_headers: no {requirement} wheel to take headers from ({why})")
+    return None
+
+
+def main():
+    spec = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FUSED_TORCH_HEADERS", DEFAULT_REQUIREMENTS)
+    requirements = [Requirement(r.strip()) for r in re.split(r",(?=\s*torch)", spec)]
+    os.chdir(ROOT)
+    found = find_headers(requirements)
+    if found is None:
+        print("check_torch_headers: skipped")
+        return 0
     version, include = found
     cxx_std, commands = compile_commands(version, include)
     with concurrent.futures.ThreadPoolExecutor(os.cpu_count() or 2) as pool:
