@@ -79,13 +79,15 @@ def first_order(name: str, backward):
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        tensors = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor)]
-        if any(map(torch._C._functorch.is_functorch_wrapped_tensor, tensors)):
-            # torch.func differentiates with create_graph=True whether or not a second derivative follows
-            if differentiable_outside(tensors):
-                raise RuntimeError(f"{message} ({FUNC_SECOND_ORDER})")
-            with torch.no_grad():
-                return backward(ctx, *grads)
+        # saved_tensors read here only under torch.func: a second read of them fails under non-reentrant checkpointing
+        if torch._C._are_functorch_transforms_active():
+            tensors = [t for t in (*ctx.saved_tensors, *grads) if isinstance(t, torch.Tensor)]
+            if any(map(torch._C._functorch.is_functorch_wrapped_tensor, tensors)):
+                # torch.func differentiates with create_graph=True whether or not a second derivative follows
+                if differentiable_outside(tensors):
+                    raise RuntimeError(f"{message} ({FUNC_SECOND_ORDER})")
+                with torch.no_grad():
+                    return backward(ctx, *grads)
         if not torch.is_grad_enabled():  # a plain backward: grad mode is on only under create_graph=True
             return backward(ctx, *grads)
         anchors = [

@@ -183,3 +183,21 @@ def test_forward_mode_ad_raises_naming_the_op():
     with pytest.raises(NotImplementedError, match=r"fused\.rope: forward-mode AD"):
         torch.func.jvp(lambda a: torch.ops.fused.rope(a, a, cos, sin)[0], (q,), (q,))
     assert torch.func.vmap(lambda a: fused.bias_act(a, None, "gelu"))(x).shape == x.shape
+
+
+@pytest.mark.parametrize("use_reentrant", [False, True])
+def test_activation_checkpointing_as_without(use_reentrant):
+    """torch.utils.checkpoint recomputes the forward in backward; the non-reentrant kind lets each saved tensor be
+    unpacked once, so a backward that read ctx.saved_tensors twice failed there (transformers' gradient
+    checkpointing)."""
+    torch.manual_seed(0)
+    gate, up = torch.randn(4, 6, requires_grad=True), torch.randn(4, 6, requires_grad=True)
+
+    def block(g, u):
+        return fused.rms_norm(fused.glu(g, u, act="silu"), (6,)).square().sum()
+
+    block(gate, up).backward()
+    expected = gate.grad.clone(), up.grad.clone()
+    gate.grad = up.grad = None
+    torch.utils.checkpoint.checkpoint(block, gate, up, use_reentrant=use_reentrant).backward()
+    assert torch.equal(gate.grad, expected[0]) and torch.equal(up.grad, expected[1])
